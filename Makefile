@@ -1,0 +1,33 @@
+# spikeguard: two commands.
+#   make demo   the daemon supervising a demo run (installs, builds, runs)
+#   make test   the test suite (installs, builds, runs ctest)
+BUILD ?= build
+GENERATOR ?= Ninja
+CTEST_ARGS ?=
+
+.PHONY: all deps configure build test demo bench clean
+
+all: build
+
+deps:
+	@./deploy/install-deps.sh
+
+$(BUILD)/build.ninja: | deps
+	cmake -S . -B $(BUILD) -G $(GENERATOR)
+
+configure: deps $(BUILD)/build.ninja
+
+build: configure
+	cmake --build $(BUILD)
+
+test: build
+	ctest --test-dir $(BUILD) --output-on-failure --label-exclude bench -j2 --timeout 900 $(CTEST_ARGS)
+
+demo: build
+	./deploy/demo.sh $(BUILD)
+
+bench: build
+	ctest --test-dir $(BUILD) --output-on-failure --label-regex bench --timeout 3600
+
+clean:
+	rm -rf $(BUILD)
