@@ -1,0 +1,74 @@
+#include "daemon/daemon.h"
+
+#include <filesystem>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+#include "base/logging.h"
+#include "daemon/server/daemon_state.h"
+#include "daemon/server/supervisor_service.h"
+#include "daemon/server/worker_service.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "storage/catalog/catalog.h"
+
+namespace spikeguard::daemon {
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options) {
+  std::unique_ptr<Daemon> d(new Daemon());
+  d->catalog_path_ = options.catalog_path;
+  if (d->catalog_path_.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(options.data_dir, ec);
+    if (ec) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("data dir '", options.data_dir, "': ", ec.message()));
+    }
+    d->catalog_path_ = (std::filesystem::path(options.data_dir) / "catalog.db").string();
+  }
+  storage::CatalogOptions catalog_options;
+  catalog_options.path = d->catalog_path_;
+  auto catalog = storage::Catalog::Open(catalog_options);
+  if (!catalog.ok()) return catalog.status();
+  d->catalog_ = std::move(*catalog);
+  d->state_ = std::make_unique<DaemonState>(d->catalog_.get(), options.clock, options.limits,
+                                            d->catalog_path_);
+  d->worker_service_ = std::make_unique<WorkerServiceImpl>(d->state_.get());
+  d->supervisor_service_ = std::make_unique<SupervisorServiceImpl>(d->state_.get());
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &d->port_);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options.limits.max_message_bytes));
+  builder.RegisterService(d->worker_service_.get());
+  builder.RegisterService(d->supervisor_service_.get());
+  d->server_ = builder.BuildAndStart();
+  if (d->server_ == nullptr || d->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
+  }
+  d->server_->GetHealthCheckService()->SetServingStatus(true);
+  SG_LOG(INFO) << "spikeguardd listening on port " << d->port_ << ", catalog "
+               << d->catalog_path_ << " (schema " << d->catalog_->schema_version() << ")";
+  return d;
+}
+
+Daemon::~Daemon() { Shutdown(absl::Seconds(2)); }
+
+void Daemon::Wait() {
+  if (server_) server_->Wait();
+}
+
+void Daemon::Shutdown(absl::Duration grace) {
+  if (shut_down_ || server_ == nullptr) return;
+  shut_down_ = true;
+  server_->GetHealthCheckService()->SetServingStatus(false);
+  server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(grace));
+  server_->Wait();
+  catalog_.reset();
+  SG_LOG(INFO) << "spikeguardd stopped; catalog closed";
+}
+
+}  // namespace spikeguard::daemon

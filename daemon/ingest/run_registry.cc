@@ -1,0 +1,89 @@
+#include "daemon/ingest/run_registry.h"
+
+namespace spikeguard::daemon {
+
+uint64_t RunRegistry::Connect(const std::string& run, uint32_t rank, int64_t generation,
+                              const std::string& host) {
+  absl::MutexLock lock(&mu_);
+  Rank& r = runs_[run][rank];
+  r.connected = true;
+  r.stream_id = next_stream_id_++;
+  r.generation = generation;
+  r.host = host;
+  r.last_seen_ms = clock_->NowUnixMillis();
+  return r.stream_id;
+}
+
+void RunRegistry::Disconnect(const std::string& run, uint32_t rank, uint64_t stream_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = runs_.find(run);
+  if (it == runs_.end()) return;
+  auto rit = it->second.find(rank);
+  if (rit == it->second.end() || rit->second.stream_id != stream_id) return;
+  rit->second.connected = false;
+}
+
+void RunRegistry::SetGeneration(const std::string& run, uint32_t rank, int64_t generation) {
+  absl::MutexLock lock(&mu_);
+  Rank& r = runs_[run][rank];
+  if (r.generation != generation) r.window.clear();
+  r.generation = generation;
+}
+
+void RunRegistry::Touch(const std::string& run, uint32_t rank, int64_t step) {
+  absl::MutexLock lock(&mu_);
+  Rank& r = runs_[run][rank];
+  r.last_seen_ms = clock_->NowUnixMillis();
+  if (step > r.last_step) r.last_step = step;
+}
+
+void RunRegistry::AddReports(const std::string& run, uint32_t rank,
+                             std::span<const spikeguard::v1::StepReport> reports) {
+  absl::MutexLock lock(&mu_);
+  Rank& r = runs_[run][rank];
+  r.last_seen_ms = clock_->NowUnixMillis();
+  for (const auto& report : reports) {
+    r.window.push_back(report);
+    if (report.step() > r.last_step) r.last_step = report.step();
+  }
+  while (r.window.size() > window_) r.window.pop_front();
+}
+
+std::vector<spikeguard::v1::StepReport> RunRegistry::Window(const std::string& run,
+                                                            uint32_t rank) const {
+  absl::MutexLock lock(&mu_);
+  auto it = runs_.find(run);
+  if (it == runs_.end()) return {};
+  auto rit = it->second.find(rank);
+  if (rit == it->second.end()) return {};
+  return {rit->second.window.begin(), rit->second.window.end()};
+}
+
+std::vector<spikeguard::v1::RankState> RunRegistry::Ranks(const std::string& run) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<spikeguard::v1::RankState> out;
+  auto it = runs_.find(run);
+  if (it == runs_.end()) return out;
+  for (const auto& [rank, r] : it->second) {
+    spikeguard::v1::RankState s;
+    s.set_rank(rank);
+    s.set_connected(r.connected);
+    s.set_last_step(r.last_step);
+    s.set_last_seen_unix_ms(r.last_seen_ms);
+    s.set_host(r.host);
+    s.set_generation(r.generation);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+int RunRegistry::ConnectedRanks() const {
+  absl::MutexLock lock(&mu_);
+  int n = 0;
+  for (const auto& [run, ranks] : runs_) {
+    for (const auto& [rank, r] : ranks) n += r.connected ? 1 : 0;
+  }
+  return n;
+}
+
+}  // namespace spikeguard::daemon

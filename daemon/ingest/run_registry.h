@@ -1,0 +1,70 @@
+// run_registry.h
+// -----------------------------------------------------------------------------
+// Live state of every rank the daemon has heard from: whether its stream is
+// connected, when it was last seen, its last step, and a bounded window of its
+// most recent raw StepReports (DESIGN §4: per-rank raw reports live in bounded
+// memory; the catalog keeps the merged run-level record).
+//
+//   RunRegistry registry(Clock::Real(), /*window=*/512);
+//   uint64_t stream = registry.Connect("run-a", 3, /*generation=*/0, "host-7");
+//   registry.AddReports("run-a", 3, reports);
+//   registry.Disconnect("run-a", 3, stream);
+//
+// Thread-safe. Nothing in it grows with run length.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "base/clock.h"
+#include "spikeguard/v1/supervisor.pb.h"
+#include "spikeguard/v1/telemetry.pb.h"
+
+namespace spikeguard::daemon {
+
+class RunRegistry {
+ public:
+  RunRegistry(Clock* clock, size_t window) : clock_(clock), window_(window) {}
+
+  // Registers a stream for (run, rank); a newer stream supersedes an older
+  // one for the same rank. Returns the stream's id.
+  uint64_t Connect(const std::string& run, uint32_t rank, int64_t generation,
+                   const std::string& host);
+  // Marks the rank disconnected unless a newer stream took over.
+  void Disconnect(const std::string& run, uint32_t rank, uint64_t stream_id);
+  void SetGeneration(const std::string& run, uint32_t rank, int64_t generation);
+  // Heartbeat: last seen = now, and the step the worker is at.
+  void Touch(const std::string& run, uint32_t rank, int64_t step);
+  // Keeps the newest `window` reports of the rank.
+  void AddReports(const std::string& run, uint32_t rank,
+                  std::span<const spikeguard::v1::StepReport> reports);
+
+  std::vector<spikeguard::v1::StepReport> Window(const std::string& run, uint32_t rank) const;
+  std::vector<spikeguard::v1::RankState> Ranks(const std::string& run) const;
+  int ConnectedRanks() const;
+
+ private:
+  struct Rank {
+    bool connected = false;
+    uint64_t stream_id = 0;
+    int64_t generation = 0;
+    int64_t last_step = -1;
+    int64_t last_seen_ms = 0;
+    std::string host;
+    std::deque<spikeguard::v1::StepReport> window;
+  };
+
+  Clock* const clock_;
+  const size_t window_;
+  mutable absl::Mutex mu_;
+  uint64_t next_stream_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<std::string, std::map<uint32_t, Rank>> runs_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace spikeguard::daemon

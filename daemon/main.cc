@@ -1,0 +1,65 @@
+// spikeguardd: the spikeguard daemon.
+//
+//   spikeguardd --listen=127.0.0.1:7070 --data-dir=/var/lib/spikeguard
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "base/logging.h"
+#include "daemon/daemon.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:7070", "HOST:PORT to serve on (port 0: pick one)");
+ABSL_FLAG(std::string, data_dir, "./spikeguard-data", "directory of the catalog and daemon files");
+ABSL_FLAG(std::string, catalog, "", "catalog path (default DATA_DIR/catalog.db)");
+ABSL_FLAG(std::string, port_file, "", "write the bound port to this file once serving");
+ABSL_FLAG(int64_t, max_message_bytes, 16 << 20, "largest message accepted");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("spikeguardd --listen=HOST:PORT --data-dir=DIR");
+  absl::ParseCommandLine(argc, argv);
+
+  // SIGTERM/SIGINT are taken by one thread with sigwait, so shutdown runs as
+  // ordinary code, not in a signal handler.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  spikeguard::daemon::Daemon::Options options;
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.data_dir = absl::GetFlag(FLAGS_data_dir);
+  options.catalog_path = absl::GetFlag(FLAGS_catalog);
+  options.limits.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  auto daemon = spikeguard::daemon::Daemon::Start(options);
+  if (!daemon.ok()) {
+    std::cerr << "spikeguardd: " << daemon.status().message() << "\n";
+    return 1;
+  }
+  const std::string port_file = absl::GetFlag(FLAGS_port_file);
+  if (!port_file.empty()) {
+    const std::string tmp = port_file + ".tmp";
+    {
+      std::ofstream f(tmp);
+      f << (*daemon)->port() << "\n";
+    }
+    std::rename(tmp.c_str(), port_file.c_str());
+  }
+
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    SG_LOG(INFO) << "signal " << sig << ": shutting down";
+    (*daemon)->Shutdown(absl::Seconds(5));
+  });
+  (*daemon)->Wait();
+  waiter.join();
+  daemon->reset();
+  return 0;
+}

@@ -1,0 +1,47 @@
+// daemon_state.h
+// -----------------------------------------------------------------------------
+// What the gRPC adapters share: the catalog, the live rank registry, limits,
+// counters and the clock. Owned by `Daemon`; adapters hold a pointer.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "absl/synchronization/mutex.h"
+#include "base/clock.h"
+#include "daemon/ingest/limits.h"
+#include "daemon/ingest/run_registry.h"
+#include "storage/catalog/catalog.h"
+
+namespace spikeguard::daemon {
+
+struct Counters {
+  std::atomic<int64_t> reports_accepted{0};
+  std::atomic<int64_t> reports_duplicate{0};
+  std::atomic<int64_t> reports_rejected{0};
+  std::atomic<int64_t> reports_dropped{0};
+  std::atomic<int64_t> batches_committed{0};
+};
+
+struct DaemonState {
+  DaemonState(storage::Catalog* catalog, Clock* clock, Limits limits, std::string catalog_path)
+      : catalog(catalog),
+        clock(clock),
+        limits(limits),
+        catalog_path(std::move(catalog_path)),
+        registry(clock, /*window=*/512),
+        started(clock->Now()) {}
+
+  storage::Catalog* const catalog;
+  Clock* const clock;
+  const Limits limits;
+  const std::string catalog_path;
+  RunRegistry registry;
+  Counters counters;
+  const absl::Time started;
+};
+
+}  // namespace spikeguard::daemon

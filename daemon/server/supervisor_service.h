@@ -1,0 +1,80 @@
+// supervisor_service.h
+// -----------------------------------------------------------------------------
+// SupervisorService: runs, checkpoints, telemetry queries and status for
+// operators. Requests are validated here; invalid input is INVALID_ARGUMENT
+// with a message naming the field. RPCs that a later part of spikeguard
+// implements (incidents, actions, policy, manifest, quarantine) answer
+// UNIMPLEMENTED with a message saying so.
+#pragma once
+
+#include "daemon/server/daemon_state.h"
+#include "spikeguard/v1/supervisor.grpc.pb.h"
+
+namespace spikeguard::daemon {
+
+// Metric names QueryTelemetry accepts: every StepRecord field, plus the
+// per-layer stats by name ("max_attn_logit", "update_ratio", ...).
+absl::Status ValidateMetricNames(const google::protobuf::RepeatedPtrField<std::string>& metrics);
+// Keeps only the requested metrics (and the step's identity fields).
+spikeguard::v1::StepRecord FilterMetrics(
+    const spikeguard::v1::StepRecord& record,
+    const google::protobuf::RepeatedPtrField<std::string>& metrics);
+
+class SupervisorServiceImpl final : public spikeguard::v1::SupervisorService::Service {
+ public:
+  explicit SupervisorServiceImpl(DaemonState* state) : state_(state) {}
+
+  using Ctx = grpc::ServerContext;
+  grpc::Status GetStatus(Ctx*, const spikeguard::v1::GetStatusRequest*,
+                         spikeguard::v1::ServerStatus*) override;
+  grpc::Status CreateRun(Ctx*, const spikeguard::v1::CreateRunRequest*,
+                         spikeguard::v1::Run*) override;
+  grpc::Status GetRun(Ctx*, const spikeguard::v1::GetRunRequest*, spikeguard::v1::Run*) override;
+  grpc::Status ListRuns(Ctx*, const spikeguard::v1::ListRunsRequest*,
+                        spikeguard::v1::ListRunsResponse*) override;
+  grpc::Status ListCheckpoints(Ctx*, const spikeguard::v1::ListCheckpointsRequest*,
+                               spikeguard::v1::ListCheckpointsResponse*) override;
+  grpc::Status RegisterCheckpoint(Ctx*, const spikeguard::v1::RegisterCheckpointRequest*,
+                                  spikeguard::v1::Checkpoint*) override;
+  grpc::Status PinCheckpoint(Ctx*, const spikeguard::v1::PinCheckpointRequest*,
+                             spikeguard::v1::Checkpoint*) override;
+  grpc::Status QueryTelemetry(Ctx*, const spikeguard::v1::QueryTelemetryRequest*,
+                              spikeguard::v1::QueryTelemetryResponse*) override;
+
+  // Later issues.
+  grpc::Status ListIncidents(Ctx*, const spikeguard::v1::ListIncidentsRequest*,
+                             spikeguard::v1::ListIncidentsResponse*) override;
+  grpc::Status GetIncident(Ctx*, const spikeguard::v1::GetIncidentRequest*,
+                           spikeguard::v1::Incident*) override;
+  grpc::Status WatchIncidents(Ctx*, const spikeguard::v1::WatchIncidentsRequest*,
+                              grpc::ServerWriter<spikeguard::v1::IncidentUpdate>*) override;
+  grpc::Status Rewind(Ctx*, const spikeguard::v1::RewindRequest*,
+                      spikeguard::v1::ActionResponse*) override;
+  grpc::Status Replay(Ctx*, const spikeguard::v1::ReplayRequest*,
+                      spikeguard::v1::ActionResponse*) override;
+  grpc::Status Skip(Ctx*, const spikeguard::v1::SkipRequest*,
+                    spikeguard::v1::ActionResponse*) override;
+  grpc::Status Pause(Ctx*, const spikeguard::v1::PauseRequest*,
+                     spikeguard::v1::ActionResponse*) override;
+  grpc::Status Resume(Ctx*, const spikeguard::v1::ResumeRequest*,
+                      spikeguard::v1::ActionResponse*) override;
+  grpc::Status Approve(Ctx*, const spikeguard::v1::ApproveRequest*,
+                       spikeguard::v1::ActionResponse*) override;
+  grpc::Status Abort(Ctx*, const spikeguard::v1::AbortRequest*,
+                     spikeguard::v1::ActionResponse*) override;
+  grpc::Status GetPolicy(Ctx*, const spikeguard::v1::GetPolicyRequest*,
+                         spikeguard::v1::Policy*) override;
+  grpc::Status SetPolicy(Ctx*, const spikeguard::v1::SetPolicyRequest*,
+                         spikeguard::v1::Policy*) override;
+  grpc::Status ResolveManifest(Ctx*, const spikeguard::v1::ResolveManifestRequest*,
+                               spikeguard::v1::ResolveManifestResponse*) override;
+  grpc::Status ListQuarantine(Ctx*, const spikeguard::v1::ListQuarantineRequest*,
+                              spikeguard::v1::ListQuarantineResponse*) override;
+  grpc::Status AddQuarantine(Ctx*, const spikeguard::v1::AddQuarantineRequest*,
+                             spikeguard::v1::QuarantineEntry*) override;
+
+ private:
+  DaemonState* const state_;
+};
+
+}  // namespace spikeguard::daemon

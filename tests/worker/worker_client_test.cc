@@ -1,0 +1,125 @@
+// The worker client library against a real daemon over loopback: batches are
+// acknowledged only once committed, survive a daemon restart, and are stored
+// exactly once.
+#include "worker/client/worker_client.h"
+
+#include "gmock/gmock.h"
+#include "tests/daemon/daemon_fixture.h"
+
+namespace spikeguard::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using worker::WorkerClient;
+
+class WorkerClientTest : public DaemonFixture {
+ protected:
+  WorkerClient::Options ClientOptions(const std::string& run, uint32_t rank = 0,
+                                      uint32_t world = 1) {
+    WorkerClient::Options o;
+    o.address = address_;
+    o.run = run;
+    o.rank = rank;
+    o.world_size = world;
+    o.max_batch_reports = 16;
+    o.flush_interval = absl::Milliseconds(10);
+    o.initial_backoff = absl::Milliseconds(20);
+    o.max_backoff = absl::Milliseconds(200);
+    return o;
+  }
+};
+
+TEST_F(WorkerClientTest, ReportsAreAcknowledgedAndStored) {
+  ASSERT_TRUE(CreateRun("run", 2).ok());
+  auto c0 = WorkerClient::Start(ClientOptions("run", 0, 2));
+  auto c1 = WorkerClient::Start(ClientOptions("run", 1, 2));
+  ASSERT_TRUE(c0.ok() && c1.ok());
+  ASSERT_TRUE((*c0)->WaitForWelcome(absl::Seconds(10)).ok());
+  ASSERT_TRUE((*c1)->WaitForWelcome(absl::Seconds(10)).ok());
+  for (int s = 0; s < 300; ++s) {
+    (*c0)->Report(Report(s, 2.0));
+    (*c1)->Report(Report(s, 4.0));
+  }
+  ASSERT_TRUE((*c0)->Flush(absl::Seconds(30)).ok());
+  ASSERT_TRUE((*c1)->Flush(absl::Seconds(30)).ok());
+  EXPECT_EQ((*c0)->stats().reports_acked, 300);
+  auto records = Query("run");
+  ASSERT_EQ(records.size(), 300u);
+  for (const auto& r : records) {
+    EXPECT_EQ(r.ranks_reported(), 2u);
+    EXPECT_DOUBLE_EQ(r.loss(), 3.0);  // mean of the two ranks
+    EXPECT_EQ(r.max_loss().rank(), 1u);
+  }
+}
+
+TEST_F(WorkerClientTest, UnknownRunIsAFinalRejection) {
+  auto c = WorkerClient::Start(ClientOptions("missing"));
+  ASSERT_TRUE(c.ok());
+  absl::Status s = (*c)->WaitForWelcome(absl::Seconds(10));
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("UNKNOWN_RUN"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("missing"));
+  ASSERT_TRUE((*c)->rejection().has_value());
+}
+
+TEST_F(WorkerClientTest, SurvivesDaemonRestartWithoutLossOrDuplicates) {
+  ASSERT_TRUE(CreateRun("run").ok());
+  auto c = WorkerClient::Start(ClientOptions("run"));
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE((*c)->WaitForWelcome(absl::Seconds(10)).ok());
+  for (int s = 0; s < 200; ++s) (*c)->Report(Report(s, 1.0 + s));
+  ASSERT_TRUE((*c)->Flush(absl::Seconds(30)).ok());
+
+  // The daemon goes away; reports keep coming and wait unacknowledged.
+  const int port = daemon_->port();
+  daemon_->Shutdown(absl::Milliseconds(100));
+  daemon_.reset();
+  for (int s = 200; s < 400; ++s) (*c)->Report(Report(s, 1.0 + s));
+  absl::Status early = (*c)->Flush(absl::Milliseconds(300));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(early)) << early;
+  EXPECT_THAT(std::string(early.message()), HasSubstr("unacknowledged"));
+
+  StartDaemon(port);
+  ASSERT_TRUE((*c)->Flush(absl::Seconds(30)).ok());
+  EXPECT_GE((*c)->stats().connects, 2);
+  auto records = Query("run");
+  ASSERT_EQ(records.size(), 400u);
+  for (int s = 0; s < 400; ++s) {
+    EXPECT_EQ(records[s].step(), s);
+    EXPECT_EQ(records[s].ranks_reported(), 1u) << "step " << s;
+    EXPECT_DOUBLE_EQ(records[s].loss(), 1.0 + s);
+  }
+}
+
+TEST_F(WorkerClientTest, CheckpointNoticesAreRegistered) {
+  ASSERT_TRUE(CreateRun("run").ok());
+  auto c = WorkerClient::Start(ClientOptions("run"));
+  ASSERT_TRUE((*c)->WaitForWelcome(absl::Seconds(10)).ok());
+  for (int s = 0; s <= 100; ++s) (*c)->Report(Report(s));
+  v1::CheckpointSaved saved;
+  saved.set_step(100);
+  saved.set_data_position(100);
+  saved.set_uri("file:///ckpt/step-100");
+  saved.set_bytes(4096);
+  saved.set_checksum("abc123");
+  saved.set_complete(true);
+  (*c)->ReportCheckpoint(saved);
+  ASSERT_TRUE((*c)->Flush(absl::Seconds(30)).ok());
+  // The notice travels after the reports; wait for it to land.
+  v1::ListCheckpointsResponse out;
+  for (int i = 0; i < 100 && out.checkpoints_size() == 0; ++i) {
+    grpc::ClientContext ctx;
+    v1::ListCheckpointsRequest req;
+    req.set_run("run");
+    out.Clear();
+    ASSERT_TRUE(supervisor_->ListCheckpoints(&ctx, req, &out).ok());
+    if (out.checkpoints_size() == 0) absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_EQ(out.checkpoints_size(), 1);
+  EXPECT_EQ(out.checkpoints(0).step(), 100);
+  EXPECT_EQ(out.checkpoints(0).uri(), "file:///ckpt/step-100");
+  EXPECT_TRUE(out.checkpoints(0).complete());
+}
+
+}  // namespace
+}  // namespace spikeguard::testing

@@ -1,0 +1,370 @@
+#include "worker/client/worker_client.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+#include "base/logging.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+
+namespace spikeguard::worker {
+namespace {
+
+namespace v1 = spikeguard::v1;
+constexpr size_t kRecentCheckpoints = 16;
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<WorkerClient>> WorkerClient::Start(Options options) {
+  if (options.run.empty()) return absl::InvalidArgumentError("run: empty");
+  if (options.world_size == 0 || options.rank >= options.world_size) {
+    return absl::InvalidArgumentError(absl::StrFormat("rank %d is not below world size %d",
+                                                      options.rank, options.world_size));
+  }
+  if (options.max_batch_reports <= 0) options.max_batch_reports = 1;
+  std::unique_ptr<WorkerClient> client(new WorkerClient(std::move(options)));
+  client->thread_ = std::thread([c = client.get()] { c->ConnectionLoop(); });
+  return client;
+}
+
+WorkerClient::WorkerClient(Options options)
+    : options_(std::move(options)), generation_(options_.generation) {
+  channel_ = options_.channel;
+  if (channel_ == nullptr) {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, 64 << 20);
+    // Reconnect quickly after a daemon restart; the loop adds its own backoff.
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    channel_ = grpc::CreateCustomChannel(options_.address, grpc::InsecureChannelCredentials(), args);
+  }
+  stub_ = v1::WorkerService::NewStub(channel_);
+}
+
+WorkerClient::~WorkerClient() { Close(); }
+
+void WorkerClient::Close() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    if (active_context_ != nullptr) active_context_->TryCancel();
+    cv_.SignalAll();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+absl::Status WorkerClient::WaitForWelcome(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::MutexLock lock(&mu_);
+  while (!welcomed_ && !rejection_.has_value()) {
+    if (cv_.WaitWithDeadline(&mu_, deadline)) break;
+  }
+  if (rejection_.has_value()) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("rejected by spikeguardd (%s): %s",
+                        v1::Reject::Reason_Name(rejection_->reason()), rejection_->message()));
+  }
+  if (!welcomed_) {
+    return absl::DeadlineExceededError(
+        absl::StrFormat("no welcome from spikeguardd at %s within %s", options_.address,
+                        absl::FormatDuration(timeout)));
+  }
+  return absl::OkStatus();
+}
+
+void WorkerClient::Report(const v1::StepReport& report) {
+  absl::MutexLock lock(&mu_);
+  while (!stopping_ && unacked_reports_ + open_.size() >= options_.max_unacked_reports) {
+    cv_.Wait(&mu_);
+  }
+  if (stopping_) return;
+  if (open_.empty()) open_since_ = absl::Now();
+  open_.push_back(report);
+  if (static_cast<int>(open_.size()) >= options_.max_batch_reports) SealLocked();
+  cv_.SignalAll();
+}
+
+void WorkerClient::ReportCheckpoint(const v1::CheckpointSaved& checkpoint) {
+  absl::MutexLock lock(&mu_);
+  // Reports up to the checkpoint travel before it.
+  SealLocked();
+  v1::WorkerMessage msg;
+  *msg.mutable_checkpoint() = checkpoint;
+  outbox_.push_back(std::move(msg));
+  recent_checkpoints_.push_back(checkpoint);
+  while (recent_checkpoints_.size() > kRecentCheckpoints) recent_checkpoints_.pop_front();
+  cv_.SignalAll();
+}
+
+void WorkerClient::SendCommandResult(const v1::CommandResult& result) {
+  absl::MutexLock lock(&mu_);
+  SealLocked();
+  v1::WorkerMessage msg;
+  *msg.mutable_command_result() = result;
+  outbox_.push_back(std::move(msg));
+  cv_.SignalAll();
+}
+
+void WorkerClient::SetCurrentStep(int64_t step) {
+  absl::MutexLock lock(&mu_);
+  current_step_ = step;
+}
+
+absl::Status WorkerClient::Flush(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::MutexLock lock(&mu_);
+  SealLocked();
+  cv_.SignalAll();
+  while (!unacked_.empty() && !rejection_.has_value() && !stopping_) {
+    if (cv_.WaitWithDeadline(&mu_, deadline)) break;
+  }
+  if (rejection_.has_value()) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("rejected by spikeguardd (%s): %s",
+                        v1::Reject::Reason_Name(rejection_->reason()), rejection_->message()));
+  }
+  if (!unacked_.empty()) {
+    return absl::DeadlineExceededError(absl::StrFormat(
+        "%d reports still unacknowledged after %s", unacked_reports_, absl::FormatDuration(timeout)));
+  }
+  return absl::OkStatus();
+}
+
+std::optional<v1::Command> WorkerClient::WaitCommand(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::MutexLock lock(&mu_);
+  while (commands_.empty() && !stopping_) {
+    if (cv_.WaitWithDeadline(&mu_, deadline)) break;
+  }
+  if (commands_.empty()) return std::nullopt;
+  v1::Command c = std::move(commands_.front());
+  commands_.pop_front();
+  return c;
+}
+
+void WorkerClient::SetGeneration(int64_t generation) {
+  absl::MutexLock lock(&mu_);
+  SealLocked();
+  for (auto it = unacked_.begin(); it != unacked_.end();) {
+    if (it->batch.generation() != generation) {
+      stats_.reports_dropped_stale += it->batch.reports_size();
+      unacked_reports_ -= it->batch.reports_size();
+      it = unacked_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  generation_ = generation;
+  // The next Hello must carry the new generation.
+  if (active_context_ != nullptr) active_context_->TryCancel();
+  cv_.SignalAll();
+}
+
+std::optional<v1::Reject> WorkerClient::rejection() const {
+  absl::MutexLock lock(&mu_);
+  return rejection_;
+}
+
+bool WorkerClient::connected() const {
+  absl::MutexLock lock(&mu_);
+  return connected_;
+}
+
+WorkerClient::Stats WorkerClient::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+void WorkerClient::SealLocked() {
+  if (open_.empty()) return;
+  Batch b;
+  b.batch.set_seq(next_seq_++);
+  b.batch.set_generation(generation_);
+  for (auto& r : open_) *b.batch.add_reports() = std::move(r);
+  unacked_reports_ += open_.size();
+  open_.clear();
+  unacked_.push_back(std::move(b));
+}
+
+void WorkerClient::ConnectionLoop() {
+  absl::Duration backoff = options_.initial_backoff;
+  while (true) {
+    const int64_t connects_before = stats().connects;
+    if (!RunConnection()) return;
+    if (stats().connects > connects_before) backoff = options_.initial_backoff;
+    absl::MutexLock lock(&mu_);
+    const absl::Time wake = absl::Now() + backoff;
+    while (!stopping_) {
+      if (cv_.WaitWithDeadline(&mu_, wake)) break;
+    }
+    if (stopping_) return;
+    backoff = std::min(backoff * 2, options_.max_backoff);
+  }
+}
+
+bool WorkerClient::RunConnection() {
+  grpc::ClientContext context;
+  int64_t generation;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return false;
+    active_context_ = &context;
+    generation = generation_;
+  }
+  auto clear_context = [&] {
+    absl::MutexLock lock(&mu_);
+    active_context_ = nullptr;
+    connected_ = false;
+    cv_.SignalAll();
+  };
+  std::unique_ptr<grpc::ClientReaderWriter<v1::WorkerMessage, v1::ControllerMessage>> stream =
+      stub_->Attach(&context);
+
+  v1::WorkerMessage hello_msg;
+  v1::Hello* hello = hello_msg.mutable_hello();
+  hello->set_run(options_.run);
+  hello->set_rank(options_.rank);
+  hello->set_world_size(options_.world_size);
+  hello->set_generation(generation);
+  hello->set_host(options_.host);
+  hello->set_device_id(options_.device_id);
+  hello->set_config_fingerprint(options_.config_fingerprint);
+  hello->set_manifest_version(options_.manifest_version);
+  hello->set_resume_step(options_.resume_step);
+  hello->set_protocol("spikeguard.v1");
+  v1::ControllerMessage first;
+  if (!stream->Write(hello_msg) || !stream->Read(&first)) {
+    context.TryCancel();
+    stream->Finish();
+    clear_context();
+    return true;
+  }
+  if (first.has_reject()) {
+    stream->WritesDone();
+    stream->Finish();
+    absl::MutexLock lock(&mu_);
+    rejection_ = first.reject();
+    stopping_ = true;
+    active_context_ = nullptr;
+    connected_ = false;
+    cv_.SignalAll();
+    SG_LOG(ERROR) << "spikeguardd rejected rank " << options_.rank << " of run '" << options_.run
+                  << "': " << first.reject().message();
+    return false;
+  }
+  if (!first.has_welcome()) {
+    context.TryCancel();
+    stream->Finish();
+    clear_context();
+    return true;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    connected_ = true;
+    welcomed_ = true;
+    ++stats_.connects;
+    for (auto& b : unacked_) b.sent = false;
+    // Notices that may have died with the last stream go first.
+    for (auto it = recent_checkpoints_.rbegin(); it != recent_checkpoints_.rend(); ++it) {
+      if (stats_.connects == 1) break;
+      v1::WorkerMessage msg;
+      *msg.mutable_checkpoint() = *it;
+      outbox_.push_front(std::move(msg));
+    }
+    cv_.SignalAll();
+  }
+
+  std::thread reader([&] {
+    v1::ControllerMessage in;
+    while (stream->Read(&in)) {
+      absl::MutexLock lock(&mu_);
+      if (in.has_ack()) {
+        const auto& ack = in.ack();
+        for (auto it = unacked_.begin(); it != unacked_.end(); ++it) {
+          if (it->batch.seq() == ack.seq()) {
+            unacked_reports_ -= it->batch.reports_size();
+            unacked_.erase(it);
+            break;
+          }
+        }
+        stats_.reports_acked += ack.accepted();
+        stats_.reports_duplicate += ack.duplicates();
+        stats_.reports_rejected += ack.rejected();
+        if (!ack.message().empty()) {
+          stats_.last_ack_message = ack.message();
+          if (ack.rejected() > 0) {
+            SG_LOG(WARNING) << "spikeguardd refused batch " << ack.seq() << ": " << ack.message();
+          }
+        }
+      } else if (in.has_command()) {
+        commands_.push_back(in.command());
+      } else if (in.has_reject()) {
+        rejection_ = in.reject();
+        stopping_ = true;
+        SG_LOG(ERROR) << "spikeguardd rejected rank " << options_.rank << ": "
+                      << in.reject().message();
+      }
+      cv_.SignalAll();
+      if (stopping_) break;
+    }
+    absl::MutexLock lock(&mu_);
+    connected_ = false;
+    cv_.SignalAll();
+  });
+
+  absl::Time last_heartbeat = absl::Now();
+  while (true) {
+    std::vector<v1::WorkerMessage> to_send;
+    {
+      absl::MutexLock lock(&mu_);
+      while (true) {
+        if (stopping_ || !connected_) break;
+        const absl::Time now = absl::Now();
+        if (!open_.empty() && now - open_since_ >= options_.flush_interval) SealLocked();
+        const bool unsent = std::any_of(unacked_.begin(), unacked_.end(),
+                                        [](const Batch& b) { return !b.sent; });
+        if (unsent || !outbox_.empty() || now - last_heartbeat >= options_.heartbeat_interval) break;
+        absl::Time wake = last_heartbeat + options_.heartbeat_interval;
+        if (!open_.empty()) wake = std::min(wake, open_since_ + options_.flush_interval);
+        cv_.WaitWithDeadline(&mu_, wake);
+      }
+      if (stopping_ || !connected_) break;
+      while (!outbox_.empty()) {
+        to_send.push_back(std::move(outbox_.front()));
+        outbox_.pop_front();
+      }
+      for (auto& b : unacked_) {
+        if (b.sent) continue;
+        b.sent = true;
+        v1::WorkerMessage msg;
+        *msg.mutable_reports() = b.batch;
+        to_send.push_back(std::move(msg));
+        ++stats_.batches_sent;
+      }
+      if (absl::Now() - last_heartbeat >= options_.heartbeat_interval) {
+        v1::WorkerMessage msg;
+        msg.mutable_heartbeat()->set_step(current_step_);
+        msg.mutable_heartbeat()->set_unix_ms(absl::ToUnixMillis(absl::Now()));
+        to_send.push_back(std::move(msg));
+        last_heartbeat = absl::Now();
+      }
+    }
+    bool ok = true;
+    for (const auto& msg : to_send) {
+      if (!stream->Write(msg)) {
+        ok = false;
+        break;
+      }
+    }
+    if (!ok) break;
+  }
+  context.TryCancel();
+  reader.join();
+  stream->Finish();
+  clear_context();
+  absl::MutexLock lock(&mu_);
+  return !stopping_;
+}
+
+}  // namespace spikeguard::worker

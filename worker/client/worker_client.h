@@ -1,0 +1,154 @@
+// worker_client.h
+// -----------------------------------------------------------------------------
+// The client library every trainer links: one long-lived WorkerService.Attach
+// stream per rank, carrying batched StepReports, checkpoint notices,
+// heartbeats and command results up, and acknowledgements and commands down.
+//
+// Delivery: reports are kept until the daemon acknowledges their batch, which
+// it does only after committing it. When the stream breaks (the daemon
+// restarts, the network blips), the client reconnects with exponential
+// backoff and resends every unacknowledged batch; the daemon drops the ones it
+// already committed. Nothing acknowledged is lost; nothing is stored twice.
+// When too many reports are unacknowledged, Report() blocks (backpressure)
+// instead of growing without bound.
+//
+//   WorkerClient::Options options;
+//   options.address = "127.0.0.1:7070";
+//   options.run = "gpt-small"; options.rank = 0; options.world_size = 8;
+//   auto client = WorkerClient::Start(options);
+//   SG_RETURN_IF_ERROR((*client)->WaitForWelcome(absl::Seconds(30)));
+//   for (...) (*client)->Report(report);
+//   SG_RETURN_IF_ERROR((*client)->Flush(absl::Seconds(30)));
+//
+// A Reject (unknown run, stale generation, invalid hello) is final: the
+// client stops, and WaitForWelcome/Flush return FAILED_PRECONDITION with the
+// daemon's reason.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "spikeguard/v1/worker.grpc.pb.h"
+
+namespace spikeguard::worker {
+
+class WorkerClient {
+ public:
+  struct Options {
+    std::string address = "127.0.0.1:7070";
+    // Use this channel instead of dialing `address` (in-process tests).
+    std::shared_ptr<grpc::Channel> channel;
+    std::string run;
+    uint32_t rank = 0;
+    uint32_t world_size = 1;
+    int64_t generation = 0;
+    std::string host;
+    int32_t device_id = -1;
+    std::string config_fingerprint;
+    int64_t manifest_version = 0;
+    int64_t resume_step = 0;
+    // A batch is sealed at this many reports or after flush_interval.
+    int max_batch_reports = 64;
+    absl::Duration flush_interval = absl::Milliseconds(50);
+    absl::Duration heartbeat_interval = absl::Seconds(1);
+    absl::Duration initial_backoff = absl::Milliseconds(100);
+    absl::Duration max_backoff = absl::Seconds(2);
+    // Report() blocks while this many reports wait for an acknowledgement.
+    size_t max_unacked_reports = 200'000;
+  };
+
+  struct Stats {
+    int64_t reports_acked = 0;
+    int64_t reports_duplicate = 0;
+    int64_t reports_rejected = 0;
+    // Unacknowledged reports of an older generation dropped by SetGeneration.
+    int64_t reports_dropped_stale = 0;
+    int64_t batches_sent = 0;
+    int64_t connects = 0;
+    std::string last_ack_message;
+  };
+
+  static absl::StatusOr<std::unique_ptr<WorkerClient>> Start(Options options);
+  ~WorkerClient();
+  WorkerClient(const WorkerClient&) = delete;
+  WorkerClient& operator=(const WorkerClient&) = delete;
+
+  // Waits for the daemon's first Welcome; FAILED_PRECONDITION on a Reject,
+  // DEADLINE_EXCEEDED when none came in time.
+  absl::Status WaitForWelcome(absl::Duration timeout);
+
+  void Report(const spikeguard::v1::StepReport& report);
+  void ReportCheckpoint(const spikeguard::v1::CheckpointSaved& checkpoint);
+  void SendCommandResult(const spikeguard::v1::CommandResult& result);
+  // The step the worker is at, sent with heartbeats.
+  void SetCurrentStep(int64_t step);
+
+  // Seals the open batch and waits until every report is acknowledged.
+  absl::Status Flush(absl::Duration timeout);
+
+  // The next command from the daemon, if one arrives within `timeout`.
+  std::optional<spikeguard::v1::Command> WaitCommand(absl::Duration timeout);
+
+  // Adopts a new generation (after a REWIND): the next Hello and every new
+  // batch carry it; unacknowledged reports of older generations are dropped
+  // and counted.
+  void SetGeneration(int64_t generation);
+
+  std::optional<spikeguard::v1::Reject> rejection() const;
+  bool connected() const;
+  Stats stats() const;
+  // Stops the connection thread without waiting for acknowledgements.
+  void Close();
+
+ private:
+  struct Batch {
+    spikeguard::v1::StepReportBatch batch;
+    bool sent = false;  // on the current connection
+  };
+
+  explicit WorkerClient(Options options);
+  void ConnectionLoop();
+  // Runs one connection until it breaks; returns false when the client must
+  // stop for good (closed or rejected).
+  bool RunConnection();
+  void SealLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const Options options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<spikeguard::v1::WorkerService::Stub> stub_;
+
+  mutable absl::Mutex mu_;
+  absl::CondVar cv_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool connected_ ABSL_GUARDED_BY(mu_) = false;
+  bool welcomed_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<spikeguard::v1::Reject> rejection_ ABSL_GUARDED_BY(mu_);
+  int64_t generation_ ABSL_GUARDED_BY(mu_);
+  int64_t current_step_ ABSL_GUARDED_BY(mu_) = -1;
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  std::vector<spikeguard::v1::StepReport> open_ ABSL_GUARDED_BY(mu_);
+  absl::Time open_since_ ABSL_GUARDED_BY(mu_);
+  std::deque<Batch> unacked_ ABSL_GUARDED_BY(mu_);
+  size_t unacked_reports_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<spikeguard::v1::WorkerMessage> outbox_ ABSL_GUARDED_BY(mu_);
+  // Recent checkpoint notices, resent after a reconnect (the daemon's upsert
+  // is idempotent), so a notice lost with a broken stream still arrives.
+  std::deque<spikeguard::v1::CheckpointSaved> recent_checkpoints_ ABSL_GUARDED_BY(mu_);
+  std::deque<spikeguard::v1::Command> commands_ ABSL_GUARDED_BY(mu_);
+  Stats stats_ ABSL_GUARDED_BY(mu_);
+  grpc::ClientContext* active_context_ ABSL_GUARDED_BY(mu_) = nullptr;
+
+  std::thread thread_;
+};
+
+}  // namespace spikeguard::worker
