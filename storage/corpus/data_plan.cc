@@ -1,0 +1,168 @@
+#include "storage/corpus/data_plan.h"
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "base/status_macros.h"
+
+namespace spikeguard::storage {
+
+DataPlan DataPlan::Default() { return DataPlan({PositionRange{0, PositionRange::kUnbounded}}); }
+
+absl::Status DataPlan::Validate(const std::vector<PositionRange>& ranges) {
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const PositionRange& r = ranges[i];
+    const std::string name =
+        absl::StrCat("data plan range ", i, " [", r.begin, ", ",
+                     r.unbounded() ? std::string("inf") : absl::StrCat(r.end), ")");
+    if (r.begin < 0) return absl::InvalidArgumentError(absl::StrCat(name, ": negative begin"));
+    if (r.end < 0 && !r.unbounded()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": negative end (use -1 only for unbounded)"));
+    }
+    if (!r.unbounded() && r.end <= r.begin) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": empty or reversed"));
+    }
+    if (r.unbounded() && i + 1 != ranges.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": only the last range may be unbounded; later ranges are unreachable"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<PositionRange> DataPlan::Normalize(std::vector<PositionRange> ranges) {
+  std::vector<PositionRange> out;
+  for (const PositionRange& r : ranges) {
+    if (!out.empty() && !out.back().unbounded() && out.back().end == r.begin) {
+      out.back().end = r.end;
+    } else {
+      out.push_back(r);
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<DataPlan> DataPlan::FromRanges(std::vector<PositionRange> ranges) {
+  SG_RETURN_IF_ERROR(Validate(ranges));
+  return DataPlan(Normalize(std::move(ranges)));
+}
+
+absl::StatusOr<DataPlan> DataPlan::Parse(absl::string_view text) {
+  std::vector<PositionRange> ranges;
+  std::string compact;
+  for (char c : text) {
+    if (!absl::ascii_isspace(static_cast<unsigned char>(c))) compact.push_back(c);
+  }
+  if (compact.empty()) return DataPlan({});
+  for (absl::string_view part : absl::StrSplit(compact, ',')) {
+    std::vector<absl::string_view> ends = absl::StrSplit(part, absl::MaxSplits('-', 1));
+    PositionRange r;
+    if (ends.size() != 2 || !absl::SimpleAtoi(ends[0], &r.begin) ||
+        (!ends[1].empty() && !absl::SimpleAtoi(ends[1], &r.end))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data plan range '", part, "' is not BEGIN-END or BEGIN-"));
+    }
+    if (ends[1].empty()) r.end = PositionRange::kUnbounded;
+    ranges.push_back(r);
+  }
+  return FromRanges(std::move(ranges));
+}
+
+std::string DataPlan::ToString() const {
+  std::string out;
+  for (const PositionRange& r : ranges_) {
+    if (!out.empty()) out.push_back(',');
+    absl::StrAppend(&out, r.begin, "-");
+    if (!r.unbounded()) absl::StrAppend(&out, r.end);
+  }
+  return out;
+}
+
+int64_t DataPlan::StepCount() const {
+  int64_t n = 0;
+  for (const PositionRange& r : ranges_) {
+    if (r.unbounded()) return -1;
+    n += r.end - r.begin;
+  }
+  return n;
+}
+
+absl::StatusOr<int64_t> DataPlan::PositionForStep(int64_t step) const {
+  if (step < 0) return absl::InvalidArgumentError(absl::StrCat("negative step ", step));
+  int64_t left = step;
+  for (const PositionRange& r : ranges_) {
+    if (r.unbounded() || left < r.end - r.begin) return r.begin + left;
+    left -= r.end - r.begin;
+  }
+  return absl::OutOfRangeError(absl::StrCat("step ", step, " is past the end of data plan '",
+                                            ToString(), "' (", StepCount(), " steps)"));
+}
+
+absl::StatusOr<int64_t> DataPlan::FirstStepForPosition(int64_t position) const {
+  int64_t step = 0;
+  for (const PositionRange& r : ranges_) {
+    if (position >= r.begin && (r.unbounded() || position < r.end)) {
+      return step + position - r.begin;
+    }
+    if (r.unbounded()) break;
+    step += r.end - r.begin;
+  }
+  return absl::NotFoundError(
+      absl::StrCat("no step of data plan '", ToString(), "' consumes position ", position));
+}
+
+absl::StatusOr<DataPlan> DataPlan::WithHole(int64_t begin, int64_t end) const {
+  if (begin < 0 || end <= begin) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hole [", begin, ", ", end, ") must be non-empty and non-negative"));
+  }
+  std::vector<PositionRange> out;
+  for (const PositionRange& r : ranges_) {
+    const bool ends_before = !r.unbounded() && r.end <= begin;
+    if (ends_before || r.begin >= end) {
+      out.push_back(r);
+      continue;
+    }
+    if (r.begin < begin) out.push_back({r.begin, begin});
+    if (r.unbounded() || r.end > end) out.push_back({end, r.end});
+  }
+  return FromRanges(std::move(out));
+}
+
+absl::StatusOr<DataPlan> DataPlan::WithSplice(int64_t at_step, PositionRange inserted) const {
+  if (inserted.unbounded()) {
+    return absl::InvalidArgumentError("a spliced range must be bounded");
+  }
+  SG_RETURN_IF_ERROR(Validate({inserted}));
+  if (at_step < 0) return absl::InvalidArgumentError(absl::StrCat("negative step ", at_step));
+  const int64_t count = StepCount();
+  if (count >= 0 && at_step > count) {
+    return absl::OutOfRangeError(absl::StrCat("splice step ", at_step, " is past the end of plan '",
+                                              ToString(), "' (", count, " steps)"));
+  }
+  std::vector<PositionRange> out;
+  int64_t left = at_step;
+  bool placed = false;
+  for (const PositionRange& r : ranges_) {
+    if (placed) {
+      out.push_back(r);
+      continue;
+    }
+    const int64_t len = r.unbounded() ? INT64_MAX : r.end - r.begin;
+    if (left >= len) {
+      out.push_back(r);
+      left -= len;
+      continue;
+    }
+    if (left > 0) out.push_back({r.begin, r.begin + left});
+    out.push_back(inserted);
+    out.push_back({r.begin + left, r.end});
+    placed = true;
+  }
+  if (!placed) out.push_back(inserted);
+  return FromRanges(std::move(out));
+}
+
+}  // namespace spikeguard::storage

@@ -1,0 +1,91 @@
+// data_plan.h
+// -----------------------------------------------------------------------------
+// A DataPlan says which global batch (data position) each training step
+// consumes (DESIGN §5). It is an ordered list of half-open position ranges;
+// step s consumes the s-th position of their concatenation. The default plan
+// is [0, ∞): step s consumes position s.
+//
+// The diagnosis protocol edits plans in two ways:
+//   - a hole (skip window): positions [600, 610) are never consumed, so step
+//     600 consumes position 610 and every later step shifts by 10;
+//   - a splice (transplant): a range is consumed at another point of the run,
+//     e.g. the culprit batches [600, 610) fed at step 300 from an earlier
+//     checkpoint, to test whether they spike from a different model state.
+//
+//   DataPlan plan = DataPlan::Default();
+//   SG_ASSIGN_OR_RETURN(plan, plan.WithHole(600, 610));   // [0,600) [610,∞)
+//   SG_ASSIGN_OR_RETURN(int64_t pos, plan.PositionForStep(600));  // 610
+//   std::string text = plan.ToString();                  // "0-600,610-"
+//   SG_ASSIGN_OR_RETURN(DataPlan back, DataPlan::Parse(text));
+//
+// Rules (Validate): begin >= 0; a bounded range is non-empty (end > begin);
+// only the last range may be unbounded (end = kUnbounded), since nothing after
+// it could ever be reached. Overlapping ranges ARE allowed: a transplant from
+// an earlier checkpoint re-feeds batches the plan also consumes later, and a
+// repeated position is exactly that experiment. Adjacent ranges are merged, so
+// equal plans have equal ToString().
+//
+// A DataPlan is a small value type; PositionForStep is O(#ranges).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace spikeguard::storage {
+
+struct PositionRange {
+  static constexpr int64_t kUnbounded = -1;
+  int64_t begin = 0;
+  int64_t end = kUnbounded;  // exclusive; kUnbounded means ∞
+
+  bool unbounded() const { return end == kUnbounded; }
+  bool operator==(const PositionRange&) const = default;
+};
+
+class DataPlan {
+ public:
+  // [0, ∞).
+  static DataPlan Default();
+  // Validates and normalizes (merges adjacent ranges).
+  static absl::StatusOr<DataPlan> FromRanges(std::vector<PositionRange> ranges);
+  // Parses ToString()'s form: "b-e,b-e,b-" ("b-" is unbounded). Whitespace is
+  // ignored; an empty string is an empty plan.
+  static absl::StatusOr<DataPlan> Parse(absl::string_view text);
+
+  // INVALID_ARGUMENT naming the offending range, per the rules above.
+  static absl::Status Validate(const std::vector<PositionRange>& ranges);
+
+  const std::vector<PositionRange>& ranges() const { return ranges_; }
+  std::string ToString() const;
+
+  // Number of steps the plan feeds; -1 when unbounded.
+  int64_t StepCount() const;
+
+  // The position step `step` consumes. OUT_OF_RANGE past a bounded plan's end.
+  absl::StatusOr<int64_t> PositionForStep(int64_t step) const;
+  // The first step that consumes `position`, or NOT_FOUND if none does.
+  absl::StatusOr<int64_t> FirstStepForPosition(int64_t position) const;
+
+  // The plan without positions [begin, end) anywhere (a skip window). Ranges
+  // are split as needed; order is kept.
+  absl::StatusOr<DataPlan> WithHole(int64_t begin, int64_t end) const;
+  // The plan with `inserted` consumed starting at step `at_step`: the steps
+  // before keep their positions, then `inserted` (bounded), then the rest of
+  // the plan continues where it left off. at_step may equal StepCount().
+  absl::StatusOr<DataPlan> WithSplice(int64_t at_step, PositionRange inserted) const;
+
+  bool operator==(const DataPlan& other) const { return ranges_ == other.ranges_; }
+
+ private:
+  explicit DataPlan(std::vector<PositionRange> ranges) : ranges_(std::move(ranges)) {}
+  static std::vector<PositionRange> Normalize(std::vector<PositionRange> ranges);
+
+  std::vector<PositionRange> ranges_;
+};
+
+}  // namespace spikeguard::storage
