@@ -1,0 +1,977 @@
+#include "storage/catalog/catalog.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "storage/catalog/merge.h"
+
+namespace spikeguard::storage {
+namespace {
+
+// Debian's Abseil is built with its own string_view type, which does not
+// convert from std::string_view.
+absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+// --- Runs and generations ----------------------------------------------------
+constexpr char kSelectRunIdSql[] = "SELECT id FROM runs WHERE name = ?";
+constexpr char kInsertRunSql[] =
+    "INSERT INTO runs (name, created_unix_ms, mode, world_size, current_generation, state, "
+    "last_step, spec) VALUES (?, ?, ?, ?, 0, ?, ?, ?)";
+constexpr char kSelectRunSql[] =
+    "SELECT id, name, created_unix_ms, mode, world_size, current_generation, state, last_step, "
+    "spec FROM runs WHERE name = ?";
+constexpr char kListRunsSql[] =
+    "SELECT id, name, created_unix_ms, mode, world_size, current_generation, state, last_step, "
+    "spec FROM runs ORDER BY id";
+constexpr char kUpdateRunStateSql[] = "UPDATE runs SET state = ? WHERE name = ?";
+constexpr char kUpdateRunProgressSql[] = "UPDATE runs SET last_step = ? WHERE name = ?";
+constexpr char kSetCurrentGenerationSql[] =
+    "UPDATE runs SET current_generation = ? WHERE id = ?";
+constexpr char kInsertGenerationSql[] =
+    "INSERT INTO generations (run_id, generation, parent, from_checkpoint_step, reason, "
+    "created_unix_ms, record) VALUES (?, ?, ?, ?, ?, ?, ?)";
+constexpr char kSelectGenerationsSql[] =
+    "SELECT record FROM generations WHERE run_id = ? ORDER BY generation";
+constexpr char kMaxGenerationSql[] =
+    "SELECT COALESCE(MAX(generation), -1) FROM generations WHERE run_id = ?";
+constexpr char kGenerationExistsSql[] =
+    "SELECT 1 FROM generations WHERE run_id = ? AND generation = ?";
+
+// --- Checkpoints and manifests -------------------------------------------------
+constexpr char kUpsertCheckpointSql[] = R"sql(
+INSERT INTO checkpoints (run_id, step, uri, generation, data_position, bytes, checksum,
+                         complete, pinned, has_rng_state, has_data_loader_state, created_unix_ms)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (run_id, step, uri) DO UPDATE SET
+  generation = excluded.generation,
+  data_position = excluded.data_position,
+  bytes = CASE WHEN excluded.bytes > 0 THEN excluded.bytes ELSE bytes END,
+  checksum = CASE WHEN excluded.checksum <> '' THEN excluded.checksum ELSE checksum END,
+  complete = MAX(complete, excluded.complete),
+  has_rng_state = MAX(has_rng_state, excluded.has_rng_state),
+  has_data_loader_state = MAX(has_data_loader_state, excluded.has_data_loader_state)
+)sql";
+constexpr char kSelectCheckpointsSql[] =
+    "SELECT step, uri, generation, data_position, bytes, checksum, complete, pinned, "
+    "has_rng_state, has_data_loader_state, created_unix_ms FROM checkpoints "
+    "WHERE run_id = ?1 AND (?2 IS NULL OR step = ?2) ORDER BY step, uri";
+constexpr char kPinCheckpointSql[] =
+    "UPDATE checkpoints SET pinned = ? WHERE run_id = ? AND step = ?";
+constexpr char kInsertManifestSql[] =
+    "INSERT INTO manifests (run_id, version, dataset_fingerprint, seed, global_batch_size, "
+    "sequence_length, record) VALUES (?, ?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT (run_id, version) DO NOTHING";
+constexpr char kSelectManifestSql[] =
+    "SELECT record FROM manifests WHERE run_id = ? AND version = ?";
+
+// --- Telemetry -------------------------------------------------------------------
+constexpr char kSelectCommittedStepSql[] =
+    "SELECT committed_step FROM rank_progress WHERE run_id = ? AND generation = ? AND rank = ?";
+constexpr char kUpsertRankProgressSql[] =
+    "INSERT INTO rank_progress (run_id, generation, rank, committed_step, last_seen_unix_ms) "
+    "VALUES (?, ?, ?, ?, ?) ON CONFLICT (run_id, generation, rank) DO UPDATE SET "
+    "committed_step = MAX(committed_step, excluded.committed_step), "
+    "last_seen_unix_ms = excluded.last_seen_unix_ms";
+constexpr char kSelectStepRecordSql[] =
+    "SELECT record FROM step_telemetry WHERE run_id = ? AND generation = ? AND step = ?";
+constexpr char kUpsertStepRecordSql[] =
+    "INSERT INTO step_telemetry (run_id, generation, step, ranks_reported, loss, grad_norm, "
+    "record) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, generation, step) DO UPDATE SET "
+    "ranks_reported = excluded.ranks_reported, loss = excluded.loss, "
+    "grad_norm = excluded.grad_norm, record = excluded.record";
+constexpr char kQueryTelemetrySql[] =
+    "SELECT record FROM step_telemetry WHERE run_id = ? AND generation = ? AND step >= ? "
+    "AND step <= ? ORDER BY step LIMIT ?";
+// Per rank, the row of the newest generation that rank reported in.
+constexpr char kListRankProgressSql[] =
+    "SELECT rank, generation, committed_step, last_seen_unix_ms FROM rank_progress AS p "
+    "WHERE run_id = ?1 AND generation = (SELECT MAX(generation) FROM rank_progress AS q "
+    "WHERE q.run_id = ?1 AND q.rank = p.rank) ORDER BY rank";
+
+// --- Incidents ---------------------------------------------------------------------
+constexpr char kInsertIncidentSql[] =
+    "INSERT INTO incidents (run_id, state, verdict, trigger_kind, generation, onset_step, "
+    "opened_unix_ms, closed_unix_ms, record) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)";
+constexpr char kUpdateIncidentSql[] =
+    "UPDATE incidents SET state = ?, verdict = ?, trigger_kind = ?, generation = ?, "
+    "onset_step = ?, opened_unix_ms = ?, closed_unix_ms = ?, record = ? WHERE id = ?";
+constexpr char kSelectIncidentSql[] =
+    "SELECT i.id, r.name, i.record FROM incidents AS i JOIN runs AS r ON r.id = i.run_id "
+    "WHERE i.id = ?";
+constexpr char kListIncidentsSql[] =
+    "SELECT i.id, r.name, i.record FROM incidents AS i JOIN runs AS r ON r.id = i.run_id "
+    "WHERE (?1 = '' OR r.name = ?1) AND (?2 = 0 OR i.state = ?2) "
+    "AND (?3 = 0 OR i.verdict = ?3) AND i.opened_unix_ms >= ?4 ORDER BY i.id";
+constexpr char kIncidentExistsSql[] = "SELECT 1 FROM incidents WHERE id = ?";
+constexpr char kInsertEventSql[] =
+    "INSERT INTO incident_events (incident_id, unix_ms, kind, payload) VALUES (?, ?, ?, ?)";
+constexpr char kListEventsSql[] =
+    "SELECT seq, unix_ms, kind, payload FROM incident_events WHERE incident_id = ? "
+    "ORDER BY seq";
+
+// --- Commands, quarantine, audit -----------------------------------------------------
+constexpr char kInsertCommandSql[] =
+    "INSERT INTO commands (id, run_id, generation, kind, payload, state, message, "
+    "created_unix_ms, updated_unix_ms) VALUES (?, ?, ?, ?, ?, ?, '', ?, ?)";
+constexpr char kSelectCommandSql[] =
+    "SELECT c.id, r.name, c.generation, c.kind, c.payload, c.state, c.message, "
+    "c.created_unix_ms, c.updated_unix_ms FROM commands AS c JOIN runs AS r ON r.id = c.run_id "
+    "WHERE c.id = ?";
+constexpr char kListCommandsSql[] =
+    "SELECT c.id, r.name, c.generation, c.kind, c.payload, c.state, c.message, "
+    "c.created_unix_ms, c.updated_unix_ms FROM commands AS c JOIN runs AS r ON r.id = c.run_id "
+    "WHERE c.run_id = ?1 AND (?2 = '' OR c.state = ?2) ORDER BY c.rowid";
+constexpr char kUpdateCommandStateSql[] =
+    "UPDATE commands SET state = ?, message = ?, updated_unix_ms = ? WHERE id = ?";
+constexpr char kInsertQuarantineSql[] =
+    "INSERT INTO quarantine (run_id, domain, document_id, reason, incident_id, created_unix_ms) "
+    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, domain, document_id) DO NOTHING";
+constexpr char kSelectQuarantineSql[] =
+    "SELECT domain, document_id, reason, incident_id, created_unix_ms FROM quarantine "
+    "WHERE run_id = ?1 AND (?2 IS NULL OR (domain = ?2 AND document_id = ?3)) "
+    "ORDER BY domain, document_id";
+constexpr char kInsertAuditSql[] =
+    "INSERT INTO audit (unix_ms, actor, action, target, detail) VALUES (?, ?, ?, ?, ?)";
+constexpr char kListAuditSql[] =
+    "SELECT seq, unix_ms, actor, action, target, detail FROM audit ORDER BY seq DESC LIMIT ?";
+
+constexpr std::string_view kRunStates[] = {"created", "running",  "paused",
+                                           "stopped", "finished", "failed"};
+constexpr std::string_view kCommandStates[] = {"pending", "sent", "acked", "failed"};
+
+template <size_t N>
+bool OneOf(std::string_view value, const std::string_view (&set)[N]) {
+  return std::find(std::begin(set), std::end(set), value) != std::end(set);
+}
+
+// Map fields (Manifest.blend) serialize in hash order unless asked not to;
+// byte-comparable records need the deterministic form.
+std::string Serialize(const google::protobuf::MessageLite& message) {
+  std::string out;
+  {
+    google::protobuf::io::StringOutputStream stream(&out);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);
+    message.SerializeToCodedStream(&coded);
+  }
+  return out;
+}
+
+template <typename Message>
+absl::StatusOr<Message> Parse(const std::string& blob, std::string_view what) {
+  Message message;
+  if (!message.ParseFromString(blob)) {
+    return absl::DataLossError(absl::StrCat("corrupt ", Sv(what), " record in catalog"));
+  }
+  return message;
+}
+
+absl::StatusOr<v1::Run> ReadRunRow(const Statement& row) {
+  v1::Run run;
+  run.set_id(row.ColumnInt64(0));
+  run.set_name(row.ColumnText(1));
+  run.set_created_unix_ms(row.ColumnInt64(2));
+  run.set_mode(static_cast<v1::Mode>(row.ColumnInt64(3)));
+  run.set_world_size(static_cast<uint32_t>(row.ColumnInt64(4)));
+  run.set_current_generation(row.ColumnInt64(5));
+  run.set_state(row.ColumnText(6));
+  run.set_last_step(row.ColumnInt64(7));
+  SG_ASSIGN_OR_RETURN(*run.mutable_spec(),
+                      Parse<v1::RunSpec>(row.ColumnBlob(8), absl::StrCat("run spec of ", run.name())));
+  return run;
+}
+
+StoredCommand ReadCommandRow(const Statement& row) {
+  StoredCommand c;
+  c.id = row.ColumnText(0);
+  c.run = row.ColumnText(1);
+  c.generation = row.ColumnInt64(2);
+  c.kind = row.ColumnText(3);
+  c.payload = row.ColumnBlob(4);
+  c.state = row.ColumnText(5);
+  c.message = row.ColumnText(6);
+  c.created_unix_ms = row.ColumnInt64(7);
+  c.updated_unix_ms = row.ColumnInt64(8);
+  return c;
+}
+
+absl::StatusOr<v1::Incident> ReadIncidentRow(const Statement& row) {
+  const int64_t id = row.ColumnInt64(0);
+  SG_ASSIGN_OR_RETURN(v1::Incident incident,
+                      Parse<v1::Incident>(row.ColumnBlob(2), absl::StrCat("incident ", id)));
+  // The columns are the identity; the record may predate them.
+  incident.set_id(id);
+  incident.set_run(row.ColumnText(1));
+  return incident;
+}
+
+std::string RunNotFound(std::string_view run) {
+  return absl::StrCat("run '", Sv(run), "' not found");
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Catalog>> Catalog::Open(const CatalogOptions& options) {
+  DatabaseOptions db_options;
+  db_options.path = options.path;
+  db_options.synchronous_full = options.synchronous_full;
+  db_options.busy_timeout = options.busy_timeout;
+  SG_ASSIGN_OR_RETURN(std::unique_ptr<Database> db, Database::Open(db_options));
+  SG_RETURN_IF_ERROR(OpenSchema(*db));
+  Clock* clock = options.clock != nullptr ? options.clock : Clock::Real();
+  return std::unique_ptr<Catalog>(new Catalog(std::move(db), options.path, clock));
+}
+
+// --- Private helpers -----------------------------------------------------------------
+
+absl::StatusOr<int64_t> Catalog::RunIdLocked(std::string_view name) {
+  SG_ASSIGN_OR_RETURN(Statement select, db_->Prepare(kSelectRunIdSql));
+  select.BindText(1, name);
+  SG_ASSIGN_OR_RETURN(bool row, select.Step());
+  if (!row) return absl::NotFoundError(RunNotFound(name));
+  return select.ColumnInt64(0);
+}
+
+absl::Status Catalog::RequireGenerationLocked(int64_t run_id, std::string_view run,
+                                              int64_t generation) {
+  SG_ASSIGN_OR_RETURN(Statement select, db_->Prepare(kGenerationExistsSql));
+  select.BindInt64(1, run_id).BindInt64(2, generation);
+  SG_ASSIGN_OR_RETURN(bool row, select.Step());
+  if (!row) {
+    return absl::NotFoundError(
+        absl::StrCat("generation ", generation, " of run '", Sv(run), "' not found"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<v1::Generation>> Catalog::ListGenerationsLocked(int64_t run_id) {
+  SG_ASSIGN_OR_RETURN(Statement select, db_->Prepare(kSelectGenerationsSql));
+  select.BindInt64(1, run_id);
+  std::vector<v1::Generation> out;
+  while (true) {
+    SG_ASSIGN_OR_RETURN(bool row, select.Step());
+    if (!row) break;
+    SG_ASSIGN_OR_RETURN(out.emplace_back(),
+                        Parse<v1::Generation>(select.ColumnBlob(0), "generation"));
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<v1::RankState>> Catalog::ListRankProgressLocked(int64_t run_id) {
+  SG_ASSIGN_OR_RETURN(Statement select, db_->Prepare(kListRankProgressSql));
+  select.BindInt64(1, run_id);
+  std::vector<v1::RankState> out;
+  while (true) {
+    SG_ASSIGN_OR_RETURN(bool row, select.Step());
+    if (!row) break;
+    v1::RankState& state = out.emplace_back();
+    state.set_rank(static_cast<uint32_t>(select.ColumnInt64(0)));
+    state.set_generation(select.ColumnInt64(1));
+    state.set_last_step(select.ColumnInt64(2));
+    state.set_last_seen_unix_ms(select.ColumnInt64(3));
+  }
+  return out;
+}
+
+absl::StatusOr<v1::Run> Catalog::GetRunLocked(std::string_view name) {
+  v1::Run run;
+  {
+    SG_ASSIGN_OR_RETURN(Statement select, db_->Prepare(kSelectRunSql));
+    select.BindText(1, name);
+    SG_ASSIGN_OR_RETURN(bool row, select.Step());
+    if (!row) return absl::NotFoundError(RunNotFound(name));
+    SG_ASSIGN_OR_RETURN(run, ReadRunRow(select));
+  }
+  SG_ASSIGN_OR_RETURN(std::vector<v1::Generation> generations, ListGenerationsLocked(run.id()));
+  for (auto& g : generations) *run.add_generations() = std::move(g);
+  SG_ASSIGN_OR_RETURN(std::vector<v1::RankState> ranks, ListRankProgressLocked(run.id()));
+  for (auto& r : ranks) *run.add_ranks() = std::move(r);
+  return run;
+}
+
+absl::StatusOr<v1::Generation> Catalog::InsertGenerationLocked(int64_t run_id,
+                                                               std::string_view run,
+                                                               v1::Generation g) {
+  if (g.created_unix_ms() == 0) g.set_created_unix_ms(clock_->NowUnixMillis());
+  SG_ASSIGN_OR_RETURN(Statement insert, db_->Prepare(kInsertGenerationSql));
+  insert.BindInt64(1, run_id)
+      .BindInt64(2, g.generation())
+      .BindInt64(3, g.parent())
+      .BindInt64(4, g.from_checkpoint_step())
+      .BindText(5, g.reason())
+      .BindInt64(6, g.created_unix_ms())
+      .BindBlob(7, Serialize(g));
+  if (absl::Status s = insert.Run(); !s.ok()) {
+    if (absl::IsAlreadyExists(s)) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("generation ", g.generation(), " of run '", Sv(run), "' already exists"));
+    }
+    return s;
+  }
+  return g;
+}
+
+absl::StatusOr<std::vector<v1::Checkpoint>> Catalog::SelectCheckpointsLocked(
+    int64_t run_id, std::string_view run, std::optional<int64_t> step) {
+  SG_ASSIGN_OR_RETURN(Statement select, db_->Prepare(kSelectCheckpointsSql));
+  select.BindInt64(1, run_id);
+  if (step.has_value()) {
+    select.BindInt64(2, *step);
+  } else {
+    select.BindNull(2);
+  }
+  std::vector<v1::Checkpoint> out;
+  while (true) {
+    SG_ASSIGN_OR_RETURN(bool row, select.Step());
+    if (!row) break;
+    v1::Checkpoint& c = out.emplace_back();
+    c.set_run(std::string(run));
+    c.set_step(select.ColumnInt64(0));
+    c.set_uri(select.ColumnText(1));
+    c.set_generation(select.ColumnInt64(2));
+    c.set_data_position(select.ColumnInt64(3));
+    c.set_bytes(select.ColumnInt64(4));
+    c.set_checksum(select.ColumnText(5));
+    c.set_complete(select.ColumnBool(6));
+    c.set_pinned(select.ColumnBool(7));
+    c.set_has_rng_state(select.ColumnBool(8));
+    c.set_has_data_loader_state(select.ColumnBool(9));
+    c.set_created_unix_ms(select.ColumnInt64(10));
+  }
+  return out;
+}
+
+absl::StatusOr<v1::Incident> Catalog::GetIncidentLocked(int64_t id) {
+  SG_ASSIGN_OR_RETURN(Statement select, db_->Prepare(kSelectIncidentSql));
+  select.BindInt64(1, id);
+  SG_ASSIGN_OR_RETURN(bool row, select.Step());
+  if (!row) return absl::NotFoundError(absl::StrCat("incident ", id, " not found"));
+  return ReadIncidentRow(select);
+}
+
+absl::StatusOr<StoredCommand> Catalog::GetCommandLocked(std::string_view id) {
+  SG_ASSIGN_OR_RETURN(Statement select, db_->Prepare(kSelectCommandSql));
+  select.BindText(1, id);
+  SG_ASSIGN_OR_RETURN(bool row, select.Step());
+  if (!row) return absl::NotFoundError(absl::StrCat("command '", Sv(id), "' not found"));
+  return ReadCommandRow(select);
+}
+
+absl::StatusOr<int64_t> Catalog::CommittedStepLocked(int64_t run_id, int64_t generation,
+                                                     uint32_t rank) {
+  SG_ASSIGN_OR_RETURN(Statement select, db_->Prepare(kSelectCommittedStepSql));
+  select.BindInt64(1, run_id).BindInt64(2, generation).BindInt64(3, rank);
+  SG_ASSIGN_OR_RETURN(bool row, select.Step());
+  return row ? select.ColumnInt64(0) : int64_t{-1};
+}
+
+// --- Runs ------------------------------------------------------------------------------
+
+absl::StatusOr<v1::Run> Catalog::CreateRun(const v1::Run& run) {
+  if (run.name().empty()) return absl::InvalidArgumentError("run.name is empty");
+  const std::string state = run.state().empty() ? "created" : run.state();
+  if (!OneOf(state, kRunStates)) {
+    return absl::InvalidArgumentError(absl::StrCat("run.state: unknown state '", Sv(state), "'"));
+  }
+  absl::MutexLock lock(&mu_);
+  SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
+  if (absl::StatusOr<int64_t> existing = RunIdLocked(run.name()); existing.ok()) {
+    return absl::AlreadyExistsError(absl::StrCat("run '", run.name(), "' already exists"));
+  } else if (!absl::IsNotFound(existing.status())) {
+    return existing.status();
+  }
+  const int64_t now = clock_->NowUnixMillis();
+  {
+    SG_ASSIGN_OR_RETURN(Statement insert, db_->Prepare(kInsertRunSql));
+    insert.BindText(1, run.name())
+        .BindInt64(2, run.created_unix_ms() != 0 ? run.created_unix_ms() : now)
+        .BindInt64(3, run.mode())
+        .BindInt64(4, run.world_size())
+        .BindText(5, state)
+        .BindInt64(6, run.last_step())
+        .BindBlob(7, Serialize(run.spec()));
+    SG_RETURN_IF_ERROR(insert.Run());
+  }
+  const int64_t run_id = db_->LastInsertRowId();
+  v1::Generation initial;
+  initial.set_generation(0);
+  initial.set_parent(-1);
+  initial.set_reason("initial");
+  initial.set_created_unix_ms(now);
+  SG_RETURN_IF_ERROR(InsertGenerationLocked(run_id, run.name(), initial).status());
+  SG_RETURN_IF_ERROR(txn.Commit());
+  return GetRunLocked(run.name());
+}
+
+absl::StatusOr<v1::Run> Catalog::GetRun(std::string_view name) {
+  absl::MutexLock lock(&mu_);
+  return GetRunLocked(name);
+}
+
+absl::StatusOr<std::vector<v1::Run>> Catalog::ListRuns() {
+  absl::MutexLock lock(&mu_);
+  SG_ASSIGN_OR_RETURN(Statement select, db_->Prepare(kListRunsSql));
+  std::vector<v1::Run> out;
+  while (true) {
+    SG_ASSIGN_OR_RETURN(bool row, select.Step());
+    if (!row) break;
+    SG_ASSIGN_OR_RETURN(out.emplace_back(), ReadRunRow(select));
+  }
+  return out;
+}
+
+absl::Status Catalog::SetRunState(std::string_view name, std::string_view state) {
+  if (!OneOf(state, kRunStates)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown run state '", Sv(state), "'"));
+  }
+  absl::MutexLock lock(&mu_);
+  SG_ASSIGN_OR_RETURN(Statement update, db_->Prepare(kUpdateRunStateSql));
+  update.BindText(1, state).BindText(2, name);
+  SG_RETURN_IF_ERROR(update.Run());
+  if (db_->Changes() == 0) return absl::NotFoundError(RunNotFound(name));
+  return absl::OkStatus();
+}
+
+absl::Status Catalog::UpdateRunProgress(std::string_view name, int64_t last_step) {
+  absl::MutexLock lock(&mu_);
+  SG_ASSIGN_OR_RETURN(Statement update, db_->Prepare(kUpdateRunProgressSql));
+  update.BindInt64(1, last_step).BindText(2, name);
+  SG_RETURN_IF_ERROR(update.Run());
+  if (db_->Changes() == 0) return absl::NotFoundError(RunNotFound(name));
+  return absl::OkStatus();
+}
+
+// --- Generations ---------------------------------------------------------------------
+
+absl::StatusOr<v1::Generation> Catalog::CreateGeneration(std::string_view run,
+                                                         const v1::Generation& g) {
+  absl::MutexLock lock(&mu_);
+  SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
+  SG_ASSIGN_OR_RETURN(int64_t run_id, RunIdLocked(run));
+  v1::Generation stored = g;
+  if (stored.generation() <= 0) {
+    SG_ASSIGN_OR_RETURN(Statement max, db_->Prepare(kMaxGenerationSql));
+    max.BindInt64(1, run_id);
+    SG_ASSIGN_OR_RETURN(bool row, max.Step());
+    stored.set_generation(row ? max.ColumnInt64(0) + 1 : 1);
+  }
+  if (absl::Status s = RequireGenerationLocked(run_id, run, stored.parent()); !s.ok()) {
+    return absl::NotFoundError(
+        absl::StrCat("parent generation ", stored.parent(), " of run '", Sv(run), "' not found"));
+  }
+  SG_ASSIGN_OR_RETURN(stored, InsertGenerationLocked(run_id, run, std::move(stored)));
+  {
+    SG_ASSIGN_OR_RETURN(Statement update, db_->Prepare(kSetCurrentGenerationSql));
+    update.BindInt64(1, stored.generation()).BindInt64(2, run_id);
+    SG_RETURN_IF_ERROR(update.Run());
+  }
+  SG_RETURN_IF_ERROR(txn.Commit());
+  return stored;
+}
+
+absl::StatusOr<std::vector<v1::Generation>> Catalog::ListGenerations(std::string_view run) {
+  absl::MutexLock lock(&mu_);
+  SG_ASSIGN_OR_RETURN(int64_t run_id, RunIdLocked(run));
+  return ListGenerationsLocked(run_id);
+}
+
+// --- Checkpoints -----------------------------------------------------------------------
+
+absl::StatusOr<v1::Checkpoint> Catalog::UpsertCheckpoint(const v1::Checkpoint& c) {
+  if (c.uri().empty()) return absl::InvalidArgumentError("checkpoint.uri is empty");
+  absl::MutexLock lock(&mu_);
+  SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
+  SG_ASSIGN_OR_RETURN(int64_t run_id, RunIdLocked(c.run()));
+  {
+    SG_ASSIGN_OR_RETURN(Statement upsert, db_->Prepare(kUpsertCheckpointSql));
+    upsert.BindInt64(1, run_id)
+        .BindInt64(2, c.step())
+        .BindText(3, c.uri())
+        .BindInt64(4, c.generation())
+        .BindInt64(5, c.data_position())
+        .BindInt64(6, c.bytes())
+        .BindText(7, c.checksum())
+        .BindBool(8, c.complete())
+        .BindBool(9, c.pinned())
+        .BindBool(10, c.has_rng_state())
+        .BindBool(11, c.has_data_loader_state())
+        .BindInt64(12, c.created_unix_ms() != 0 ? c.created_unix_ms() : clock_->NowUnixMillis());
+    SG_RETURN_IF_ERROR(upsert.Run());
+  }
+  SG_ASSIGN_OR_RETURN(std::vector<v1::Checkpoint> at_step,
+                      SelectCheckpointsLocked(run_id, c.run(), c.step()));
+  SG_RETURN_IF_ERROR(txn.Commit());
+  for (v1::Checkpoint& stored : at_step) {
+    if (stored.uri() == c.uri()) return std::move(stored);
+  }
+  return absl::InternalError("checkpoint vanished after upsert");
+}
+
+absl::StatusOr<std::vector<v1::Checkpoint>> Catalog::ListCheckpoints(std::string_view run) {
+  absl::MutexLock lock(&mu_);
+  SG_ASSIGN_OR_RETURN(int64_t run_id, RunIdLocked(run));
+  return SelectCheckpointsLocked(run_id, run, std::nullopt);
+}
+
+absl::StatusOr<v1::Checkpoint> Catalog::PinCheckpoint(std::string_view run, int64_t step,
+                                                      bool pinned) {
+  absl::MutexLock lock(&mu_);
+  SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
+  SG_ASSIGN_OR_RETURN(int64_t run_id, RunIdLocked(run));
+  {
+    SG_ASSIGN_OR_RETURN(Statement update, db_->Prepare(kPinCheckpointSql));
+    update.BindBool(1, pinned).BindInt64(2, run_id).BindInt64(3, step);
+    SG_RETURN_IF_ERROR(update.Run());
+  }
+  if (db_->Changes() == 0) {
+    return absl::NotFoundError(absl::StrCat("run '", Sv(run), "' has no checkpoint at step ", step));
+  }
+  SG_ASSIGN_OR_RETURN(std::vector<v1::Checkpoint> at_step,
+                      SelectCheckpointsLocked(run_id, run, step));
+  SG_RETURN_IF_ERROR(txn.Commit());
+  return std::move(at_step.front());
+}
+
+// --- Manifests ---------------------------------------------------------------------------
+
+absl::Status Catalog::PutManifest(std::string_view run, const v1::Manifest& m) {
+  absl::MutexLock lock(&mu_);
+  SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
+  SG_ASSIGN_OR_RETURN(int64_t run_id, RunIdLocked(run));
+  const std::string record = Serialize(m);
+  {
+    SG_ASSIGN_OR_RETURN(Statement insert, db_->Prepare(kInsertManifestSql));
+    insert.BindInt64(1, run_id)
+        .BindInt64(2, m.version())
+        .BindText(3, m.dataset_fingerprint())
+        .BindInt64(4, static_cast<int64_t>(m.seed()))  // bit pattern of the uint64
+        .BindInt64(5, m.global_batch_size())
+        .BindInt64(6, m.sequence_length())
+        .BindBlob(7, record);
+    SG_RETURN_IF_ERROR(insert.Run());
+  }
+  if (db_->Changes() == 0) {
+    // Data order must never change under a version: only an identical resend is fine.
+    SG_ASSIGN_OR_RETURN(Statement select, db_->Prepare(kSelectManifestSql));
+    select.BindInt64(1, run_id).BindInt64(2, m.version());
+    SG_ASSIGN_OR_RETURN(bool row, select.Step());
+    if (row && select.ColumnBlob(0) != record) {
+      return absl::AlreadyExistsError(absl::StrCat("manifest version ", m.version(), " of run '",
+                                                   Sv(run), "' already exists with other content"));
+    }
+  }
+  return txn.Commit();
+}
+
+absl::StatusOr<v1::Manifest> Catalog::GetManifest(std::string_view run, int64_t version) {
+  absl::MutexLock lock(&mu_);
+  SG_ASSIGN_OR_RETURN(int64_t run_id, RunIdLocked(run));
+  SG_ASSIGN_OR_RETURN(Statement select, db_->Prepare(kSelectManifestSql));
+  select.BindInt64(1, run_id).BindInt64(2, version);
+  SG_ASSIGN_OR_RETURN(bool row, select.Step());
+  if (!row) {
+    return absl::NotFoundError(
+        absl::StrCat("manifest version ", version, " of run '", Sv(run), "' not found"));
+  }
+  return Parse<v1::Manifest>(select.ColumnBlob(0), "manifest");
+}
+
+// --- Telemetry -----------------------------------------------------------------------------
+
+absl::StatusOr<IngestResult> Catalog::IngestReports(std::string_view run, int64_t generation,
+                                                    uint32_t rank,
+                                                    std::span<const v1::StepReport> reports) {
+  // Within a call, take reports in step order so a reordered batch loses nothing.
+  std::vector<const v1::StepReport*> ordered;
+  ordered.reserve(reports.size());
+  for (const v1::StepReport& r : reports) ordered.push_back(&r);
+  std::stable_sort(ordered.begin(), ordered.end(),
+                   [](const v1::StepReport* a, const v1::StepReport* b) {
+                     return a->step() < b->step();
+                   });
+
+  absl::MutexLock lock(&mu_);
+  SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
+  SG_ASSIGN_OR_RETURN(int64_t run_id, RunIdLocked(run));
+  SG_RETURN_IF_ERROR(RequireGenerationLocked(run_id, run, generation));
+  IngestResult result;
+  SG_ASSIGN_OR_RETURN(result.committed_step, CommittedStepLocked(run_id, generation, rank));
+  for (const v1::StepReport* report : ordered) {
+    if (report->step() <= result.committed_step) {
+      ++result.duplicates;
+      continue;
+    }
+    v1::StepRecord record;
+    {
+      SG_ASSIGN_OR_RETURN(Statement select, db_->Prepare(kSelectStepRecordSql));
+      select.BindInt64(1, run_id).BindInt64(2, generation).BindInt64(3, report->step());
+      SG_ASSIGN_OR_RETURN(bool row, select.Step());
+      if (row) {
+        SG_ASSIGN_OR_RETURN(record, Parse<v1::StepRecord>(select.ColumnBlob(0), "step"));
+      }
+    }
+    record.set_generation(generation);
+    MergeReport(&record, rank, *report);
+    {
+      SG_ASSIGN_OR_RETURN(Statement upsert, db_->Prepare(kUpsertStepRecordSql));
+      upsert.BindInt64(1, run_id)
+          .BindInt64(2, generation)
+          .BindInt64(3, record.step())
+          .BindInt64(4, record.ranks_reported())
+          .BindDouble(5, record.loss())  // NaN -> NULL; the blob keeps the bits
+          .BindDouble(6, record.grad_norm())
+          .BindBlob(7, Serialize(record));
+      SG_RETURN_IF_ERROR(upsert.Run());
+    }
+    result.committed_step = report->step();
+    ++result.accepted;
+  }
+  if (!reports.empty()) {
+    SG_ASSIGN_OR_RETURN(Statement progress, db_->Prepare(kUpsertRankProgressSql));
+    progress.BindInt64(1, run_id)
+        .BindInt64(2, generation)
+        .BindInt64(3, rank)
+        .BindInt64(4, result.committed_step)
+        .BindInt64(5, clock_->NowUnixMillis());
+    SG_RETURN_IF_ERROR(progress.Run());
+  }
+  SG_RETURN_IF_ERROR(txn.Commit());
+  return result;
+}
+
+absl::StatusOr<int64_t> Catalog::CommittedStep(std::string_view run, int64_t generation,
+                                               uint32_t rank) {
+  absl::MutexLock lock(&mu_);
+  SG_ASSIGN_OR_RETURN(int64_t run_id, RunIdLocked(run));
+  return CommittedStepLocked(run_id, generation, rank);
+}
+
+absl::StatusOr<std::vector<v1::StepRecord>> Catalog::QueryTelemetry(
+    std::string_view run, int64_t generation, int64_t from_step, std::optional<int64_t> to_step,
+    int limit) {
+  if (limit <= 0 || limit > kMaxQueryLimit) limit = kMaxQueryLimit;
+  absl::MutexLock lock(&mu_);
+  SG_ASSIGN_OR_RETURN(int64_t run_id, RunIdLocked(run));
+  SG_RETURN_IF_ERROR(RequireGenerationLocked(run_id, run, generation));
+  SG_ASSIGN_OR_RETURN(Statement select, db_->Prepare(kQueryTelemetrySql));
+  select.BindInt64(1, run_id)
+      .BindInt64(2, generation)
+      .BindInt64(3, from_step)
+      .BindInt64(4, to_step.value_or(std::numeric_limits<int64_t>::max()))
+      .BindInt64(5, limit);
+  std::vector<v1::StepRecord> out;
+  while (true) {
+    SG_ASSIGN_OR_RETURN(bool row, select.Step());
+    if (!row) break;
+    SG_ASSIGN_OR_RETURN(out.emplace_back(), Parse<v1::StepRecord>(select.ColumnBlob(0), "step"));
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<v1::RankState>> Catalog::ListRankProgress(std::string_view run) {
+  absl::MutexLock lock(&mu_);
+  SG_ASSIGN_OR_RETURN(int64_t run_id, RunIdLocked(run));
+  return ListRankProgressLocked(run_id);
+}
+
+// --- Incidents ---------------------------------------------------------------------------
+
+absl::StatusOr<int64_t> Catalog::CreateIncident(std::string_view run, const v1::Incident& inc) {
+  absl::MutexLock lock(&mu_);
+  SG_ASSIGN_OR_RETURN(int64_t run_id, RunIdLocked(run));
+  v1::Incident record = inc;
+  record.set_id(0);
+  record.set_run(std::string(run));
+  if (record.opened_unix_ms() == 0) record.set_opened_unix_ms(clock_->NowUnixMillis());
+  SG_ASSIGN_OR_RETURN(Statement insert, db_->Prepare(kInsertIncidentSql));
+  insert.BindInt64(1, run_id)
+      .BindInt64(2, record.state())
+      .BindInt64(3, record.verdict())
+      .BindText(4, record.trigger())
+      .BindInt64(5, record.generation())
+      .BindInt64(6, record.onset_step())
+      .BindInt64(7, record.opened_unix_ms())
+      .BindInt64(8, record.closed_unix_ms())
+      .BindBlob(9, Serialize(record));
+  SG_RETURN_IF_ERROR(insert.Run());
+  return db_->LastInsertRowId();
+}
+
+absl::Status Catalog::UpdateIncident(const v1::Incident& inc) {
+  absl::MutexLock lock(&mu_);
+  SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
+  SG_ASSIGN_OR_RETURN(v1::Incident stored, GetIncidentLocked(inc.id()));
+  if (!inc.run().empty() && inc.run() != stored.run()) {
+    return absl::InvalidArgumentError(absl::StrCat("incident ", inc.id(), " belongs to run '",
+                                                   stored.run(), "', not '", inc.run(), "'"));
+  }
+  v1::Incident record = inc;
+  record.set_run(stored.run());
+  {
+    SG_ASSIGN_OR_RETURN(Statement update, db_->Prepare(kUpdateIncidentSql));
+    update.BindInt64(1, record.state())
+        .BindInt64(2, record.verdict())
+        .BindText(3, record.trigger())
+        .BindInt64(4, record.generation())
+        .BindInt64(5, record.onset_step())
+        .BindInt64(6, record.opened_unix_ms())
+        .BindInt64(7, record.closed_unix_ms())
+        .BindBlob(8, Serialize(record))
+        .BindInt64(9, record.id());
+    SG_RETURN_IF_ERROR(update.Run());
+  }
+  return txn.Commit();
+}
+
+absl::StatusOr<v1::Incident> Catalog::GetIncident(int64_t id) {
+  absl::MutexLock lock(&mu_);
+  return GetIncidentLocked(id);
+}
+
+absl::StatusOr<std::vector<v1::Incident>> Catalog::ListIncidents(const IncidentFilter& filter) {
+  absl::MutexLock lock(&mu_);
+  if (!filter.run.empty()) SG_RETURN_IF_ERROR(RunIdLocked(filter.run).status());
+  SG_ASSIGN_OR_RETURN(Statement select, db_->Prepare(kListIncidentsSql));
+  select.BindText(1, filter.run)
+      .BindInt64(2, filter.state)
+      .BindInt64(3, filter.verdict)
+      .BindInt64(4, filter.since_unix_ms);
+  std::vector<v1::Incident> out;
+  while (true) {
+    SG_ASSIGN_OR_RETURN(bool row, select.Step());
+    if (!row) break;
+    SG_ASSIGN_OR_RETURN(out.emplace_back(), ReadIncidentRow(select));
+  }
+  return out;
+}
+
+absl::StatusOr<int64_t> Catalog::AppendIncidentEvent(int64_t incident_id, std::string_view kind,
+                                                     std::string_view payload) {
+  if (kind.empty()) return absl::InvalidArgumentError("incident event kind is empty");
+  absl::MutexLock lock(&mu_);
+  SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
+  {
+    SG_ASSIGN_OR_RETURN(Statement exists, db_->Prepare(kIncidentExistsSql));
+    exists.BindInt64(1, incident_id);
+    SG_ASSIGN_OR_RETURN(bool row, exists.Step());
+    if (!row) return absl::NotFoundError(absl::StrCat("incident ", incident_id, " not found"));
+  }
+  {
+    SG_ASSIGN_OR_RETURN(Statement insert, db_->Prepare(kInsertEventSql));
+    insert.BindInt64(1, incident_id)
+        .BindInt64(2, clock_->NowUnixMillis())
+        .BindText(3, kind)
+        .BindBlob(4, payload);
+    SG_RETURN_IF_ERROR(insert.Run());
+  }
+  const int64_t seq = db_->LastInsertRowId();
+  SG_RETURN_IF_ERROR(txn.Commit());
+  return seq;
+}
+
+absl::StatusOr<std::vector<StoredEvent>> Catalog::ListIncidentEvents(int64_t incident_id) {
+  absl::MutexLock lock(&mu_);
+  SG_RETURN_IF_ERROR(GetIncidentLocked(incident_id).status());
+  SG_ASSIGN_OR_RETURN(Statement select, db_->Prepare(kListEventsSql));
+  select.BindInt64(1, incident_id);
+  std::vector<StoredEvent> out;
+  while (true) {
+    SG_ASSIGN_OR_RETURN(bool row, select.Step());
+    if (!row) break;
+    StoredEvent& e = out.emplace_back();
+    e.seq = select.ColumnInt64(0);
+    e.incident_id = incident_id;
+    e.unix_ms = select.ColumnInt64(1);
+    e.kind = select.ColumnText(2);
+    e.payload = select.ColumnBlob(3);
+  }
+  return out;
+}
+
+// --- Commands ------------------------------------------------------------------------------
+
+absl::Status Catalog::PutCommand(std::string_view id, std::string_view run, int64_t generation,
+                                 std::string_view kind, std::string_view payload,
+                                 std::string_view state) {
+  if (id.empty()) return absl::InvalidArgumentError("command id is empty");
+  if (!OneOf(state, kCommandStates)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown command state '", Sv(state), "'"));
+  }
+  absl::MutexLock lock(&mu_);
+  SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
+  SG_ASSIGN_OR_RETURN(int64_t run_id, RunIdLocked(run));
+  if (absl::StatusOr<StoredCommand> existing = GetCommandLocked(id); existing.ok()) {
+    if (existing->run == run && existing->generation == generation && existing->kind == kind &&
+        existing->payload == payload) {
+      return absl::OkStatus();  // a resend of the same command
+    }
+    return absl::AlreadyExistsError(
+        absl::StrCat("command '", Sv(id), "' already exists with other content"));
+  } else if (!absl::IsNotFound(existing.status())) {
+    return existing.status();
+  }
+  const int64_t now = clock_->NowUnixMillis();
+  {
+    SG_ASSIGN_OR_RETURN(Statement insert, db_->Prepare(kInsertCommandSql));
+    insert.BindText(1, id)
+        .BindInt64(2, run_id)
+        .BindInt64(3, generation)
+        .BindText(4, kind)
+        .BindBlob(5, payload)
+        .BindText(6, state)
+        .BindInt64(7, now)
+        .BindInt64(8, now);
+    SG_RETURN_IF_ERROR(insert.Run());
+  }
+  return txn.Commit();
+}
+
+absl::Status Catalog::UpdateCommandState(std::string_view id, std::string_view state,
+                                         std::string_view message) {
+  if (!OneOf(state, kCommandStates)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown command state '", Sv(state), "'"));
+  }
+  absl::MutexLock lock(&mu_);
+  SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
+  SG_ASSIGN_OR_RETURN(StoredCommand existing, GetCommandLocked(id));
+  const bool final_state = existing.state == "acked" || existing.state == "failed";
+  if (final_state) {
+    if (existing.state == state) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "command '", Sv(id), "' is already ", existing.state, "; cannot become ", Sv(state)));
+  }
+  {
+    SG_ASSIGN_OR_RETURN(Statement update, db_->Prepare(kUpdateCommandStateSql));
+    update.BindText(1, state)
+        .BindText(2, message)
+        .BindInt64(3, clock_->NowUnixMillis())
+        .BindText(4, id);
+    SG_RETURN_IF_ERROR(update.Run());
+  }
+  return txn.Commit();
+}
+
+absl::StatusOr<StoredCommand> Catalog::GetCommand(std::string_view id) {
+  absl::MutexLock lock(&mu_);
+  return GetCommandLocked(id);
+}
+
+absl::StatusOr<std::vector<StoredCommand>> Catalog::ListCommands(std::string_view run,
+                                                                 std::string_view state) {
+  if (!state.empty() && !OneOf(state, kCommandStates)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown command state '", Sv(state), "'"));
+  }
+  absl::MutexLock lock(&mu_);
+  SG_ASSIGN_OR_RETURN(int64_t run_id, RunIdLocked(run));
+  SG_ASSIGN_OR_RETURN(Statement select, db_->Prepare(kListCommandsSql));
+  select.BindInt64(1, run_id).BindText(2, state);
+  std::vector<StoredCommand> out;
+  while (true) {
+    SG_ASSIGN_OR_RETURN(bool row, select.Step());
+    if (!row) break;
+    out.push_back(ReadCommandRow(select));
+  }
+  return out;
+}
+
+// --- Quarantine ------------------------------------------------------------------------------
+
+absl::StatusOr<v1::QuarantineEntry> Catalog::AddQuarantine(const v1::QuarantineEntry& entry) {
+  if (entry.domain().empty()) return absl::InvalidArgumentError("entry.domain is empty");
+  absl::MutexLock lock(&mu_);
+  SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
+  SG_ASSIGN_OR_RETURN(int64_t run_id, RunIdLocked(entry.run()));
+  if (entry.incident_id() != 0) SG_RETURN_IF_ERROR(GetIncidentLocked(entry.incident_id()).status());
+  {
+    SG_ASSIGN_OR_RETURN(Statement insert, db_->Prepare(kInsertQuarantineSql));
+    insert.BindInt64(1, run_id)
+        .BindText(2, entry.domain())
+        .BindInt64(3, entry.document_id())
+        .BindText(4, entry.reason())
+        .BindInt64(6, entry.created_unix_ms() != 0 ? entry.created_unix_ms()
+                                                   : clock_->NowUnixMillis());
+    if (entry.incident_id() != 0) {
+      insert.BindInt64(5, entry.incident_id());
+    } else {
+      insert.BindNull(5);
+    }
+    SG_RETURN_IF_ERROR(insert.Run());
+  }
+  v1::QuarantineEntry stored;
+  {
+    SG_ASSIGN_OR_RETURN(Statement select, db_->Prepare(kSelectQuarantineSql));
+    select.BindInt64(1, run_id).BindText(2, entry.domain()).BindInt64(3, entry.document_id());
+    SG_ASSIGN_OR_RETURN(bool row, select.Step());
+    if (!row) return absl::InternalError("quarantine entry vanished after insert");
+    stored.set_run(entry.run());
+    stored.set_domain(select.ColumnText(0));
+    stored.set_document_id(select.ColumnInt64(1));
+    stored.set_reason(select.ColumnText(2));
+    stored.set_incident_id(select.ColumnInt64(3));  // NULL reads as 0
+    stored.set_created_unix_ms(select.ColumnInt64(4));
+  }
+  SG_RETURN_IF_ERROR(txn.Commit());
+  return stored;
+}
+
+absl::StatusOr<std::vector<v1::QuarantineEntry>> Catalog::ListQuarantine(std::string_view run) {
+  absl::MutexLock lock(&mu_);
+  SG_ASSIGN_OR_RETURN(int64_t run_id, RunIdLocked(run));
+  SG_ASSIGN_OR_RETURN(Statement select, db_->Prepare(kSelectQuarantineSql));
+  select.BindInt64(1, run_id).BindNull(2).BindNull(3);
+  std::vector<v1::QuarantineEntry> out;
+  while (true) {
+    SG_ASSIGN_OR_RETURN(bool row, select.Step());
+    if (!row) break;
+    v1::QuarantineEntry& e = out.emplace_back();
+    e.set_run(std::string(run));
+    e.set_domain(select.ColumnText(0));
+    e.set_document_id(select.ColumnInt64(1));
+    e.set_reason(select.ColumnText(2));
+    e.set_incident_id(select.ColumnInt64(3));
+    e.set_created_unix_ms(select.ColumnInt64(4));
+  }
+  return out;
+}
+
+// --- Audit -------------------------------------------------------------------------------------
+
+absl::StatusOr<int64_t> Catalog::AppendAudit(std::string_view actor, std::string_view action,
+                                             std::string_view target, std::string_view detail) {
+  absl::MutexLock lock(&mu_);
+  SG_ASSIGN_OR_RETURN(Statement insert, db_->Prepare(kInsertAuditSql));
+  insert.BindInt64(1, clock_->NowUnixMillis())
+      .BindText(2, actor)
+      .BindText(3, action)
+      .BindText(4, target)
+      .BindText(5, detail);
+  SG_RETURN_IF_ERROR(insert.Run());
+  return db_->LastInsertRowId();
+}
+
+absl::StatusOr<std::vector<AuditEntry>> Catalog::ListAudit(int limit) {
+  absl::MutexLock lock(&mu_);
+  SG_ASSIGN_OR_RETURN(Statement select, db_->Prepare(kListAuditSql));
+  select.BindInt64(1, limit > 0 ? limit : -1);  // LIMIT -1: no limit
+  std::vector<AuditEntry> out;
+  while (true) {
+    SG_ASSIGN_OR_RETURN(bool row, select.Step());
+    if (!row) break;
+    AuditEntry& e = out.emplace_back();
+    e.seq = select.ColumnInt64(0);
+    e.unix_ms = select.ColumnInt64(1);
+    e.actor = select.ColumnText(2);
+    e.action = select.ColumnText(3);
+    e.target = select.ColumnText(4);
+    e.detail = select.ColumnText(5);
+  }
+  return out;
+}
+
+}  // namespace spikeguard::storage

@@ -1,0 +1,259 @@
+// catalog.h
+// -----------------------------------------------------------------------------
+// The catalog is spikeguard's persistent state: runs and their generations
+// (timelines), checkpoints, data-order manifests, merged per-step telemetry,
+// incidents with their append-only event logs, commands sent to workers,
+// quarantined documents and the audit trail. It is one SQLite file in WAL
+// mode; the daemon is its only writer.
+//
+//   SG_ASSIGN_OR_RETURN(std::unique_ptr<Catalog> catalog,
+//                       Catalog::Open({.path = "/var/lib/spikeguard/catalog.db"}));
+//   v1::Run run;
+//   run.set_name("gpt-7b");
+//   run.set_world_size(1024);
+//   SG_ASSIGN_OR_RETURN(run, catalog->CreateRun(run));          // generation 0
+//   SG_ASSIGN_OR_RETURN(IngestResult r,
+//                       catalog->IngestReports("gpt-7b", /*generation=*/0, rank, reports));
+//   // r.committed_step: every report of this rank up to here is durable.
+//
+// Telemetry: the reports of one step from all ranks are merged (merge.h) into
+// one `StepRecord` per (run, generation, step). Each call to `IngestReports`
+// is one transaction, so a batch is either wholly durable or absent, and it
+// is deduplicated by a per-(run, generation, rank) high-water mark: within a
+// generation a rank's steps strictly increase, so a report at or below the
+// rank's committed step is a duplicate (a resend after reconnect) and is
+// counted, not merged again. Reports inside one call are taken in step order.
+//
+// Records are stored as serialized protos, the source of truth: NaN and Inf
+// are data and come back bit-exact. Convenience REAL columns are nullable
+// (SQLite turns NaN into NULL).
+//
+// Errors: NOT_FOUND for an unknown run, generation, incident or command;
+// ALREADY_EXISTS for a duplicate run name, generation, or a manifest or command
+// id reused with different content; INVALID_ARGUMENT for malformed input;
+// FAILED_PRECONDITION for a catalog newer than this binary or a forbidden state
+// change; UNAVAILABLE when the file is locked or I/O failed (retry the call).
+//
+// Thread-safe: every method takes an internal mutex.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "base/clock.h"
+#include "spikeguard/v1/supervisor.pb.h"
+#include "spikeguard/v1/telemetry.pb.h"
+#include "storage/catalog/database.h"
+#include "storage/catalog/schema.h"
+
+namespace spikeguard::storage {
+
+struct CatalogOptions {
+  // File path, or ":memory:" for a private in-memory catalog (tests).
+  std::string path;
+  // fsync on every commit. NORMAL (false) may lose the last commits on power
+  // loss, never on a process crash.
+  bool synchronous_full = true;
+  absl::Duration busy_timeout = absl::Seconds(5);
+  // Timestamps the catalog fills in (created, last seen, event times).
+  Clock* clock = Clock::Real();
+};
+
+struct IngestResult {
+  // Reports merged into step records by this call.
+  int accepted = 0;
+  // Reports at or below the rank's committed step: resends, ignored.
+  int duplicates = 0;
+  // The rank's high-water mark after this call; -1 if it never reported.
+  int64_t committed_step = -1;
+};
+
+struct IncidentFilter {
+  std::string run;  // empty: all runs
+  v1::IncidentState state = v1::INCIDENT_STATE_UNSPECIFIED;  // unspecified: any
+  v1::Verdict verdict = v1::VERDICT_UNSPECIFIED;              // unspecified: any
+  int64_t since_unix_ms = 0;  // opened at or after
+};
+
+// One entry of an incident's append-only event log.
+struct StoredEvent {
+  int64_t seq = 0;  // global, increasing in append order
+  int64_t incident_id = 0;
+  int64_t unix_ms = 0;
+  std::string kind;
+  std::string payload;  // bytes, as given
+};
+
+// A command to workers and its delivery state.
+struct StoredCommand {
+  std::string id;
+  std::string run;
+  int64_t generation = 0;
+  std::string kind;
+  std::string payload;  // bytes, typically a serialized v1::Command
+  std::string state;    // "pending", "sent", "acked", "failed"
+  std::string message;
+  int64_t created_unix_ms = 0;
+  int64_t updated_unix_ms = 0;
+};
+
+struct AuditEntry {
+  int64_t seq = 0;
+  int64_t unix_ms = 0;
+  std::string actor;
+  std::string action;
+  std::string target;
+  std::string detail;
+};
+
+class Catalog {
+ public:
+  static constexpr int kSchemaVersion = ::spikeguard::storage::kSchemaVersion;
+  // QueryTelemetry returns at most this many records whatever the limit.
+  static constexpr int kMaxQueryLimit = 100'000;
+
+  // Opens or creates the catalog and migrates it to kSchemaVersion. A file
+  // with a newer schema is refused (FAILED_PRECONDITION) and left untouched.
+  static absl::StatusOr<std::unique_ptr<Catalog>> Open(const CatalogOptions& options);
+
+  int schema_version() const { return kSchemaVersion; }
+  const std::string& path() const { return path_; }
+
+  // --- Runs -----------------------------------------------------------------
+  // Stores name, mode, world_size, state (default "created"), spec and
+  // created_unix_ms (default now); assigns id; creates generation 0 (parent -1,
+  // reason "initial"). Returns the stored run as GetRun would.
+  absl::StatusOr<v1::Run> CreateRun(const v1::Run& run);
+  // With generations and the ranks' progress in the newest generation each
+  // rank reported in (`connected` is left false: the catalog does not know).
+  absl::StatusOr<v1::Run> GetRun(std::string_view name);
+  // All runs by id, without generations or ranks.
+  absl::StatusOr<std::vector<v1::Run>> ListRuns();
+  // state: "created", "running", "paused", "stopped", "finished", "failed".
+  absl::Status SetRunState(std::string_view name, std::string_view state);
+  absl::Status UpdateRunProgress(std::string_view name, int64_t last_step);
+
+  // --- Generations ----------------------------------------------------------
+  // g.generation <= 0 assigns the next number. The parent must exist. Also
+  // makes it the run's current generation.
+  absl::StatusOr<v1::Generation> CreateGeneration(std::string_view run, const v1::Generation& g);
+  absl::StatusOr<std::vector<v1::Generation>> ListGenerations(std::string_view run);
+
+  // --- Checkpoints ----------------------------------------------------------
+  // Keyed by (run, step, uri). A later report updates the descriptive fields;
+  // `complete` only ever goes from false to true, `pinned` and
+  // `created_unix_ms` keep their first values, an empty checksum or zero bytes
+  // does not erase a known one.
+  absl::StatusOr<v1::Checkpoint> UpsertCheckpoint(const v1::Checkpoint& c);
+  // By step, then uri.
+  absl::StatusOr<std::vector<v1::Checkpoint>> ListCheckpoints(std::string_view run);
+  // Pins/unpins every checkpoint of the run at `step`; returns the first.
+  absl::StatusOr<v1::Checkpoint> PinCheckpoint(std::string_view run, int64_t step, bool pinned);
+
+  // --- Manifests ------------------------------------------------------------
+  // Immutable once written: the same content again is OK, different content
+  // under the same version is ALREADY_EXISTS.
+  absl::Status PutManifest(std::string_view run, const v1::Manifest& m);
+  absl::StatusOr<v1::Manifest> GetManifest(std::string_view run, int64_t version);
+
+  // --- Telemetry ------------------------------------------------------------
+  // One transaction per call; see the header comment.
+  absl::StatusOr<IngestResult> IngestReports(std::string_view run, int64_t generation,
+                                             uint32_t rank,
+                                             std::span<const v1::StepReport> reports);
+  // The rank's high-water mark in the generation, -1 if none.
+  absl::StatusOr<int64_t> CommittedStep(std::string_view run, int64_t generation, uint32_t rank);
+  // Records with from_step <= step <= to_step, by step; limit <= 0 or above
+  // kMaxQueryLimit means kMaxQueryLimit.
+  absl::StatusOr<std::vector<v1::StepRecord>> QueryTelemetry(std::string_view run,
+                                                             int64_t generation, int64_t from_step,
+                                                             std::optional<int64_t> to_step,
+                                                             int limit);
+  // Per rank, its progress in the newest generation it reported in; by rank.
+  absl::StatusOr<std::vector<v1::RankState>> ListRankProgress(std::string_view run);
+
+  // --- Incidents ------------------------------------------------------------
+  // Assigns and returns the id; inc.id is ignored, inc.run is set to `run`.
+  absl::StatusOr<int64_t> CreateIncident(std::string_view run, const v1::Incident& inc);
+  // Replaces the stored record of inc.id (its run cannot change).
+  absl::Status UpdateIncident(const v1::Incident& inc);
+  // The record as last written; the event log is read with ListIncidentEvents.
+  absl::StatusOr<v1::Incident> GetIncident(int64_t id);
+  // By id (= opening order).
+  absl::StatusOr<std::vector<v1::Incident>> ListIncidents(const IncidentFilter& filter);
+
+  // Append-only; returns the event's seq.
+  absl::StatusOr<int64_t> AppendIncidentEvent(int64_t incident_id, std::string_view kind,
+                                              std::string_view payload);
+  // In append order.
+  absl::StatusOr<std::vector<StoredEvent>> ListIncidentEvents(int64_t incident_id);
+
+  // --- Commands -------------------------------------------------------------
+  // Idempotent: the same id with the same run, generation, kind and payload is
+  // OK and leaves the stored state alone; other content is ALREADY_EXISTS.
+  absl::Status PutCommand(std::string_view id, std::string_view run, int64_t generation,
+                          std::string_view kind, std::string_view payload,
+                          std::string_view state = "pending");
+  // "acked" and "failed" are final: moving out of them is FAILED_PRECONDITION
+  // (setting the same final state again is OK).
+  absl::Status UpdateCommandState(std::string_view id, std::string_view state,
+                                  std::string_view message = "");
+  absl::StatusOr<StoredCommand> GetCommand(std::string_view id);
+  // Empty state: all. In creation order.
+  absl::StatusOr<std::vector<StoredCommand>> ListCommands(std::string_view run,
+                                                          std::string_view state = "");
+
+  // --- Quarantine -----------------------------------------------------------
+  // Idempotent by (run, domain, document_id): returns the stored entry, which
+  // keeps its first reason and incident. incident_id 0 means none.
+  absl::StatusOr<v1::QuarantineEntry> AddQuarantine(const v1::QuarantineEntry& entry);
+  // By domain, then document id.
+  absl::StatusOr<std::vector<v1::QuarantineEntry>> ListQuarantine(std::string_view run);
+
+  // --- Audit ----------------------------------------------------------------
+  absl::StatusOr<int64_t> AppendAudit(std::string_view actor, std::string_view action,
+                                      std::string_view target, std::string_view detail);
+  // The newest `limit` entries (all if limit <= 0), newest first.
+  absl::StatusOr<std::vector<AuditEntry>> ListAudit(int limit);
+
+ private:
+  Catalog(std::unique_ptr<Database> db, std::string path, Clock* clock)
+      : path_(std::move(path)), clock_(clock), db_(std::move(db)) {}
+
+  absl::StatusOr<int64_t> RunIdLocked(std::string_view name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status RequireGenerationLocked(int64_t run_id, std::string_view run, int64_t generation)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<v1::Run> GetRunLocked(std::string_view name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::vector<v1::Generation>> ListGenerationsLocked(int64_t run_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::vector<v1::RankState>> ListRankProgressLocked(int64_t run_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<v1::Generation> InsertGenerationLocked(int64_t run_id, std::string_view run,
+                                                        v1::Generation g)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::vector<v1::Checkpoint>> SelectCheckpointsLocked(
+      int64_t run_id, std::string_view run, std::optional<int64_t> step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<v1::Incident> GetIncidentLocked(int64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<StoredCommand> GetCommandLocked(std::string_view id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<int64_t> CommittedStepLocked(int64_t run_id, int64_t generation, uint32_t rank)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::string path_;
+  Clock* const clock_;
+  absl::Mutex mu_;
+  std::unique_ptr<Database> db_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace spikeguard::storage

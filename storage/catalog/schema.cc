@@ -1,0 +1,202 @@
+#include "storage/catalog/schema.h"
+
+#include "absl/strings/str_cat.h"
+#include "base/logging.h"
+#include "base/status_macros.h"
+
+namespace spikeguard::storage {
+namespace {
+
+// Version 1: every table of DESIGN §4. Full records are kept as serialized
+// protos (the source of truth, bit-exact for NaN/Inf); the other columns exist
+// for keys, constraints and queries. REAL columns are nullable because SQLite
+// stores a NaN as NULL.
+constexpr char kSchemaV1Sql[] = R"sql(
+CREATE TABLE runs (
+  id INTEGER PRIMARY KEY,
+  name TEXT NOT NULL UNIQUE,
+  created_unix_ms INTEGER NOT NULL,
+  mode INTEGER NOT NULL,
+  world_size INTEGER NOT NULL,
+  current_generation INTEGER NOT NULL,
+  state TEXT NOT NULL,
+  last_step INTEGER NOT NULL,
+  spec BLOB NOT NULL
+);
+
+CREATE TABLE generations (
+  run_id INTEGER NOT NULL REFERENCES runs (id),
+  generation INTEGER NOT NULL,
+  parent INTEGER NOT NULL,
+  from_checkpoint_step INTEGER NOT NULL,
+  reason TEXT NOT NULL,
+  created_unix_ms INTEGER NOT NULL,
+  record BLOB NOT NULL,
+  PRIMARY KEY (run_id, generation)
+);
+
+CREATE TABLE checkpoints (
+  run_id INTEGER NOT NULL REFERENCES runs (id),
+  step INTEGER NOT NULL,
+  uri TEXT NOT NULL,
+  generation INTEGER NOT NULL,
+  data_position INTEGER NOT NULL,
+  bytes INTEGER NOT NULL,
+  checksum TEXT NOT NULL,
+  complete INTEGER NOT NULL,
+  pinned INTEGER NOT NULL,
+  has_rng_state INTEGER NOT NULL,
+  has_data_loader_state INTEGER NOT NULL,
+  created_unix_ms INTEGER NOT NULL,
+  PRIMARY KEY (run_id, step, uri)
+);
+
+CREATE TABLE manifests (
+  run_id INTEGER NOT NULL REFERENCES runs (id),
+  version INTEGER NOT NULL,
+  dataset_fingerprint TEXT NOT NULL,
+  seed INTEGER NOT NULL,
+  global_batch_size INTEGER NOT NULL,
+  sequence_length INTEGER NOT NULL,
+  record BLOB NOT NULL,
+  PRIMARY KEY (run_id, version)
+);
+
+CREATE TABLE step_telemetry (
+  run_id INTEGER NOT NULL,
+  generation INTEGER NOT NULL,
+  step INTEGER NOT NULL,
+  ranks_reported INTEGER NOT NULL,
+  loss REAL,
+  grad_norm REAL,
+  record BLOB NOT NULL,
+  PRIMARY KEY (run_id, generation, step),
+  FOREIGN KEY (run_id, generation) REFERENCES generations (run_id, generation)
+);
+
+CREATE TABLE rank_progress (
+  run_id INTEGER NOT NULL,
+  generation INTEGER NOT NULL,
+  rank INTEGER NOT NULL,
+  committed_step INTEGER NOT NULL,
+  last_seen_unix_ms INTEGER NOT NULL,
+  PRIMARY KEY (run_id, generation, rank),
+  FOREIGN KEY (run_id, generation) REFERENCES generations (run_id, generation)
+);
+
+CREATE TABLE incidents (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  run_id INTEGER NOT NULL REFERENCES runs (id),
+  state INTEGER NOT NULL,
+  verdict INTEGER NOT NULL,
+  trigger_kind TEXT NOT NULL,
+  generation INTEGER NOT NULL,
+  onset_step INTEGER NOT NULL,
+  opened_unix_ms INTEGER NOT NULL,
+  closed_unix_ms INTEGER NOT NULL,
+  record BLOB NOT NULL
+);
+CREATE INDEX incidents_by_run ON incidents (run_id, opened_unix_ms);
+
+CREATE TABLE incident_events (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  incident_id INTEGER NOT NULL REFERENCES incidents (id),
+  unix_ms INTEGER NOT NULL,
+  kind TEXT NOT NULL,
+  payload BLOB NOT NULL
+);
+CREATE INDEX incident_events_by_incident ON incident_events (incident_id, seq);
+-- The incident engine rebuilds its state from this log after a crash.
+CREATE TRIGGER incident_events_no_update BEFORE UPDATE ON incident_events
+BEGIN
+  SELECT RAISE(ABORT, 'incident_events is append-only');
+END;
+CREATE TRIGGER incident_events_no_delete BEFORE DELETE ON incident_events
+BEGIN
+  SELECT RAISE(ABORT, 'incident_events is append-only');
+END;
+
+CREATE TABLE commands (
+  id TEXT PRIMARY KEY NOT NULL,
+  run_id INTEGER NOT NULL REFERENCES runs (id),
+  generation INTEGER NOT NULL,
+  kind TEXT NOT NULL,
+  payload BLOB NOT NULL,
+  state TEXT NOT NULL CHECK (state IN ('pending', 'sent', 'acked', 'failed')),
+  message TEXT NOT NULL,
+  created_unix_ms INTEGER NOT NULL,
+  updated_unix_ms INTEGER NOT NULL
+);
+CREATE INDEX commands_by_run_state ON commands (run_id, state);
+
+CREATE TABLE quarantine (
+  run_id INTEGER NOT NULL REFERENCES runs (id),
+  domain TEXT NOT NULL,
+  document_id INTEGER NOT NULL,
+  reason TEXT NOT NULL,
+  incident_id INTEGER REFERENCES incidents (id),
+  created_unix_ms INTEGER NOT NULL,
+  PRIMARY KEY (run_id, domain, document_id)
+);
+
+CREATE TABLE audit (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  unix_ms INTEGER NOT NULL,
+  actor TEXT NOT NULL,
+  action TEXT NOT NULL,
+  target TEXT NOT NULL,
+  detail TEXT NOT NULL
+);
+CREATE TRIGGER audit_no_update BEFORE UPDATE ON audit
+BEGIN
+  SELECT RAISE(ABORT, 'audit is append-only');
+END;
+CREATE TRIGGER audit_no_delete BEFORE DELETE ON audit
+BEGIN
+  SELECT RAISE(ABORT, 'audit is append-only');
+END;
+)sql";
+
+// One migration step: `sql` then user_version = `to`, atomically.
+absl::Status Step(Database& db, const char* sql, int to) {
+  SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&db));
+  SG_RETURN_IF_ERROR(db.Execute(sql));
+  SG_RETURN_IF_ERROR(db.SetUserVersion(to));
+  SG_RETURN_IF_ERROR(txn.Commit());
+  SG_LOG(INFO) << "catalog " << db.path() << " migrated to schema version " << to;
+  return absl::OkStatus();
+}
+
+absl::Status RefuseNewer(Database& db, int version) {
+  if (version <= kSchemaVersion) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "catalog ", db.path(), " has schema version ", version,
+      ", newer than this binary's ", kSchemaVersion, "; upgrade spikeguard"));
+}
+
+}  // namespace
+
+absl::Status MigrateSchema(Database& db) {
+  SG_ASSIGN_OR_RETURN(int version, db.UserVersion());
+  SG_RETURN_IF_ERROR(RefuseNewer(db, version));
+  switch (version) {
+    case 0:
+      SG_RETURN_IF_ERROR(Step(db, kSchemaV1Sql, 1));
+      [[fallthrough]];
+    case kSchemaVersion:
+      break;
+    default:
+      return absl::InternalError(absl::StrCat("no migration from schema version ", version));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status OpenSchema(Database& db) {
+  // Check before WAL: switching the journal mode rewrites the file header.
+  SG_ASSIGN_OR_RETURN(int version, db.UserVersion());
+  SG_RETURN_IF_ERROR(RefuseNewer(db, version));
+  SG_RETURN_IF_ERROR(db.EnableWriteAheadLog());
+  return MigrateSchema(db);
+}
+
+}  // namespace spikeguard::storage

@@ -1,0 +1,232 @@
+// Database (the sqlite3* owner) and the schema migrations, on real files and
+// on ":memory:".
+#include "storage/catalog/schema.h"
+
+#include <sqlite3.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <set>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "storage/catalog/catalog.h"
+#include "storage/catalog/database.h"
+#include "tests/storage/catalog/temp_dir.h"
+
+namespace spikeguard::storage {
+namespace {
+
+using ::spikeguard::storage::testing::TempDir;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Runs `sql` on a plain sqlite3 connection, independent of the code under test.
+void RawExec(const std::string& path, const std::string& sql) {
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  char* error = nullptr;
+  EXPECT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &error), SQLITE_OK)
+      << (error ? error : "");
+  sqlite3_free(error);
+  sqlite3_close(db);
+}
+
+std::set<std::string> TablesOf(Database& db) {
+  std::set<std::string> names;
+  auto select = db.Prepare(
+      "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'");
+  EXPECT_TRUE(select.ok()) << select.status();
+  while (select.ok() && *select->Step()) names.insert(select->ColumnText(0));
+  return names;
+}
+
+std::unique_ptr<Database> OpenMemory() {
+  auto db = Database::Open({.path = ":memory:"});
+  EXPECT_TRUE(db.ok()) << db.status();
+  return std::move(*db);
+}
+
+TEST(Schema, EmptyFileMigratesToEveryTableInWalMode) {
+  TempDir dir;
+  const std::string path = dir.File("catalog.db");
+  {
+    auto catalog = Catalog::Open({.path = path});
+    ASSERT_TRUE(catalog.ok()) << catalog.status();
+    EXPECT_EQ((*catalog)->schema_version(), kSchemaVersion);
+  }
+  auto db = Database::Open({.path = path});
+  ASSERT_TRUE(db.ok()) << db.status();
+  const std::set<std::string> expected(kCatalogTables.begin(), kCatalogTables.end());
+  EXPECT_EQ(TablesOf(**db), expected);
+  EXPECT_EQ(*(*db)->UserVersion(), kSchemaVersion);
+  auto mode = (*db)->Prepare("PRAGMA journal_mode");
+  ASSERT_TRUE(mode.ok());
+  ASSERT_TRUE(*mode->Step());
+  EXPECT_EQ(mode->ColumnText(0), "wal");  // persistent in the file
+}
+
+TEST(Schema, InMemoryDatabaseMigratesToo) {
+  auto db = OpenMemory();
+  ASSERT_TRUE(OpenSchema(*db).ok());
+  EXPECT_EQ(TablesOf(*db).size(), kCatalogTables.size());
+  EXPECT_EQ(*db->UserVersion(), kSchemaVersion);
+  // Migrating again is a no-op.
+  EXPECT_TRUE(MigrateSchema(*db).ok());
+}
+
+TEST(Schema, NewerFileIsRefusedAndLeftUntouched) {
+  TempDir dir;
+  const std::string path = dir.File("newer.db");
+  RawExec(path, "CREATE TABLE future (x INTEGER); PRAGMA user_version = " +
+                    std::to_string(kSchemaVersion + 41) + ";");
+  const std::string before = ReadFile(path);
+  ASSERT_FALSE(before.empty());
+
+  auto catalog = Catalog::Open({.path = path});
+  ASSERT_FALSE(catalog.ok());
+  EXPECT_EQ(catalog.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(std::string(catalog.status().message()),
+            "catalog " + path + " has schema version " + std::to_string(kSchemaVersion + 41) +
+                ", newer than this binary's " + std::to_string(kSchemaVersion) +
+                "; upgrade spikeguard");
+  EXPECT_EQ(ReadFile(path), before);
+  EXPECT_FALSE(std::filesystem::exists(path + "-wal"));
+}
+
+TEST(Schema, NotADatabaseIsDataLoss) {
+  TempDir dir;
+  const std::string path = dir.File("junk.db");
+  std::ofstream(path) << std::string(4096, 'x');
+  auto catalog = Catalog::Open({.path = path});
+  ASSERT_FALSE(catalog.ok());
+  EXPECT_EQ(catalog.status().code(), absl::StatusCode::kDataLoss) << catalog.status();
+}
+
+TEST(Schema, ForeignKeysAreEnforced) {
+  auto db = OpenMemory();
+  ASSERT_TRUE(OpenSchema(*db).ok());
+  absl::Status s = db->Execute(
+      "INSERT INTO checkpoints (run_id, step, uri, generation, data_position, bytes, checksum, "
+      "complete, pinned, has_rng_state, has_data_loader_state, created_unix_ms) "
+      "VALUES (42, 1, 'file:///x', 0, 0, 0, '', 1, 0, 0, 0, 0)");
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(std::string(s.message()).find("FOREIGN KEY"), std::string::npos) << s;
+}
+
+TEST(Schema, NotNullAndCheckConstraintsHold) {
+  auto db = OpenMemory();
+  ASSERT_TRUE(OpenSchema(*db).ok());
+  EXPECT_EQ(db->Execute("INSERT INTO runs (name, created_unix_ms, mode, world_size, "
+                        "current_generation, state, last_step, spec) "
+                        "VALUES (NULL, 0, 0, 1, 0, 'created', 0, x'')")
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(db->Execute("INSERT INTO runs (name, created_unix_ms, mode, world_size, "
+                          "current_generation, state, last_step, spec) "
+                          "VALUES ('r', 0, 0, 1, 0, 'created', 0, x'')")
+                  .ok());
+  EXPECT_EQ(db->Execute("INSERT INTO commands (id, run_id, generation, kind, payload, state, "
+                        "message, created_unix_ms, updated_unix_ms) "
+                        "VALUES ('c', 1, 0, 'PAUSE', x'', 'lost', '', 0, 0)")
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(Schema, IncidentEventsAndAuditAreAppendOnly) {
+  auto db = OpenMemory();
+  ASSERT_TRUE(OpenSchema(*db).ok());
+  ASSERT_TRUE(db->Execute("INSERT INTO audit (unix_ms, actor, action, target, detail) "
+                          "VALUES (1, 'alice', 'rewind', 'run', '')")
+                  .ok());
+  absl::Status update = db->Execute("UPDATE audit SET actor = 'mallory'");
+  EXPECT_FALSE(update.ok());
+  EXPECT_NE(std::string(update.message()).find("append-only"), std::string::npos) << update;
+  EXPECT_FALSE(db->Execute("DELETE FROM audit").ok());
+  ASSERT_TRUE(db->Execute("INSERT INTO runs (name, created_unix_ms, mode, world_size, "
+                          "current_generation, state, last_step, spec) "
+                          "VALUES ('r', 0, 0, 1, 0, 'created', 0, x'');"
+                          "INSERT INTO incidents (run_id, state, verdict, trigger_kind, "
+                          "generation, onset_step, opened_unix_ms, closed_unix_ms, record) "
+                          "VALUES (1, 1, 0, 'loss_spike', 0, 10, 0, 0, x'');"
+                          "INSERT INTO incident_events (incident_id, unix_ms, kind, payload) "
+                          "VALUES (1, 0, 'opened', x'')")
+                  .ok());
+  EXPECT_FALSE(db->Execute("UPDATE incident_events SET kind = 'forged'").ok());
+  EXPECT_FALSE(db->Execute("DELETE FROM incident_events").ok());
+}
+
+TEST(Database, TransactionRollsBackUnlessCommitted) {
+  auto db = OpenMemory();
+  ASSERT_TRUE(db->Execute("CREATE TABLE t (x INTEGER NOT NULL)").ok());
+  {
+    auto txn = Transaction::Begin(db.get());
+    ASSERT_TRUE(txn.ok());
+    ASSERT_TRUE(db->Execute("INSERT INTO t VALUES (1)").ok());
+  }  // dropped: rolled back
+  EXPECT_FALSE(db->InTransaction());
+  {
+    auto txn = Transaction::Begin(db.get());
+    ASSERT_TRUE(txn.ok());
+    ASSERT_TRUE(db->Execute("INSERT INTO t VALUES (2)").ok());
+    ASSERT_TRUE(txn->Commit().ok());
+  }
+  auto count = db->Prepare("SELECT COUNT(*), SUM(x) FROM t");
+  ASSERT_TRUE(count.ok());
+  ASSERT_TRUE(*count->Step());
+  EXPECT_EQ(count->ColumnInt64(0), 1);
+  EXPECT_EQ(count->ColumnInt64(1), 2);
+}
+
+TEST(Database, StatementIsResetAndBindingsClearedOnRelease) {
+  auto db = OpenMemory();
+  constexpr char kSql[] = "SELECT ?";
+  {
+    auto s = db->Prepare(kSql);
+    ASSERT_TRUE(s.ok());
+    s->BindInt64(1, 5);
+    ASSERT_TRUE(*s->Step());
+    EXPECT_EQ(s->ColumnInt64(0), 5);
+  }
+  auto again = db->Prepare(kSql);
+  ASSERT_TRUE(again.ok());
+  ASSERT_TRUE(*again->Step());
+  EXPECT_TRUE(again->ColumnIsNull(0));  // the 5 did not leak to the next user
+  // The same SQL while the cached statement is held gets its own statement.
+  auto nested = db->Prepare(kSql);
+  ASSERT_TRUE(nested.ok());
+  nested->BindText(1, "nested");
+  ASSERT_TRUE(*nested->Step());
+  EXPECT_EQ(nested->ColumnText(0), "nested");
+  EXPECT_TRUE(again->ColumnIsNull(0));
+}
+
+TEST(Database, ErrorsNameTheStatementAndSqliteMessage) {
+  auto db = OpenMemory();
+  auto bad = db->Prepare("SELEC 1");
+  ASSERT_FALSE(bad.ok());
+  const std::string message(bad.status().message());
+  EXPECT_NE(message.find("SELEC 1"), std::string::npos) << message;
+  EXPECT_NE(message.find("syntax error"), std::string::npos) << message;
+}
+
+TEST(Database, SqliteTurnsABoundNaNIntoNull) {
+  // Why the catalog keeps full records as proto BLOBs.
+  auto db = OpenMemory();
+  auto s = db->Prepare("SELECT ?, ?");
+  ASSERT_TRUE(s.ok());
+  s->BindDouble(1, std::numeric_limits<double>::quiet_NaN())
+      .BindDouble(2, std::numeric_limits<double>::infinity());
+  ASSERT_TRUE(*s->Step());
+  EXPECT_TRUE(s->ColumnIsNull(0));
+  EXPECT_EQ(s->ColumnDouble(1), std::numeric_limits<double>::infinity());
+}
+
+}  // namespace
+}  // namespace spikeguard::storage
