@@ -1,0 +1,921 @@
+#include "cli/spikectl.h"
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <random>
+#include <sstream>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/time.h"
+#include "cli/args.h"
+#include "cli/format.h"
+#include "cli/telemetry_metrics.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+#include "grpcpp/grpcpp.h"
+#include "spikeguard/v1/supervisor.grpc.pb.h"
+
+namespace spikeguard::cli {
+namespace {
+
+namespace v1 = ::spikeguard::v1;
+using Stub = v1::SupervisorService::Stub;
+
+constexpr char kDefaultAddr[] = "127.0.0.1:7070";
+constexpr int kExitOk = 0;
+constexpr int kExitFailed = 1;
+constexpr int kExitUsage = 2;
+
+constexpr char kGlobalFlagsHelp[] =
+    "Global flags:\n"
+    "  --addr=HOST:PORT       spikeguardd address (default $SPIKEGUARD_ADDR or 127.0.0.1:7070)\n"
+    "  --output=table|json    output format (default table)\n"
+    "  --timeout=SECONDS      deadline of each request (default 10)\n"
+    "  -h, --help             show help\n";
+
+struct GlobalOptions {
+  std::string addr;
+  bool json = false;
+  absl::Duration timeout = absl::Seconds(10);
+};
+
+const std::vector<FlagSpec>& GlobalFlags() {
+  static const auto* flags = new std::vector<FlagSpec>{
+      {"addr", FlagSpec::kValue}, {"output", FlagSpec::kValue}, {"timeout", FlagSpec::kValue}};
+  return *flags;
+}
+
+// Folds global flags found in `args` into `options`.
+absl::Status ApplyGlobalFlags(const ParsedArgs& args, GlobalOptions& options) {
+  if (auto addr = args.Get("addr")) {
+    if (addr->empty()) return absl::InvalidArgumentError("empty --addr");
+    options.addr = *addr;
+  }
+  if (auto output = args.Get("output")) {
+    if (*output == "json") {
+      options.json = true;
+    } else if (*output == "table") {
+      options.json = false;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad value for --output: '", *output, "' (want table or json)"));
+    }
+  }
+  if (auto timeout = args.Get("timeout")) {
+    absl::StatusOr<double> seconds = ParseDouble("--timeout", *timeout);
+    if (!seconds.ok()) return seconds.status();
+    if (*seconds <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad value for --timeout: '", *timeout, "' (want seconds > 0)"));
+    }
+    options.timeout = absl::Seconds(*seconds);
+  }
+  return absl::OkStatus();
+}
+
+class Session;
+using Handler = int (*)(Session&, const ParsedArgs&);
+
+struct CommandDef {
+  std::string group;  // "runs" for "runs list"; empty for top-level commands
+  std::string name;
+  std::string synopsis;  // arguments after the command words
+  std::string summary;   // one line, for the overview
+  std::string details;   // flag descriptions, for --help
+  std::vector<FlagSpec> flags;
+  std::vector<std::string> positional;
+  size_t min_positional = 0;
+  std::vector<std::string> required_flags;
+  Handler handler = nullptr;
+
+  std::string FullName() const { return group.empty() ? name : absl::StrCat(group, " ", name); }
+  std::string Usage() const {
+    std::string usage = absl::StrCat("usage: spikectl [global flags] ", FullName());
+    if (!synopsis.empty()) absl::StrAppend(&usage, " ", synopsis);
+    absl::StrAppend(&usage, "\n\n", summary, "\n");
+    if (!details.empty()) absl::StrAppend(&usage, "\n", details);
+    absl::StrAppend(&usage, "\n", kGlobalFlagsHelp);
+    return usage;
+  }
+};
+
+const std::vector<CommandDef>& Commands();
+
+std::string OverviewUsage() {
+  std::string usage =
+      "usage: spikectl [--addr=HOST:PORT] [--output=table|json] [--timeout=SECONDS] COMMAND ...\n"
+      "\nspikectl talks to spikeguardd, the loss-spike supervisor of a training run.\n"
+      "\nCommands:\n";
+  size_t width = 0;
+  for (const CommandDef& c : Commands()) width = std::max(width, c.FullName().size());
+  for (const CommandDef& c : Commands()) {
+    absl::StrAppend(&usage, "  ", c.FullName(), std::string(width - c.FullName().size() + 2, ' '),
+                    c.summary, "\n");
+  }
+  absl::StrAppend(&usage, "\n", kGlobalFlagsHelp,
+                  "\nRun 'spikectl COMMAND --help' for a command's flags. Exit codes: 0 ok, "
+                  "1 the daemon refused or failed, 2 usage error.\n");
+  return usage;
+}
+
+bool IsGroup(absl::string_view word) {
+  for (const CommandDef& c : Commands()) {
+    if (c.group == word) return true;
+  }
+  return false;
+}
+
+std::string GroupUsage(absl::string_view group) {
+  std::string usage = absl::StrCat("usage: spikectl [global flags] ", group, " COMMAND ...\n\nCommands:\n");
+  size_t width = 0;
+  for (const CommandDef& c : Commands()) {
+    if (c.group == group) width = std::max(width, c.FullName().size());
+  }
+  for (const CommandDef& c : Commands()) {
+    if (c.group != group) continue;
+    absl::StrAppend(&usage, "  ", c.FullName(), std::string(width - c.FullName().size() + 2, ' '),
+                    c.summary, "\n");
+  }
+  absl::StrAppend(&usage, "\nRun 'spikectl ", group, " COMMAND --help' for a command's flags.\n");
+  return usage;
+}
+
+// Status codes are numbered alike in gRPC and Abseil.
+std::string CodeName(grpc::StatusCode code) {
+  return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
+}
+
+// Collects text-format parse errors as "line L column C: message".
+class TextErrorCollector : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, int column, const std::string& message) override {
+    if (error_.empty()) error_ = absl::StrCat("line ", line + 1, " column ", column + 1, ": ", message);
+  }
+  const std::string& error() const { return error_; }
+
+ private:
+  std::string error_;
+};
+
+// Reads `path` as a text-format `message`; the error names the flag and file.
+absl::Status ReadTextProto(absl::string_view flag, const std::string& path,
+                           google::protobuf::Message* message) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot read ", flag, " file '", path, "'"));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  TextErrorCollector errors;
+  google::protobuf::TextFormat::Parser parser;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(text.str(), message)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad ", flag, " file '", path, "': ", errors.error()));
+  }
+  return absl::OkStatus();
+}
+
+// A random idempotency key: a retried invocation must not act twice, two
+// invocations must not be merged.
+std::string NewRequestId() {
+  std::random_device rd;
+  const uint64_t hi = rd(), lo = rd();
+  return absl::StrFormat("spikectl-%016x", (hi << 32) ^ lo);
+}
+
+// One invocation: the chosen command, where to print, and the connection.
+class Session {
+ public:
+  Session(const CommandDef& command, GlobalOptions options, std::ostream& out, std::ostream& err)
+      : command_(command), options_(std::move(options)), out_(out), err_(err) {}
+
+  const GlobalOptions& options() const { return options_; }
+  std::ostream& out() { return out_; }
+
+  // Prints "spikectl: <reason>" and the command's usage; returns exit code 2.
+  int UsageError(absl::string_view reason) {
+    err_ << "spikectl: " << reason << "\n" << command_.Usage();
+    return kExitUsage;
+  }
+  int UsageError(const absl::Status& status) { return UsageError(status.message()); }
+
+  // Prints the response as JSON or as `table`.
+  void Emit(const google::protobuf::Message& response, const std::string& table) {
+    if (options_.json) {
+      out_ << ToJson(response) << "\n";
+    } else {
+      out_ << table;
+    }
+    out_.flush();
+  }
+
+  // Runs one unary RPC, `rpc(stub, context)`, under the deadline. On failure
+  // prints the reason and returns false.
+  template <typename Rpc>
+  bool Call(Rpc rpc) {
+    if (!Connect()) return false;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         absl::ToChronoMilliseconds(options_.timeout));
+    grpc::Status status = rpc(stub_.get(), &context);
+    if (status.ok()) return true;
+    ReportRpcError(status);
+    return false;
+  }
+
+  // For server streams: connects under the deadline; the stream itself has
+  // none, it lasts until the server ends it.
+  bool Connect() {
+    if (stub_ == nullptr) {
+      channel_ = grpc::CreateChannel(options_.addr, grpc::InsecureChannelCredentials());
+      stub_ = v1::SupervisorService::NewStub(channel_);
+    }
+    const auto deadline =
+        std::chrono::system_clock::now() + absl::ToChronoMilliseconds(options_.timeout);
+    grpc_connectivity_state state = channel_->GetState(/*try_to_connect=*/true);
+    while (state != GRPC_CHANNEL_READY) {
+      // A refused connection fails at once instead of waiting out the
+      // deadline in reconnect backoff.
+      if (state == GRPC_CHANNEL_TRANSIENT_FAILURE || state == GRPC_CHANNEL_SHUTDOWN) {
+        err_ << "spikectl: UNAVAILABLE: cannot reach spikeguardd at " << options_.addr << "\n";
+        return false;
+      }
+      if (!channel_->WaitForStateChange(state, deadline)) {
+        err_ << "spikectl: UNAVAILABLE: cannot reach spikeguardd at " << options_.addr
+             << " (no connection within " << absl::FormatDuration(options_.timeout) << ")\n";
+        return false;
+      }
+      state = channel_->GetState(/*try_to_connect=*/true);
+    }
+    return true;
+  }
+
+  Stub* stub() { return stub_.get(); }
+
+  void ReportRpcError(const grpc::Status& status) {
+    if (status.error_code() == grpc::StatusCode::UNAVAILABLE && channel_ != nullptr &&
+        channel_->GetState(false) != GRPC_CHANNEL_READY) {
+      err_ << "spikectl: UNAVAILABLE: cannot reach spikeguardd at " << options_.addr << " ("
+           << status.error_message() << ")\n";
+      return;
+    }
+    err_ << "spikectl: " << CodeName(status.error_code()) << ": " << status.error_message()
+         << "\n";
+  }
+
+  // An action the daemon answered but did not accept is a refusal: exit 1.
+  int EmitAction(const v1::ActionResponse& response) {
+    Emit(response, FormatAction(response));
+    if (response.accepted()) return kExitOk;
+    err_ << "spikectl: not accepted: "
+         << (response.message().empty() ? "the daemon gave no reason" : response.message())
+         << "\n";
+    return kExitFailed;
+  }
+
+ private:
+  const CommandDef& command_;
+  GlobalOptions options_;
+  std::ostream& out_;
+  std::ostream& err_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<Stub> stub_;
+};
+
+// --- argument helpers --------------------------------------------------------
+
+// Parses an optional integer flag; a bad number is a usage error.
+absl::StatusOr<std::optional<int64_t>> OptionalInt(const ParsedArgs& args, absl::string_view flag) {
+  std::optional<std::string> text = args.Get(flag);
+  if (!text.has_value()) return std::nullopt;
+  absl::StatusOr<int64_t> value = ParseInt64(absl::StrCat("--", flag), *text);
+  if (!value.ok()) return value.status();
+  return *value;
+}
+
+absl::StatusOr<int64_t> RequiredInt(const ParsedArgs& args, absl::string_view flag) {
+  // Presence was checked against CommandDef::required_flags.
+  return ParseInt64(absl::StrCat("--", flag), args.Get(flag).value_or(""));
+}
+
+absl::StatusOr<int64_t> NonNegative(absl::StatusOr<int64_t> value, absl::string_view what) {
+  if (value.ok() && *value < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " must not be negative: ", *value));
+  }
+  return value;
+}
+
+// "observe" -> MODE_OBSERVE.
+absl::StatusOr<v1::Mode> ParseMode(absl::string_view text) {
+  const std::string lower = absl::AsciiStrToLower(text);
+  if (lower == "observe") return v1::MODE_OBSERVE;
+  if (lower == "propose") return v1::MODE_PROPOSE;
+  if (lower == "auto") return v1::MODE_AUTO;
+  return absl::InvalidArgumentError(
+      absl::StrCat("bad value for --mode: '", text, "' (want observe, propose or auto)"));
+}
+
+// Case-insensitive enum value names, '-' accepted for '_'
+// ("awaiting-approval" -> AWAITING_APPROVAL).
+template <typename Enum>
+absl::StatusOr<Enum> ParseEnumFlag(absl::string_view flag, absl::string_view text,
+                                   const google::protobuf::EnumDescriptor* descriptor) {
+  std::string upper = absl::AsciiStrToUpper(text);
+  std::replace(upper.begin(), upper.end(), '-', '_');
+  const google::protobuf::EnumValueDescriptor* value = descriptor->FindValueByName(upper);
+  if (value == nullptr || value->number() == 0) {
+    std::vector<std::string> names;
+    for (int i = 1; i < descriptor->value_count(); ++i) {
+      names.push_back(absl::AsciiStrToLower(descriptor->value(i)->name()));
+    }
+    return absl::InvalidArgumentError(absl::StrCat("bad value for --", flag, ": '", text,
+                                                   "' (want one of ", absl::StrJoin(names, ", "),
+                                                   ")"));
+  }
+  return static_cast<Enum>(value->number());
+}
+
+// --- handlers ------------------------------------------------------------------
+
+#define SPIKECTL_USAGE_IF_ERROR(session, expr)                 \
+  do {                                                         \
+    const ::absl::Status spikectl_status_ = (expr);            \
+    if (!spikectl_status_.ok()) return (session).UsageError(spikectl_status_); \
+  } while (0)
+
+// Binds `lhs` to the value of a StatusOr or returns a usage error.
+#define SPIKECTL_ASSIGN_OR_USAGE(session, lhs, expr)     \
+  auto lhs##_or = (expr);                                \
+  if (!lhs##_or.ok()) return (session).UsageError(lhs##_or.status()); \
+  auto lhs = *std::move(lhs##_or)
+
+int Status(Session& s, const ParsedArgs& args) {
+  v1::ServerStatus response;
+  if (!s.Call([&](Stub* stub, grpc::ClientContext* ctx) {
+        return stub->GetStatus(ctx, v1::GetStatusRequest(), &response);
+      })) {
+    return kExitFailed;
+  }
+  s.Emit(response, FormatStatus(response));
+  return kExitOk;
+}
+
+int RunsList(Session& s, const ParsedArgs& args) {
+  v1::ListRunsResponse response;
+  if (!s.Call([&](Stub* stub, grpc::ClientContext* ctx) {
+        return stub->ListRuns(ctx, v1::ListRunsRequest(), &response);
+      })) {
+    return kExitFailed;
+  }
+  s.Emit(response, FormatRunList(response));
+  return kExitOk;
+}
+
+int RunsCreate(Session& s, const ParsedArgs& args) {
+  v1::CreateRunRequest request;
+  request.set_name(args.positional[0]);
+  SPIKECTL_ASSIGN_OR_USAGE(s, world_size, OptionalInt(args, "world-size"));
+  if (world_size.has_value()) {
+    if (*world_size < 1 || *world_size > std::numeric_limits<uint32_t>::max()) {
+      return s.UsageError(absl::StrCat("bad value for --world-size: ", *world_size,
+                                       " (want a positive rank count)"));
+    }
+    request.set_world_size(static_cast<uint32_t>(*world_size));
+  } else {
+    request.set_world_size(1);
+  }
+  if (auto mode = args.Get("mode")) {
+    SPIKECTL_ASSIGN_OR_USAGE(s, parsed, ParseMode(*mode));
+    request.set_mode(parsed);
+  }
+  if (auto spec = args.Get("spec")) {
+    SPIKECTL_USAGE_IF_ERROR(s, ReadTextProto("--spec", *spec, request.mutable_spec()));
+    request.set_launch(true);
+  }
+  v1::Run response;
+  if (!s.Call([&](Stub* stub, grpc::ClientContext* ctx) {
+        return stub->CreateRun(ctx, request, &response);
+      })) {
+    return kExitFailed;
+  }
+  s.Emit(response, FormatRun(response));
+  return kExitOk;
+}
+
+int RunsShow(Session& s, const ParsedArgs& args) {
+  v1::GetRunRequest request;
+  request.set_name(args.positional[0]);
+  v1::Run response;
+  if (!s.Call([&](Stub* stub, grpc::ClientContext* ctx) {
+        return stub->GetRun(ctx, request, &response);
+      })) {
+    return kExitFailed;
+  }
+  s.Emit(response, FormatRun(response));
+  return kExitOk;
+}
+
+int CheckpointsList(Session& s, const ParsedArgs& args) {
+  v1::ListCheckpointsRequest request;
+  request.set_run(*args.Get("run"));
+  v1::ListCheckpointsResponse response;
+  if (!s.Call([&](Stub* stub, grpc::ClientContext* ctx) {
+        return stub->ListCheckpoints(ctx, request, &response);
+      })) {
+    return kExitFailed;
+  }
+  s.Emit(response, FormatCheckpoints(response));
+  return kExitOk;
+}
+
+int Telemetry(Session& s, const ParsedArgs& args) {
+  v1::QueryTelemetryRequest request;
+  request.set_run(*args.Get("run"));
+  SPIKECTL_ASSIGN_OR_USAGE(s, gen, OptionalInt(args, "gen"));
+  if (gen.has_value()) request.set_generation(*gen);
+  SPIKECTL_ASSIGN_OR_USAGE(s, from, OptionalInt(args, "from"));
+  if (from.has_value()) request.set_from_step(*from);
+  SPIKECTL_ASSIGN_OR_USAGE(s, to, OptionalInt(args, "to"));
+  if (to.has_value()) request.set_to_step(*to);
+  if (from.has_value() && to.has_value() && *from > *to) {
+    return s.UsageError(absl::StrCat("--from ", *from, " is after --to ", *to));
+  }
+  SPIKECTL_ASSIGN_OR_USAGE(s, limit, OptionalInt(args, "limit"));
+  if (limit.has_value()) {
+    if (*limit < 1 || *limit > std::numeric_limits<int32_t>::max()) {
+      return s.UsageError(absl::StrCat("bad value for --limit: ", *limit, " (want a positive count)"));
+    }
+    request.set_limit(static_cast<int32_t>(*limit));
+  }
+  std::vector<std::string> names;
+  for (const std::string& list : args.GetAll("metrics")) {
+    for (absl::string_view name : absl::StrSplit(list, ',', absl::SkipWhitespace())) {
+      names.emplace_back(absl::StripAsciiWhitespace(name));
+    }
+  }
+  if (args.Has("metrics") && names.empty()) return s.UsageError("empty --metrics");
+  if (names.empty()) names = DefaultTelemetryMetrics();
+  SPIKECTL_ASSIGN_OR_USAGE(s, metrics, ParseTelemetryMetrics(names));
+  for (std::string& field : RequestFields(metrics)) request.add_metrics(std::move(field));
+
+  v1::QueryTelemetryResponse response;
+  if (!s.Call([&](Stub* stub, grpc::ClientContext* ctx) {
+        return stub->QueryTelemetry(ctx, request, &response);
+      })) {
+    return kExitFailed;
+  }
+  s.Emit(response, FormatTelemetry(response, metrics));
+  return kExitOk;
+}
+
+int IncidentsList(Session& s, const ParsedArgs& args) {
+  v1::ListIncidentsRequest request;
+  if (auto run = args.Get("run")) request.set_run(*run);
+  if (auto state = args.Get("state")) {
+    SPIKECTL_ASSIGN_OR_USAGE(
+        s, parsed, ParseEnumFlag<v1::IncidentState>("state", *state, v1::IncidentState_descriptor()));
+    request.set_state(parsed);
+  }
+  if (auto verdict = args.Get("verdict")) {
+    SPIKECTL_ASSIGN_OR_USAGE(
+        s, parsed, ParseEnumFlag<v1::Verdict>("verdict", *verdict, v1::Verdict_descriptor()));
+    request.set_verdict(parsed);
+  }
+  v1::ListIncidentsResponse response;
+  if (!s.Call([&](Stub* stub, grpc::ClientContext* ctx) {
+        return stub->ListIncidents(ctx, request, &response);
+      })) {
+    return kExitFailed;
+  }
+  s.Emit(response, FormatIncidentList(response));
+  return kExitOk;
+}
+
+int IncidentsShow(Session& s, const ParsedArgs& args) {
+  v1::GetIncidentRequest request;
+  SPIKECTL_ASSIGN_OR_USAGE(s, id, ParseInt64("ID", args.positional[0]));
+  request.set_id(id);
+  v1::Incident response;
+  if (!s.Call([&](Stub* stub, grpc::ClientContext* ctx) {
+        return stub->GetIncident(ctx, request, &response);
+      })) {
+    return kExitFailed;
+  }
+  s.Emit(response, FormatIncident(response));
+  return kExitOk;
+}
+
+int IncidentsWatch(Session& s, const ParsedArgs& args) {
+  v1::WatchIncidentsRequest request;
+  if (auto run = args.Get("run")) request.set_run(*run);
+  if (!s.Connect()) return kExitFailed;
+  grpc::ClientContext context;  // no deadline: a watch lasts until interrupted
+  std::unique_ptr<grpc::ClientReader<v1::IncidentUpdate>> reader =
+      s.stub()->WatchIncidents(&context, request);
+  v1::IncidentUpdate update;
+  while (reader->Read(&update)) s.Emit(update, FormatIncidentUpdate(update));
+  grpc::Status status = reader->Finish();
+  if (!status.ok()) {
+    s.ReportRpcError(status);
+    return kExitFailed;
+  }
+  return kExitOk;
+}
+
+absl::StatusOr<v1::SkipWindow> ParseSkipWindow(absl::string_view text) {
+  std::vector<absl::string_view> parts = absl::StrSplit(text, ':');
+  v1::SkipWindow window;
+  int64_t from = 0, to = 0;
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &from) ||
+      !absl::SimpleAtoi(parts[1], &to) || from < 0 || from > to) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad value for --skip: '", text, "' (want FROM:TO steps, FROM <= TO)"));
+  }
+  window.set_from_step(from);
+  window.set_to_step(to);
+  return window;
+}
+
+int Rewind(Session& s, const ParsedArgs& args) {
+  v1::RewindRequest request;
+  request.set_run(*args.Get("run"));
+  SPIKECTL_ASSIGN_OR_USAGE(s, to_step, NonNegative(RequiredInt(args, "to-step"), "--to-step"));
+  request.set_to_step(to_step);
+  for (const std::string& text : args.GetAll("skip")) {
+    SPIKECTL_ASSIGN_OR_USAGE(s, window, ParseSkipWindow(text));
+    *request.add_skip() = window;
+  }
+  SPIKECTL_ASSIGN_OR_USAGE(s, stop_after, OptionalInt(args, "stop-after"));
+  if (stop_after.has_value()) request.set_stop_after_step(*stop_after);
+  request.set_request_id(NewRequestId());
+  v1::ActionResponse response;
+  if (!s.Call([&](Stub* stub, grpc::ClientContext* ctx) {
+        return stub->Rewind(ctx, request, &response);
+      })) {
+    return kExitFailed;
+  }
+  return s.EmitAction(response);
+}
+
+int Replay(Session& s, const ParsedArgs& args) {
+  v1::ReplayRequest request;
+  request.set_run(*args.Get("run"));
+  SPIKECTL_ASSIGN_OR_USAGE(s, from_step, NonNegative(RequiredInt(args, "from-step"), "--from-step"));
+  request.set_from_step(from_step);
+  SPIKECTL_ASSIGN_OR_USAGE(s, stop_after, OptionalInt(args, "stop-after"));
+  if (stop_after.has_value()) request.set_stop_after_step(*stop_after);
+  request.set_request_id(NewRequestId());
+  v1::ActionResponse response;
+  if (!s.Call([&](Stub* stub, grpc::ClientContext* ctx) {
+        return stub->Replay(ctx, request, &response);
+      })) {
+    return kExitFailed;
+  }
+  return s.EmitAction(response);
+}
+
+int Skip(Session& s, const ParsedArgs& args) {
+  v1::SkipRequest request;
+  request.set_run(*args.Get("run"));
+  SPIKECTL_ASSIGN_OR_USAGE(s, from, NonNegative(RequiredInt(args, "from"), "--from"));
+  SPIKECTL_ASSIGN_OR_USAGE(s, to, NonNegative(RequiredInt(args, "to"), "--to"));
+  if (from > to) return s.UsageError(absl::StrCat("--from ", from, " is after --to ", to));
+  request.set_from_step(from);
+  request.set_to_step(to);
+  request.set_request_id(NewRequestId());
+  v1::ActionResponse response;
+  if (!s.Call([&](Stub* stub, grpc::ClientContext* ctx) {
+        return stub->Skip(ctx, request, &response);
+      })) {
+    return kExitFailed;
+  }
+  return s.EmitAction(response);
+}
+
+int Pause(Session& s, const ParsedArgs& args) {
+  v1::PauseRequest request;
+  request.set_run(*args.Get("run"));
+  v1::ActionResponse response;
+  if (!s.Call([&](Stub* stub, grpc::ClientContext* ctx) {
+        return stub->Pause(ctx, request, &response);
+      })) {
+    return kExitFailed;
+  }
+  return s.EmitAction(response);
+}
+
+int Resume(Session& s, const ParsedArgs& args) {
+  v1::ResumeRequest request;
+  request.set_run(*args.Get("run"));
+  v1::ActionResponse response;
+  if (!s.Call([&](Stub* stub, grpc::ClientContext* ctx) {
+        return stub->Resume(ctx, request, &response);
+      })) {
+    return kExitFailed;
+  }
+  return s.EmitAction(response);
+}
+
+int Approve(Session& s, const ParsedArgs& args) {
+  v1::ApproveRequest request;
+  SPIKECTL_ASSIGN_OR_USAGE(s, id, ParseInt64("ID", args.positional[0]));
+  request.set_incident_id(id);
+  v1::ActionResponse response;
+  if (!s.Call([&](Stub* stub, grpc::ClientContext* ctx) {
+        return stub->Approve(ctx, request, &response);
+      })) {
+    return kExitFailed;
+  }
+  return s.EmitAction(response);
+}
+
+int Abort(Session& s, const ParsedArgs& args) {
+  v1::AbortRequest request;
+  SPIKECTL_ASSIGN_OR_USAGE(s, id, ParseInt64("ID", args.positional[0]));
+  request.set_incident_id(id);
+  if (auto reason = args.Get("reason")) request.set_reason(*reason);
+  v1::ActionResponse response;
+  if (!s.Call([&](Stub* stub, grpc::ClientContext* ctx) {
+        return stub->Abort(ctx, request, &response);
+      })) {
+    return kExitFailed;
+  }
+  return s.EmitAction(response);
+}
+
+int PolicyGet(Session& s, const ParsedArgs& args) {
+  v1::GetPolicyRequest request;
+  if (auto run = args.Get("run")) request.set_run(*run);
+  v1::Policy response;
+  if (!s.Call([&](Stub* stub, grpc::ClientContext* ctx) {
+        return stub->GetPolicy(ctx, request, &response);
+      })) {
+    return kExitFailed;
+  }
+  s.Emit(response, FormatPolicy(response));
+  return kExitOk;
+}
+
+int PolicySet(Session& s, const ParsedArgs& args) {
+  v1::SetPolicyRequest request;
+  if (auto run = args.Get("run")) request.set_run(*run);
+  SPIKECTL_USAGE_IF_ERROR(s, ReadTextProto("--file", *args.Get("file"), request.mutable_policy()));
+  v1::Policy response;
+  if (!s.Call([&](Stub* stub, grpc::ClientContext* ctx) {
+        return stub->SetPolicy(ctx, request, &response);
+      })) {
+    return kExitFailed;
+  }
+  s.Emit(response, FormatPolicy(response));
+  return kExitOk;
+}
+
+int Manifest(Session& s, const ParsedArgs& args) {
+  v1::ResolveManifestRequest request;
+  request.set_run(*args.Get("run"));
+  SPIKECTL_ASSIGN_OR_USAGE(s, from, NonNegative(RequiredInt(args, "from"), "--from"));
+  SPIKECTL_ASSIGN_OR_USAGE(s, to, NonNegative(RequiredInt(args, "to"), "--to"));
+  if (from > to) return s.UsageError(absl::StrCat("--from ", from, " is after --to ", to));
+  request.set_from_step(from);
+  request.set_to_step(to);
+  SPIKECTL_ASSIGN_OR_USAGE(s, gen, OptionalInt(args, "gen"));
+  if (gen.has_value()) request.set_generation(*gen);
+  v1::ResolveManifestResponse response;
+  if (!s.Call([&](Stub* stub, grpc::ClientContext* ctx) {
+        return stub->ResolveManifest(ctx, request, &response);
+      })) {
+    return kExitFailed;
+  }
+  s.Emit(response, FormatManifest(response));
+  return kExitOk;
+}
+
+int QuarantineList(Session& s, const ParsedArgs& args) {
+  v1::ListQuarantineRequest request;
+  request.set_run(*args.Get("run"));
+  v1::ListQuarantineResponse response;
+  if (!s.Call([&](Stub* stub, grpc::ClientContext* ctx) {
+        return stub->ListQuarantine(ctx, request, &response);
+      })) {
+    return kExitFailed;
+  }
+  s.Emit(response, FormatQuarantine(response));
+  return kExitOk;
+}
+
+#undef SPIKECTL_USAGE_IF_ERROR
+#undef SPIKECTL_ASSIGN_OR_USAGE
+
+// --- the command table ---------------------------------------------------------
+
+const std::vector<CommandDef>& Commands() {
+  using F = FlagSpec;
+  static const auto* commands = new std::vector<CommandDef>{
+      {"", "status", "", "Show the daemon's version, uptime and ingest counters.", "", {}, {}, 0, {},
+       &Status},
+      {"runs", "list", "", "List runs.", "", {}, {}, 0, {}, &RunsList},
+      {"runs", "create", "NAME [--world-size=N] [--mode=observe|propose|auto] [--spec=FILE]",
+       "Create a run; with --spec the daemon also launches its ranks.",
+       "Flags:\n"
+       "  --world-size=N     number of ranks (default 1)\n"
+       "  --mode=MODE        observe (report only), propose (actions wait for approve),\n"
+       "                     auto (diagnose and fix unattended); default: the daemon's policy\n"
+       "  --spec=FILE        RunSpec in protobuf text format (command, env, manifest, ...)\n",
+       {{"world-size"}, {"mode"}, {"spec"}}, {"NAME"}, 1, {}, &RunsCreate},
+      {"runs", "show", "NAME", "Show a run, its ranks (last step, last seen) and its generations.",
+       "", {}, {"NAME"}, 1, {}, &RunsShow},
+      {"checkpoints", "list", "--run=NAME", "List a run's checkpoints.",
+       "Flags:\n  --run=NAME         the run (required)\n", {{"run"}}, {}, 0, {"run"},
+       &CheckpointsList},
+      {"", "telemetry",
+       "--run=NAME [--gen=G] [--from=S] [--to=S] [--metrics=loss,grad_norm,...] [--limit=N]",
+       "Show a run's per-step telemetry.",
+       "Flags:\n"
+       "  --run=NAME         the run (required)\n"
+       "  --gen=G            generation (default: the run's current one)\n"
+       "  --from=S, --to=S   step range, inclusive\n"
+       "  --metrics=LIST     comma-separated columns (default loss,grad_norm,lr,clipped,\n"
+       "                     lse_max,nonfinite,max_attn_logit,step_time_s); also data_position,\n"
+       "                     tokens, lse_mean, loss_scale, loss_hash, update_ratio, act_rms,\n"
+       "                     param_norm (max over layers) and layerN.max_attn_logit,\n"
+       "                     layerN.grad_norm, layerN.update_ratio, layerN.act_rms,\n"
+       "                     layerN.param_norm\n"
+       "  --limit=N          at most N records\n",
+       {{"run"}, {"gen"}, {"from"}, {"to"}, {"metrics", F::kRepeated}, {"limit"}}, {}, 0, {"run"},
+       &Telemetry},
+      {"incidents", "list", "[--run=R] [--state=S] [--verdict=V]", "List incidents.",
+       "Flags:\n"
+       "  --run=R            only this run\n"
+       "  --state=S          detected, replaying, skipping, bisecting, transplanting, fixing,\n"
+       "                     verifying, awaiting_approval, closed, aborted\n"
+       "  --verdict=V        transient, data, fragility, numerics, inconclusive\n",
+       {{"run"}, {"state"}, {"verdict"}}, {}, 0, {}, &IncidentsList},
+      {"incidents", "show", "ID",
+       "Show an incident: evidence (probes), documents, fix, recommendations, cost.", "", {},
+       {"ID"}, 1, {}, &IncidentsShow},
+      {"incidents", "watch", "[--run=R]", "Print incident updates as they happen (until Ctrl-C).",
+       "Flags:\n  --run=R            only this run\n", {{"run"}}, {}, 0, {}, &IncidentsWatch},
+      {"", "rewind", "--run=R --to-step=N [--skip=A:B ...] [--stop-after=S]",
+       "Rewind a run to the checkpoint at step N, optionally skipping batches.",
+       "Flags:\n"
+       "  --run=R            the run (required)\n"
+       "  --to-step=N        checkpoint step to restart from (required)\n"
+       "  --skip=A:B         skip the batches of steps A..B (repeatable)\n"
+       "  --stop-after=S     stop after step S and wait (probe horizon)\n",
+       {{"run"}, {"to-step"}, {"skip", F::kRepeated}, {"stop-after"}}, {}, 0, {"run", "to-step"},
+       &Rewind},
+      {"", "replay", "--run=R --from-step=N [--stop-after=S]",
+       "Replay a run's batches from the checkpoint at step N.",
+       "Flags:\n"
+       "  --run=R            the run (required)\n"
+       "  --from-step=N      checkpoint step to replay from (required)\n"
+       "  --stop-after=S     stop after step S and wait\n",
+       {{"run"}, {"from-step"}, {"stop-after"}}, {}, 0, {"run", "from-step"}, &Replay},
+      {"", "skip", "--run=R --from=A --to=B", "Skip the batches of steps A..B from now on.",
+       "Flags:\n  --run=R            the run (required)\n"
+       "  --from=A, --to=B   the step window (required)\n",
+       {{"run"}, {"from"}, {"to"}}, {}, 0, {"run", "from", "to"}, &Skip},
+      {"", "pause", "--run=R", "Pause a run's ranks.", "Flags:\n  --run=R            the run (required)\n",
+       {{"run"}}, {}, 0, {"run"}, &Pause},
+      {"", "resume", "--run=R", "Resume a paused run.", "Flags:\n  --run=R            the run (required)\n",
+       {{"run"}}, {}, 0, {"run"}, &Resume},
+      {"", "approve", "ID", "Approve the pending step of an incident (propose mode).", "", {},
+       {"ID"}, 1, {}, &Approve},
+      {"", "abort", "ID [--reason=TEXT]", "Abort an incident's diagnosis.",
+       "Flags:\n  --reason=TEXT      recorded with the incident\n", {{"reason"}}, {"ID"}, 1, {},
+       &Abort},
+      {"policy", "get", "[--run=R]", "Print the policy (text format; the default one without --run).",
+       "Flags:\n  --run=R            this run's policy\n", {{"run"}}, {}, 0, {}, &PolicyGet},
+      {"policy", "set", "[--run=R] --file=FILE", "Replace the policy with FILE (text format).",
+       "Flags:\n  --run=R            this run's policy (default: the daemon's)\n"
+       "  --file=FILE        Policy in protobuf text format (required)\n",
+       {{"run"}, {"file"}}, {}, 0, {"file"}, &PolicySet},
+      {"", "manifest", "--run=R --from=S --to=S [--gen=G]",
+       "Resolve steps to data positions and document ids.",
+       "Flags:\n  --run=R            the run (required)\n"
+       "  --from=S, --to=S   step range, inclusive (required)\n"
+       "  --gen=G            generation (default: the current one)\n",
+       {{"run"}, {"from"}, {"to"}, {"gen"}}, {}, 0, {"run", "from", "to"}, &Manifest},
+      {"quarantine", "list", "--run=R", "List a run's quarantined documents.",
+       "Flags:\n  --run=R            the run (required)\n", {{"run"}}, {}, 0, {"run"},
+       &QuarantineList},
+  };
+  return *commands;
+}
+
+const CommandDef* FindCommand(absl::string_view group, absl::string_view name) {
+  for (const CommandDef& c : Commands()) {
+    if (c.group == group && c.name == name) return &c;
+  }
+  return nullptr;
+}
+
+int OverviewError(std::ostream& err, absl::string_view reason) {
+  err << "spikectl: " << reason << "\n" << OverviewUsage();
+  return kExitUsage;
+}
+
+}  // namespace
+
+std::string DefaultAddress() {
+  const char* env = std::getenv("SPIKEGUARD_ADDR");
+  return env != nullptr && *env != '\0' ? std::string(env) : std::string(kDefaultAddr);
+}
+
+int RunSpikectl(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  GlobalOptions options;
+  options.addr = DefaultAddress();
+
+  // Global flags before the command.
+  size_t i = 0;
+  std::vector<std::string> leading;
+  for (; i < args.size() && absl::StartsWith(args[i], "-"); ++i) {
+    if (args[i] == "-h" || args[i] == "--help") {
+      out << OverviewUsage();
+      return kExitOk;
+    }
+    leading.push_back(args[i]);
+    // "--addr host:port": the value is the next word.
+    const bool takes_value = args[i] == "--addr" || args[i] == "--output" || args[i] == "--timeout";
+    if (takes_value && i + 1 < args.size() && !absl::StartsWith(args[i + 1], "--")) {
+      leading.push_back(args[++i]);
+    }
+  }
+  absl::StatusOr<ParsedArgs> globals = ParseArgs(leading, GlobalFlags(), {}, 0);
+  if (!globals.ok()) return OverviewError(err, globals.status().message());
+  if (absl::Status s = ApplyGlobalFlags(*globals, options); !s.ok()) {
+    return OverviewError(err, s.message());
+  }
+
+  if (i == args.size()) return OverviewError(err, "missing command");
+  const std::string& first = args[i++];
+  const CommandDef* command = nullptr;
+  if (IsGroup(first)) {
+    if (i == args.size()) {
+      err << "spikectl: missing " << first << " command\n" << GroupUsage(first);
+      return kExitUsage;
+    }
+    const std::string& second = args[i];
+    if (second == "-h" || second == "--help") {
+      out << GroupUsage(first);
+      return kExitOk;
+    }
+    command = FindCommand(first, second);
+    if (command == nullptr) {
+      err << "spikectl: unknown command '" << first << " " << second << "'\n" << GroupUsage(first);
+      return kExitUsage;
+    }
+    ++i;
+  } else {
+    command = FindCommand("", first);
+    if (command == nullptr) return OverviewError(err, absl::StrCat("unknown command '", first, "'"));
+  }
+
+  std::vector<FlagSpec> flags = command->flags;
+  flags.insert(flags.end(), GlobalFlags().begin(), GlobalFlags().end());
+  const std::vector<std::string> rest(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
+  absl::StatusOr<ParsedArgs> parsed =
+      ParseArgs(rest, flags, command->positional, command->min_positional);
+  if (!parsed.ok()) {
+    err << "spikectl: " << parsed.status().message() << "\n" << command->Usage();
+    return kExitUsage;
+  }
+  if (parsed->help) {
+    out << command->Usage();
+    return kExitOk;
+  }
+  for (const std::string& flag : command->required_flags) {
+    if (!parsed->Has(flag)) {
+      err << "spikectl: missing required flag --" << flag << "\n" << command->Usage();
+      return kExitUsage;
+    }
+  }
+  if (absl::Status s = ApplyGlobalFlags(*parsed, options); !s.ok()) {
+    err << "spikectl: " << s.message() << "\n" << command->Usage();
+    return kExitUsage;
+  }
+  Session session(*command, std::move(options), out, err);
+  return command->handler(session, *parsed);
+}
+
+int RunSpikectl(int argc, char** argv, std::ostream& out, std::ostream& err) {
+  std::vector<std::string> args;
+  for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
+  return RunSpikectl(args, out, err);
+}
+
+}  // namespace spikeguard::cli
