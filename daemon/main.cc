@@ -10,6 +10,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "base/flag_dashes.h"
 #include "base/logging.h"
 #include "daemon/daemon.h"
 
@@ -21,7 +22,9 @@ ABSL_FLAG(int64_t, max_message_bytes, 16 << 20, "largest message accepted");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("spikeguardd --listen=HOST:PORT --data-dir=DIR");
-  absl::ParseCommandLine(argc, argv);
+  std::vector<std::string> args = spikeguard::DashesToUnderscores(argc, argv);
+  std::vector<char*> argv_ptrs = spikeguard::ArgvPointers(args);
+  absl::ParseCommandLine(static_cast<int>(args.size()), argv_ptrs.data());
 
   // SIGTERM/SIGINT are taken by one thread with sigwait, so shutdown runs as
   // ordinary code, not in a signal handler.

@@ -15,6 +15,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "base/flag_dashes.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -59,7 +60,9 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "spikeguard-tracegen --addr=HOST:PORT --run=NAME --ranks=N --steps=N --layers=L --seed=S "
       "[--spike-at=STEP,...] [--nan-at=STEP,...]");
-  absl::ParseCommandLine(argc, argv);
+  std::vector<std::string> args = spikeguard::DashesToUnderscores(argc, argv);
+  std::vector<char*> argv_ptrs = spikeguard::ArgvPointers(args);
+  absl::ParseCommandLine(static_cast<int>(args.size()), argv_ptrs.data());
   const std::string run = absl::GetFlag(FLAGS_run);
   const int ranks = absl::GetFlag(FLAGS_ranks);
   const int64_t steps = absl::GetFlag(FLAGS_steps);
