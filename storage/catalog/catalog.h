@@ -51,6 +51,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "base/clock.h"
+#include "spikeguard/v1/policy.pb.h"
 #include "spikeguard/v1/supervisor.pb.h"
 #include "spikeguard/v1/telemetry.pb.h"
 #include "storage/catalog/database.h"
@@ -225,6 +226,11 @@ class Catalog {
                                       std::string_view target, std::string_view detail);
   // The newest `limit` entries (all if limit <= 0), newest first.
   absl::StatusOr<std::vector<AuditEntry>> ListAudit(int limit);
+
+  // --- Policies: per run name; "" is the daemon-wide default ---------------
+  absl::Status PutPolicy(std::string_view scope, const v1::Policy& policy);
+  // NOT_FOUND when none was set for `scope`.
+  absl::StatusOr<v1::Policy> GetPolicy(std::string_view scope);
 
  private:
   Catalog(std::unique_ptr<Database> db, std::string path, Clock* clock)

@@ -157,6 +157,16 @@ BEGIN
 END;
 )sql";
 
+// Version 2: policies per run ("" = the daemon-wide default), so a policy set
+// over gRPC survives a restart.
+constexpr char kSchemaV2Sql[] = R"sql(
+CREATE TABLE policies (
+  scope TEXT PRIMARY KEY NOT NULL,
+  policy BLOB NOT NULL,
+  updated_unix_ms INTEGER NOT NULL
+);
+)sql";
+
 // One migration step: `sql` then user_version = `to`, atomically.
 absl::Status Step(Database& db, const char* sql, int to) {
   SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&db));
@@ -182,6 +192,9 @@ absl::Status MigrateSchema(Database& db) {
   switch (version) {
     case 0:
       SG_RETURN_IF_ERROR(Step(db, kSchemaV1Sql, 1));
+      [[fallthrough]];
+    case 1:
+      SG_RETURN_IF_ERROR(Step(db, kSchemaV2Sql, 2));
       [[fallthrough]];
     case kSchemaVersion:
       break;

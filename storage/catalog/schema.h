@@ -22,13 +22,13 @@
 namespace spikeguard::storage {
 
 // The schema version this binary writes.
-inline constexpr int kSchemaVersion = 1;
+inline constexpr int kSchemaVersion = 2;
 
 // Every table of the current schema (for tests and `spikectl` diagnostics).
-inline constexpr std::array<std::string_view, 11> kCatalogTables = {
+inline constexpr std::array<std::string_view, 12> kCatalogTables = {
     "runs",          "generations", "checkpoints",     "manifests",
     "step_telemetry", "rank_progress", "incidents",     "incident_events",
-    "commands",      "quarantine",  "audit"};
+    "commands",      "quarantine",  "audit",           "policies"};
 
 // Refuses a newer file, enables WAL and migrates `db` to `kSchemaVersion`.
 absl::Status OpenSchema(Database& db);

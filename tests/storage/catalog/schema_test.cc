@@ -21,6 +21,7 @@ namespace spikeguard::storage {
 namespace {
 
 using ::spikeguard::storage::testing::TempDir;
+namespace v1 = ::spikeguard::v1;
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -70,6 +71,33 @@ TEST(Schema, EmptyFileMigratesToEveryTableInWalMode) {
   ASSERT_TRUE(mode.ok());
   ASSERT_TRUE(*mode->Step());
   EXPECT_EQ(mode->ColumnText(0), "wal");  // persistent in the file
+}
+
+TEST(Schema, VersionOneFileMigratesToTheCurrentSchemaKeepingItsData) {
+  TempDir dir;
+  const std::string path = dir.File("catalog.db");
+  {
+    auto catalog = Catalog::Open({.path = path});
+    ASSERT_TRUE(catalog.ok()) << catalog.status();
+    v1::Run run;
+    run.set_name("old-run");
+    run.set_world_size(2);
+    ASSERT_TRUE((*catalog)->CreateRun(run).ok());
+  }
+  // Turn the file into what a version-1 binary left behind.
+  RawExec(path, "DROP TABLE policies; PRAGMA user_version = 1;");
+  auto catalog = Catalog::Open({.path = path});
+  ASSERT_TRUE(catalog.ok()) << catalog.status();
+  auto run = (*catalog)->GetRun("old-run");
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->world_size(), 2u);
+  v1::Policy policy;
+  policy.set_mode(v1::MODE_AUTO);
+  ASSERT_TRUE((*catalog)->PutPolicy("old-run", policy).ok());
+  auto back = (*catalog)->GetPolicy("old-run");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->mode(), v1::MODE_AUTO);
+  EXPECT_TRUE(absl::IsNotFound((*catalog)->GetPolicy("other").status()));
 }
 
 TEST(Schema, InMemoryDatabaseMigratesToo) {
