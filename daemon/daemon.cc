@@ -5,6 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
+#include "daemon/control/supervisor.h"
+#include "daemon/launch/local_launcher.h"
 #include "daemon/server/daemon_state.h"
 #include "daemon/server/supervisor_service.h"
 #include "daemon/server/worker_service.h"
@@ -35,6 +37,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options) {
   d->catalog_ = std::move(*catalog);
   d->state_ = std::make_unique<DaemonState>(d->catalog_.get(), options.clock, options.limits,
                                             d->catalog_path_);
+  d->supervisor_ = std::make_unique<Supervisor>(d->catalog_.get(), &d->state_->hub, options.clock);
+  if (absl::Status s = d->supervisor_->Start(); !s.ok()) return s;
+  d->state_->supervisor = d->supervisor_.get();
   d->worker_service_ = std::make_unique<WorkerServiceImpl>(d->state_.get());
   d->supervisor_service_ = std::make_unique<SupervisorServiceImpl>(d->state_.get());
 
@@ -49,6 +54,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options) {
   if (d->server_ == nullptr || d->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
   }
+  LocalLauncher::Options launch;
+  launch.data_dir = std::filesystem::path(d->catalog_path_).parent_path().string();
+  if (launch.data_dir.empty()) launch.data_dir = ".";
+  launch.daemon_address = options.advertise_address.empty()
+                              ? absl::StrCat("127.0.0.1:", d->port_)
+                              : options.advertise_address;
+  d->launcher_ = std::make_unique<LocalLauncher>(launch, d->catalog_.get(), &d->state_->registry,
+                                                 options.clock);
+  d->state_->launcher = d->launcher_.get();
   d->server_->GetHealthCheckService()->SetServingStatus(true);
   SG_LOG(INFO) << "spikeguardd listening on port " << d->port_ << ", catalog "
                << d->catalog_path_ << " (schema " << d->catalog_->schema_version() << ")";
@@ -65,8 +79,16 @@ void Daemon::Shutdown(absl::Duration grace) {
   if (shut_down_ || server_ == nullptr) return;
   shut_down_ = true;
   server_->GetHealthCheckService()->SetServingStatus(false);
+  if (launcher_) {
+    state_->launcher = nullptr;
+    launcher_->StopAll(absl::Seconds(5));
+    launcher_.reset();
+  }
   server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(grace));
   server_->Wait();
+  supervisor_->Stop();
+  state_->supervisor = nullptr;
+  supervisor_.reset();
   catalog_.reset();
   SG_LOG(INFO) << "spikeguardd stopped; catalog closed";
 }

@@ -35,6 +35,8 @@ namespace spikeguard::daemon {
 struct DaemonState;
 class WorkerServiceImpl;
 class SupervisorServiceImpl;
+class Supervisor;
+class LocalLauncher;
 
 class Daemon {
  public:
@@ -44,6 +46,8 @@ class Daemon {
     // Holds catalog.db unless catalog_path says otherwise.
     std::string data_dir = "./spikeguard-data";
     std::string catalog_path;
+    // Where launched workers dial the daemon; default 127.0.0.1:PORT.
+    std::string advertise_address;
     Limits limits;
     Clock* clock = Clock::Real();
   };
@@ -67,6 +71,8 @@ class Daemon {
   std::string catalog_path_;
   std::unique_ptr<storage::Catalog> catalog_;
   std::unique_ptr<DaemonState> state_;
+  std::unique_ptr<Supervisor> supervisor_;
+  std::unique_ptr<LocalLauncher> launcher_;
   std::unique_ptr<WorkerServiceImpl> worker_service_;
   std::unique_ptr<SupervisorServiceImpl> supervisor_service_;
   std::unique_ptr<grpc::Server> server_;

@@ -1,47 +1,114 @@
 #!/usr/bin/env bash
-# The demo: spikeguardd on its embedded SQLite default, a synthetic 4-rank run
-# with a loss spike streamed into it, and what spikectl shows of it.
+# The demo: spikeguardd on its embedded SQLite default supervises a run of the
+# reference worker on a synthetic corpus with poisoned documents at data
+# position 300, in auto mode. The daemon detects the spike, rewinds the worker
+# to an earlier checkpoint, replays, skips the batches around the spike,
+# concludes DATA, keeps the hole, quarantines the culprit documents, verifies
+# the fix and closes the incident.
 # Usage: deploy/demo.sh [BUILD_DIR]
 set -euo pipefail
 BUILD="${1:-build}"
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
-BIN="$BUILD"
-DATA="$(mktemp -d "${TMPDIR:-/tmp}/spikeguard-demo-XXXXXX")"
-PORT_FILE="$DATA/port"
+BUILD="$(cd "$BUILD" && pwd)"
+DEMO="$(mktemp -d "${TMPDIR:-/tmp}/spikeguard-demo-XXXXXX")"
+DATA="$DEMO/data"
+PORT_FILE="$DEMO/port"
+WORKER="$BUILD/worker/spikeguard-worker"
 
 cleanup() {
+  if [ -n "${WATCH_PID:-}" ]; then kill "$WATCH_PID" 2>/dev/null || true; fi
   if [ -n "${DAEMON_PID:-}" ] && kill -0 "$DAEMON_PID" 2>/dev/null; then
-    kill -TERM "$DAEMON_PID"; wait "$DAEMON_PID" || true
+    kill -TERM "$DAEMON_PID"; wait "$DAEMON_PID" 2>/dev/null || true
   fi
 }
 trap cleanup EXIT
 
-echo "== starting spikeguardd (catalog: $DATA/catalog.db)"
-"$BIN/daemon/spikeguardd" --listen=127.0.0.1:0 --data-dir="$DATA" --port-file="$PORT_FILE" \
-  2>"$DATA/daemon.log" &
+echo "== 1. a synthetic corpus with bytes the model never saw at data position 300"
+"$WORKER" corpus synth --out "$DEMO/corpus" --seed 7 --poison highbytes@300 | tee "$DEMO/synth.txt"
+
+echo "== 2. spikeguardd on the embedded SQLite catalog ($DATA/catalog.db)"
+"$BUILD/daemon/spikeguardd" --listen=127.0.0.1:0 --data-dir="$DATA" --port-file="$PORT_FILE" \
+  2>"$DEMO/daemon.log" &
 DAEMON_PID=$!
 for _ in $(seq 1 250); do [ -s "$PORT_FILE" ] && break; sleep 0.02; done
-[ -s "$PORT_FILE" ] || { cat "$DATA/daemon.log"; echo "spikeguardd did not start"; exit 1; }
+[ -s "$PORT_FILE" ] || { cat "$DEMO/daemon.log"; echo "spikeguardd did not start"; exit 1; }
 ADDR="127.0.0.1:$(cat "$PORT_FILE")"
-SPIKECTL=("$BIN/cli/spikectl" "--addr=$ADDR")
+SPIKECTL=("$BUILD/cli/spikectl" "--addr=$ADDR")
 
-echo "== spikectl runs create demo --world-size=4"
-"${SPIKECTL[@]}" runs create demo --world-size=4
+echo "== 3. policy: probe horizons sized for a small demo run"
+cat > "$DEMO/policy.textproto" <<'PB'
+probe { min_steps_before_onset: 50 max_steps_before_onset: 500 replay_steps_past_onset: 5
+        skip_before: 2 skip_after: 2 skip_horizon: 100 }
+fix { verify_steps: 100 }
+PB
+"${SPIKECTL[@]}" policy set --file "$DEMO/policy.textproto" >/dev/null
 
-echo "== streaming a synthetic run: 4 ranks x 1500 steps, a loss spike at step 1200"
-"$BIN/worker/tracegen/spikeguard-tracegen" --addr="$ADDR" --run=demo --ranks=4 --steps=1500 \
-  --layers=4 --seed=7 --spike-at=1200 --checkpoint-every=250
+echo "== 4. spikectl runs create demo --mode=auto --spec=... (the daemon launches the worker)"
+cat > "$DEMO/spec.textproto" <<PB
+command: "$WORKER"
+command: "train"
+command: "--corpus"
+command: "$DEMO/corpus"
+command: "--checkpoint-dir"
+command: "$DEMO/ckpt-{rank}"
+command: "--config"
+command: "$ROOT/tests/e2e/scenarios/data.conf"
+command: "--steps"
+command: "600"
+command: "--addr"
+command: "{addr}"
+command: "--run"
+command: "{run}"
+command: "--rank"
+command: "{rank}"
+command: "--world-size"
+command: "{world_size}"
+command: "--generation"
+command: "{generation}"
+command: "--resume"
+command: "{resume}"
+command: "--plan"
+command: "{plan}"
+command: "--linger-s"
+command: "120"
+manifest { corpus_dir: "$DEMO/corpus" }
+PB
+"${SPIKECTL[@]}" runs create demo --world-size=1 --mode=auto --spec="$DEMO/spec.textproto"
 
-echo "== spikectl status"
-"${SPIKECTL[@]}" status
-echo "== spikectl runs show demo"
-"${SPIKECTL[@]}" runs show demo
-echo "== spikectl checkpoints list --run demo"
-"${SPIKECTL[@]}" checkpoints list --run demo
-echo "== spikectl telemetry --run demo --from 1190 --to 1215 (the spike and its precursors)"
-"${SPIKECTL[@]}" telemetry --run demo --from 1190 --to 1215 --metrics loss,grad_norm,clipped,max_attn_logit,lse_max
+echo "== 5. the incident as it progresses (spikectl incidents watch --run demo)"
+"${SPIKECTL[@]}" incidents watch --run demo &
+WATCH_PID=$!
+
+ID=""
+for _ in $(seq 1 1200); do
+  STATE="$("${SPIKECTL[@]}" --output=json incidents list --run demo 2>/dev/null || true)"
+  if echo "$STATE" | grep -q '"CLOSED"\|"ABORTED"'; then
+    ID="$(echo "$STATE" | grep -o '"id": *"[0-9]*"' | head -1 | grep -o '[0-9]\+')"
+    break
+  fi
+  sleep 0.5
+done
+sleep 0.5
+kill "$WATCH_PID" 2>/dev/null || true
+WATCH_PID=""
+if [ -z "$ID" ]; then
+  echo "demo: the incident did not close in time; daemon log: $DEMO/daemon.log"
+  "${SPIKECTL[@]}" incidents list --run demo || true
+  exit 1
+fi
+
 echo
-echo "Query it yourself while a daemon runs, e.g.:"
-echo "  $BIN/cli/spikectl --addr=$ADDR --output=json telemetry --run demo --from 1195 --to 1205"
-echo "(this demo's daemon stops now; its catalog stays in $DATA)"
+echo "== 6. spikectl incidents show $ID"
+"${SPIKECTL[@]}" incidents show "$ID"
+echo
+echo "== 7. spikectl quarantine list --run demo"
+"${SPIKECTL[@]}" quarantine list --run demo
+echo
+echo "Placed poison (from step 1): $(grep '^poison' "$DEMO/synth.txt")"
+echo
+echo "While a daemon runs, query it with spikectl, e.g.:"
+echo "  $BUILD/cli/spikectl --addr=$ADDR incidents list"
+echo "  $BUILD/cli/spikectl --addr=$ADDR --output=json incidents show $ID"
+echo "  $BUILD/cli/spikectl --addr=$ADDR telemetry --run demo --gen 0 --from 295 --to 305"
+echo "(this demo's daemon stops now; its catalog stays in $DATA/catalog.db)"

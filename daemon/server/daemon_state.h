@@ -12,6 +12,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "base/clock.h"
+#include "daemon/control/stream_hub.h"
 #include "daemon/ingest/limits.h"
 #include "daemon/ingest/run_registry.h"
 #include "storage/catalog/catalog.h"
@@ -25,6 +26,9 @@ struct Counters {
   std::atomic<int64_t> reports_dropped{0};
   std::atomic<int64_t> batches_committed{0};
 };
+
+class Supervisor;
+class LocalLauncher;
 
 struct DaemonState {
   DaemonState(storage::Catalog* catalog, Clock* clock, Limits limits, std::string catalog_path)
@@ -40,6 +44,11 @@ struct DaemonState {
   const Limits limits;
   const std::string catalog_path;
   RunRegistry registry;
+  StreamHub hub;
+  // Detection, incidents and commands; set once the daemon has started it.
+  Supervisor* supervisor = nullptr;
+  // Starts and restarts the ranks of runs created with a spec.
+  LocalLauncher* launcher = nullptr;
   Counters counters;
   const absl::Time started;
 };

@@ -8,7 +8,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/logging.h"
+#include "daemon/control/supervisor.h"
+#include "daemon/incident/policy.h"
+#include "daemon/launch/local_launcher.h"
 #include "daemon/server/status_util.h"
+#include "storage/corpus/data_plan.h"
 
 namespace spikeguard::daemon {
 namespace {
@@ -23,11 +27,6 @@ grpc::Status Invalid(const std::string& message) {
   return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message);
 }
 
-grpc::Status Later(const std::string& rpc, const std::string& what) {
-  return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                      absl::StrCat(rpc, " is not implemented yet: ", what,
-                                   " arrive with the incident engine"));
-}
 
 const std::set<std::string>& LayerMetricNames() {
   static const auto* names = [] {
@@ -122,7 +121,7 @@ grpc::Status SupervisorServiceImpl::GetStatus(Ctx*, const v1::GetStatusRequest*,
   out->set_reports_duplicate(state_->counters.reports_duplicate.load());
   out->set_reports_rejected(state_->counters.reports_rejected.load());
   out->set_reports_dropped(state_->counters.reports_dropped.load());
-  out->set_open_incidents(0);
+  out->set_open_incidents(state_->supervisor ? state_->supervisor->OpenIncidents() : 0);
   return grpc::Status::OK;
 }
 
@@ -134,10 +133,15 @@ grpc::Status SupervisorServiceImpl::CreateRun(Ctx*, const v1::CreateRunRequest* 
     return Invalid(absl::StrFormat("world_size: %d is out of range [1, %d]", req->world_size(),
                                    state_->limits.max_world_size));
   }
-  if (req->launch()) {
-    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                        "launch: starting ranks from a run spec arrives with the local launcher; "
-                        "create the run without --spec and start the workers yourself");
+  if (req->launch() && req->spec().command().empty()) {
+    return Invalid("spec.command: launching a run needs the worker's command line");
+  }
+  for (int i = 0; i < req->spec().command_size(); ++i) {
+    if (auto s = ValidateText(absl::StrFormat("spec.command[%d]", i), req->spec().command(i),
+                              state_->limits.max_string_length);
+        !s.ok()) {
+      return Invalid(std::string(s.message()));
+    }
   }
   v1::Run run;
   run.set_name(req->name());
@@ -152,6 +156,13 @@ grpc::Status SupervisorServiceImpl::CreateRun(Ctx*, const v1::CreateRunRequest* 
                                      absl::StrCat("world_size=", req->world_size()));
   SG_LOG(INFO) << "run '" << req->name() << "' created (world size " << req->world_size() << ")";
   *out = *created;
+  if (req->launch()) {
+    if (state_->launcher == nullptr) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the launcher is not running");
+    }
+    if (auto s = state_->launcher->Launch(req->name()); !s.ok()) return ToGrpcStatus(s);
+    out->set_state("running");
+  }
   return grpc::Status::OK;
 }
 
@@ -282,55 +293,333 @@ grpc::Status SupervisorServiceImpl::QueryTelemetry(Ctx*, const v1::QueryTelemetr
   return grpc::Status::OK;
 }
 
-grpc::Status SupervisorServiceImpl::ListIncidents(Ctx*, const v1::ListIncidentsRequest*,
-                                                  v1::ListIncidentsResponse*) {
-  return Later("ListIncidents", "incidents");
+namespace {
+
+// Newest complete checkpoint at or before `step` (highest generation wins a
+// tie), NOT_FOUND otherwise.
+absl::StatusOr<incident::CheckpointInfo> CheckpointAtOrBefore(CatalogRunView* view,
+                                                            const std::string& run, int64_t step) {
+  auto list = view->Checkpoints(run);
+  if (!list.ok()) return list.status();
+  std::optional<incident::CheckpointInfo> best;
+  for (const auto& c : *list) {
+    if (!c.complete || c.step > step) continue;
+    if (!best || c.step > best->step || (c.step == best->step && c.generation > best->generation)) {
+      best = c;
+    }
+  }
+  if (!best) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "run '%s' has no complete checkpoint at or before step %d", run, step));
+  }
+  return *best;
 }
-grpc::Status SupervisorServiceImpl::GetIncident(Ctx*, const v1::GetIncidentRequest*, v1::Incident*) {
-  return Later("GetIncident", "incidents");
+
+std::string RequestId(const std::string& given, const std::string& kind, Clock* clock) {
+  if (!given.empty()) return "manual/" + given;
+  return absl::StrCat("manual/", kind, "/", clock->NowUnixMillis());
 }
-grpc::Status SupervisorServiceImpl::WatchIncidents(Ctx*, const v1::WatchIncidentsRequest*,
-                                                   grpc::ServerWriter<v1::IncidentUpdate>*) {
-  return Later("WatchIncidents", "incidents");
+
+}  // namespace
+
+grpc::Status SupervisorServiceImpl::ManualRewind(const std::string& run, int64_t to_step,
+                                                 const std::vector<std::pair<int64_t, int64_t>>& skip,
+                                                 int64_t stop_after, const std::string& request_id,
+                                                 const std::string& reason,
+                                                 v1::ActionResponse* out) {
+  if (auto s = ValidateRunName(run, state_->limits); !s.ok()) return Invalid(std::string(s.message()));
+  if (to_step < 0) return Invalid("to_step: negative");
+  if (stop_after != 0 && stop_after < to_step) {
+    return Invalid(absl::StrFormat("stop_after_step: %d is before the rewind step %d", stop_after,
+                                   to_step));
+  }
+  Supervisor* sup = state_->supervisor;
+  if (sup == nullptr) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "daemon is starting");
+  auto run_row = state_->catalog->GetRun(run);
+  if (!run_row.ok()) return ToGrpcStatus(run_row.status());
+  if (sup->ProbeRunning(run)) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        absl::StrCat("run '", run, "' is running an incident probe; wait for it or "
+                                     "abort the incident first"));
+  }
+  auto ckpt = CheckpointAtOrBefore(sup->view(), run, to_step);
+  if (!ckpt.ok()) return ToGrpcStatus(ckpt.status());
+  auto plan = sup->view()->Plan(run, run_row->current_generation());
+  if (!plan.ok()) return ToGrpcStatus(plan.status());
+  auto storage_plan = ToStoragePlan(*plan);
+  if (!storage_plan.ok()) return ToGrpcStatus(storage_plan.status());
+  storage::DataPlan edited = *storage_plan;
+  for (const auto& [from, to] : skip) {
+    if (from < 0 || to < from) {
+      return Invalid(absl::StrFormat("skip: window %d:%d is not a valid step range", from, to));
+    }
+    auto begin = storage_plan->PositionForStep(from);
+    auto end = storage_plan->PositionForStep(to);
+    if (!begin.ok() || !end.ok()) return Invalid("skip: window is past the end of the data plan");
+    auto holed = edited.WithHole(*begin, *end + 1);
+    if (!holed.ok()) return ToGrpcStatus(holed.status());
+    edited = *holed;
+  }
+  incident::RewindSpec spec;
+  spec.request_id = request_id;
+  spec.checkpoint = *ckpt;
+  for (const auto& r : edited.ranges()) {
+    auto* pr = spec.plan.add_ranges();
+    pr->set_begin(r.begin);
+    pr->set_end(r.end);
+  }
+  spec.stop_after_step = stop_after;
+  spec.reason = reason;
+  auto gen = sup->control()->Rewind(run, spec);
+  if (!gen.ok()) return ToGrpcStatus(gen.status());
+  (void)state_->catalog->AppendAudit("operator", "rewind", run,
+                                     absl::StrCat(reason, " -> generation ", *gen));
+  out->set_accepted(true);
+  out->set_generation(*gen);
+  out->set_command_id(request_id);
+  out->set_message(absl::StrFormat("run '%s' rewinds to the checkpoint at step %d in generation %d",
+                                   run, ckpt->step, *gen));
+  return grpc::Status::OK;
 }
-grpc::Status SupervisorServiceImpl::Rewind(Ctx*, const v1::RewindRequest*, v1::ActionResponse*) {
-  return Later("Rewind", "rewinds");
+
+grpc::Status SupervisorServiceImpl::Rewind(Ctx*, const v1::RewindRequest* req, v1::ActionResponse* out) {
+  std::vector<std::pair<int64_t, int64_t>> skip;
+  for (const auto& w : req->skip()) skip.emplace_back(w.from_step(), w.to_step());
+  return ManualRewind(req->run(), req->to_step(), skip, req->stop_after_step(),
+                      RequestId(req->request_id(), "rewind", state_->clock),
+                      absl::StrCat("manual rewind to step ", req->to_step()), out);
 }
-grpc::Status SupervisorServiceImpl::Replay(Ctx*, const v1::ReplayRequest*, v1::ActionResponse*) {
-  return Later("Replay", "replays");
+
+grpc::Status SupervisorServiceImpl::Replay(Ctx*, const v1::ReplayRequest* req, v1::ActionResponse* out) {
+  return ManualRewind(req->run(), req->from_step(), {}, req->stop_after_step(),
+                      RequestId(req->request_id(), "replay", state_->clock),
+                      absl::StrCat("manual replay from step ", req->from_step()), out);
 }
-grpc::Status SupervisorServiceImpl::Skip(Ctx*, const v1::SkipRequest*, v1::ActionResponse*) {
-  return Later("Skip", "skip windows");
+
+grpc::Status SupervisorServiceImpl::Skip(Ctx*, const v1::SkipRequest* req, v1::ActionResponse* out) {
+  return ManualRewind(req->run(), req->from_step(), {{req->from_step(), req->to_step()}}, 0,
+                      RequestId(req->request_id(), "skip", state_->clock),
+                      absl::StrFormat("manual skip of steps %d..%d", req->from_step(), req->to_step()),
+                      out);
 }
-grpc::Status SupervisorServiceImpl::Pause(Ctx*, const v1::PauseRequest*, v1::ActionResponse*) {
-  return Later("Pause", "worker commands");
+
+grpc::Status SupervisorServiceImpl::Pause(Ctx*, const v1::PauseRequest* req, v1::ActionResponse* out) {
+  if (auto s = ValidateRunName(req->run(), state_->limits); !s.ok()) {
+    return Invalid(std::string(s.message()));
+  }
+  if (state_->supervisor == nullptr) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "starting");
+  if (auto r = state_->catalog->GetRun(req->run()); !r.ok()) return ToGrpcStatus(r.status());
+  const std::string id = RequestId("", "pause", state_->clock);
+  if (auto s = state_->supervisor->control()->Pause(req->run(), id); !s.ok()) return ToGrpcStatus(s);
+  (void)state_->catalog->AppendAudit("operator", "pause", req->run(), id);
+  out->set_accepted(true);
+  out->set_command_id(id);
+  out->set_message("pause sent");
+  return grpc::Status::OK;
 }
-grpc::Status SupervisorServiceImpl::Resume(Ctx*, const v1::ResumeRequest*, v1::ActionResponse*) {
-  return Later("Resume", "worker commands");
+
+grpc::Status SupervisorServiceImpl::Resume(Ctx*, const v1::ResumeRequest* req, v1::ActionResponse* out) {
+  if (auto s = ValidateRunName(req->run(), state_->limits); !s.ok()) {
+    return Invalid(std::string(s.message()));
+  }
+  if (state_->supervisor == nullptr) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "starting");
+  if (auto r = state_->catalog->GetRun(req->run()); !r.ok()) return ToGrpcStatus(r.status());
+  const std::string id = RequestId("", "resume", state_->clock);
+  if (auto s = state_->supervisor->control()->Continue(req->run(), id, std::nullopt); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  (void)state_->catalog->AppendAudit("operator", "resume", req->run(), id);
+  out->set_accepted(true);
+  out->set_command_id(id);
+  out->set_message("continue sent");
+  return grpc::Status::OK;
 }
-grpc::Status SupervisorServiceImpl::Approve(Ctx*, const v1::ApproveRequest*, v1::ActionResponse*) {
-  return Later("Approve", "approvals");
+
+grpc::Status SupervisorServiceImpl::ListIncidents(Ctx*, const v1::ListIncidentsRequest* req,
+                                                  v1::ListIncidentsResponse* out) {
+  if (!req->run().empty()) {
+    if (auto s = ValidateRunName(req->run(), state_->limits); !s.ok()) {
+      return Invalid(std::string(s.message()));
+    }
+  }
+  if (req->since_unix_ms() < 0) return Invalid("since_unix_ms: negative");
+  storage::IncidentFilter filter;
+  filter.run = req->run();
+  filter.state = req->state();
+  filter.verdict = req->verdict();
+  filter.since_unix_ms = req->since_unix_ms();
+  auto list = state_->catalog->ListIncidents(filter);
+  if (!list.ok()) return ToGrpcStatus(list.status());
+  for (auto& i : *list) *out->add_incidents() = std::move(i);
+  return grpc::Status::OK;
 }
-grpc::Status SupervisorServiceImpl::Abort(Ctx*, const v1::AbortRequest*, v1::ActionResponse*) {
-  return Later("Abort", "incident actions");
+
+grpc::Status SupervisorServiceImpl::GetIncident(Ctx*, const v1::GetIncidentRequest* req,
+                                                v1::Incident* out) {
+  if (req->id() <= 0) return Invalid(absl::StrFormat("id: %d is not an incident id", req->id()));
+  std::optional<v1::Incident> live;
+  if (state_->supervisor != nullptr) live = state_->supervisor->LiveIncident(req->id());
+  if (live) {
+    *out = *live;
+  } else {
+    auto stored = state_->catalog->GetIncident(req->id());
+    if (!stored.ok()) return ToGrpcStatus(stored.status());
+    *out = *stored;
+  }
+  if (out->events_size() == 0) {
+    auto events = state_->catalog->ListIncidentEvents(req->id());
+    if (events.ok()) {
+      for (const auto& e : *events) {
+        auto* ev = out->add_events();
+        ev->set_seq(e.seq);
+        ev->set_unix_ms(e.unix_ms);
+        ev->set_kind(e.kind);
+      }
+    }
+  }
+  return grpc::Status::OK;
 }
-grpc::Status SupervisorServiceImpl::GetPolicy(Ctx*, const v1::GetPolicyRequest*, v1::Policy*) {
-  return Later("GetPolicy", "policies");
+
+grpc::Status SupervisorServiceImpl::WatchIncidents(Ctx* ctx, const v1::WatchIncidentsRequest* req,
+                                                   grpc::ServerWriter<v1::IncidentUpdate>* writer) {
+  if (!req->run().empty()) {
+    if (auto s = ValidateRunName(req->run(), state_->limits); !s.ok()) {
+      return Invalid(std::string(s.message()));
+    }
+  }
+  if (state_->supervisor == nullptr) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "starting");
+  auto watcher = state_->supervisor->Watch(req->run());
+  while (!ctx->IsCancelled()) {
+    std::vector<v1::IncidentUpdate> batch;
+    {
+      absl::MutexLock lock(&watcher->mu);
+      if (watcher->updates.empty() && !watcher->closed) {
+        watcher->cv.WaitWithTimeout(&watcher->mu, absl::Milliseconds(200));
+      }
+      if (watcher->closed) break;
+      while (!watcher->updates.empty()) {
+        batch.push_back(std::move(watcher->updates.front()));
+        watcher->updates.pop_front();
+      }
+    }
+    bool ok = true;
+    for (const auto& u : batch) ok = ok && writer->Write(u);
+    if (!ok) break;
+  }
+  state_->supervisor->Unwatch(watcher);
+  return grpc::Status::OK;
 }
-grpc::Status SupervisorServiceImpl::SetPolicy(Ctx*, const v1::SetPolicyRequest*, v1::Policy*) {
-  return Later("SetPolicy", "policies");
+
+grpc::Status SupervisorServiceImpl::Approve(Ctx*, const v1::ApproveRequest* req,
+                                            v1::ActionResponse* out) {
+  if (req->incident_id() <= 0) return Invalid("incident_id: not an incident id");
+  if (state_->supervisor == nullptr) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "starting");
+  if (auto s = state_->supervisor->Approve(req->incident_id()); !s.ok()) return ToGrpcStatus(s);
+  (void)state_->catalog->AppendAudit("operator", "approve", absl::StrCat(req->incident_id()), "");
+  out->set_accepted(true);
+  out->set_message(absl::StrCat("incident ", req->incident_id(), " approved"));
+  return grpc::Status::OK;
 }
-grpc::Status SupervisorServiceImpl::ResolveManifest(Ctx*, const v1::ResolveManifestRequest*,
-                                                    v1::ResolveManifestResponse*) {
-  return Later("ResolveManifest", "manifest resolution and documents");
+
+grpc::Status SupervisorServiceImpl::Abort(Ctx*, const v1::AbortRequest* req, v1::ActionResponse* out) {
+  if (req->incident_id() <= 0) return Invalid("incident_id: not an incident id");
+  if (auto s = ValidateText("reason", req->reason(), state_->limits.max_string_length); !s.ok()) {
+    return Invalid(std::string(s.message()));
+  }
+  if (state_->supervisor == nullptr) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "starting");
+  if (auto s = state_->supervisor->Abort(req->incident_id(), req->reason()); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  (void)state_->catalog->AppendAudit("operator", "abort", absl::StrCat(req->incident_id()),
+                                     req->reason());
+  out->set_accepted(true);
+  out->set_message(absl::StrCat("incident ", req->incident_id(), " aborted"));
+  return grpc::Status::OK;
 }
-grpc::Status SupervisorServiceImpl::ListQuarantine(Ctx*, const v1::ListQuarantineRequest*,
-                                                   v1::ListQuarantineResponse*) {
-  return Later("ListQuarantine", "quarantines");
+
+grpc::Status SupervisorServiceImpl::GetPolicy(Ctx*, const v1::GetPolicyRequest* req, v1::Policy* out) {
+  if (!req->run().empty()) {
+    if (auto s = ValidateRunName(req->run(), state_->limits); !s.ok()) {
+      return Invalid(std::string(s.message()));
+    }
+    if (auto r = state_->catalog->GetRun(req->run()); !r.ok()) return ToGrpcStatus(r.status());
+  }
+  *out = EffectivePolicy(state_->catalog, req->run());
+  return grpc::Status::OK;
 }
-grpc::Status SupervisorServiceImpl::AddQuarantine(Ctx*, const v1::AddQuarantineRequest*,
-                                                  v1::QuarantineEntry*) {
-  return Later("AddQuarantine", "quarantines");
+
+grpc::Status SupervisorServiceImpl::SetPolicy(Ctx*, const v1::SetPolicyRequest* req, v1::Policy* out) {
+  if (!req->run().empty()) {
+    if (auto s = ValidateRunName(req->run(), state_->limits); !s.ok()) {
+      return Invalid(std::string(s.message()));
+    }
+    if (auto r = state_->catalog->GetRun(req->run()); !r.ok()) return ToGrpcStatus(r.status());
+  }
+  const v1::Policy merged = incident::MergePolicy(EffectivePolicy(state_->catalog, req->run()),
+                                                  req->policy());
+  if (auto s = incident::ValidatePolicy(merged); !s.ok()) return Invalid(std::string(s.message()));
+  if (auto s = state_->catalog->PutPolicy(req->run(), req->policy()); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  (void)state_->catalog->AppendAudit("operator", "set_policy", req->run().empty() ? "*" : req->run(),
+                                     req->policy().ShortDebugString());
+  *out = EffectivePolicy(state_->catalog, req->run());
+  return grpc::Status::OK;
+}
+
+grpc::Status SupervisorServiceImpl::ResolveManifest(Ctx*, const v1::ResolveManifestRequest* req,
+                                                    v1::ResolveManifestResponse* out) {
+  if (auto s = ValidateRunName(req->run(), state_->limits); !s.ok()) {
+    return Invalid(std::string(s.message()));
+  }
+  if (req->from_step() < 0 || req->to_step() < req->from_step()) {
+    return Invalid(absl::StrFormat("from_step/to_step: %d..%d is not a valid step range",
+                                   req->from_step(), req->to_step()));
+  }
+  if (req->to_step() - req->from_step() >= 10'000) {
+    return Invalid("to_step: at most 10000 steps per request");
+  }
+  if (state_->supervisor == nullptr) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "starting");
+  auto resolved = state_->supervisor->view()->Resolve(req->run(), req->generation(),
+                                                      req->from_step(), req->to_step());
+  if (!resolved.ok()) return ToGrpcStatus(resolved.status());
+  for (auto& r : *resolved) *out->add_steps() = std::move(r);
+  return grpc::Status::OK;
+}
+
+grpc::Status SupervisorServiceImpl::ListQuarantine(Ctx*, const v1::ListQuarantineRequest* req,
+                                                   v1::ListQuarantineResponse* out) {
+  if (auto s = ValidateRunName(req->run(), state_->limits); !s.ok()) {
+    return Invalid(std::string(s.message()));
+  }
+  auto list = state_->catalog->ListQuarantine(req->run());
+  if (!list.ok()) return ToGrpcStatus(list.status());
+  for (auto& e : *list) *out->add_entries() = std::move(e);
+  return grpc::Status::OK;
+}
+
+grpc::Status SupervisorServiceImpl::AddQuarantine(Ctx*, const v1::AddQuarantineRequest* req,
+                                                  v1::QuarantineEntry* out) {
+  const auto& e = req->entry();
+  if (auto s = ValidateRunName(e.run(), state_->limits); !s.ok()) {
+    return Invalid(absl::StrCat("entry.", s.message()));
+  }
+  if (e.domain().empty()) return Invalid("entry.domain: empty");
+  if (auto s = ValidateText("entry.domain", e.domain(), state_->limits.max_name_length); !s.ok()) {
+    return Invalid(std::string(s.message()));
+  }
+  if (e.document_id() < 0) return Invalid("entry.document_id: negative");
+  if (auto s = ValidateText("entry.reason", e.reason(), state_->limits.max_string_length); !s.ok()) {
+    return Invalid(std::string(s.message()));
+  }
+  v1::QuarantineEntry entry = e;
+  if (entry.created_unix_ms() == 0) entry.set_created_unix_ms(state_->clock->NowUnixMillis());
+  auto stored = state_->catalog->AddQuarantine(entry);
+  if (!stored.ok()) return ToGrpcStatus(stored.status());
+  (void)state_->catalog->AppendAudit("operator", "quarantine", e.run(),
+                                     absl::StrCat(e.domain(), ":", e.document_id()));
+  *out = *stored;
+  return grpc::Status::OK;
 }
 
 }  // namespace spikeguard::daemon

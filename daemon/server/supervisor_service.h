@@ -2,9 +2,9 @@
 // -----------------------------------------------------------------------------
 // SupervisorService: runs, checkpoints, telemetry queries and status for
 // operators. Requests are validated here; invalid input is INVALID_ARGUMENT
-// with a message naming the field. RPCs that a later part of spikeguard
-// implements (incidents, actions, policy, manifest, quarantine) answer
-// UNIMPLEMENTED with a message saying so.
+// with a message naming the field. Manual rewinds, replays and skips are
+// refused while an incident probe runs on the run, and are idempotent by
+// request id.
 #pragma once
 
 #include "daemon/server/daemon_state.h"
@@ -41,7 +41,7 @@ class SupervisorServiceImpl final : public spikeguard::v1::SupervisorService::Se
   grpc::Status QueryTelemetry(Ctx*, const spikeguard::v1::QueryTelemetryRequest*,
                               spikeguard::v1::QueryTelemetryResponse*) override;
 
-  // Later issues.
+  // Incidents, actions, policy, manifest, quarantine.
   grpc::Status ListIncidents(Ctx*, const spikeguard::v1::ListIncidentsRequest*,
                              spikeguard::v1::ListIncidentsResponse*) override;
   grpc::Status GetIncident(Ctx*, const spikeguard::v1::GetIncidentRequest*,
@@ -74,6 +74,11 @@ class SupervisorServiceImpl final : public spikeguard::v1::SupervisorService::Se
                              spikeguard::v1::QuarantineEntry*) override;
 
  private:
+  grpc::Status ManualRewind(const std::string& run, int64_t to_step,
+                            const std::vector<std::pair<int64_t, int64_t>>& skip,
+                            int64_t stop_after, const std::string& request_id,
+                            const std::string& reason, spikeguard::v1::ActionResponse* out);
+
   DaemonState* const state_;
 };
 

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/logging.h"
+#include "daemon/control/supervisor.h"
 #include "daemon/server/status_util.h"
 
 namespace spikeguard::daemon {
@@ -66,14 +67,19 @@ grpc::Status WorkerServiceImpl::Attach(
                                       hello.world_size(), hello.run(), run->world_size()),
                       run->current_generation(), grpc::StatusCode::INVALID_ARGUMENT);
   }
-  const int64_t generation = run->current_generation();
+  const int64_t current = run->current_generation();
+  // A rank still in an older generation may attach only to receive the
+  // rewind that leads into the current one; its reports stay fenced.
+  const bool catching_up = hello.generation() < current && state_->supervisor != nullptr &&
+                           state_->supervisor->control()->RewindPendingInto(hello.run(), current);
+  const int64_t generation = catching_up ? hello.generation() : current;
   if (hello.generation() != generation) {
     return SendReject(
         stream, Reject::STALE_GENERATION,
         absl::StrFormat("stale generation: rank %d of run '%s' runs generation %d, the run is at "
                         "generation %d; exit and restart from the run's current checkpoint",
-                        hello.rank(), hello.run(), hello.generation(), generation),
-        generation, grpc::StatusCode::FAILED_PRECONDITION);
+                        hello.rank(), hello.run(), hello.generation(), current),
+        current, grpc::StatusCode::FAILED_PRECONDITION);
   }
   auto committed = state_->catalog->CommittedStep(hello.run(), generation, hello.rank());
   if (!committed.ok()) return ToGrpcStatus(committed.status());
@@ -85,13 +91,34 @@ grpc::Status WorkerServiceImpl::Attach(
                << " generation " << generation << " from " << context->peer()
                << " (committed step " << *committed << ")";
 
+  // Commands may be pushed from other threads (the incident engine); writes
+  // on one stream are serialized.
+  auto write_mu = std::make_shared<absl::Mutex>();
+  auto write = [stream, write_mu](const ControllerMessage& m) {
+    absl::MutexLock lock(write_mu.get());
+    return stream->Write(m);
+  };
   ControllerMessage welcome;
   welcome.mutable_welcome()->set_run(run_name);
   welcome.mutable_welcome()->set_generation(generation);
   welcome.mutable_welcome()->set_committed_step(*committed);
-  if (!stream->Write(welcome)) {
+  if (!write(welcome)) {
     state_->registry.Disconnect(run_name, rank, stream_id);
     return grpc::Status::OK;
+  }
+  const uint64_t hub_id = state_->hub.Add(run_name, rank, generation, write);
+  struct HubGuard {
+    StreamHub* hub;
+    uint64_t id;
+    ~HubGuard() { hub->Remove(id); }
+  } hub_guard{&state_->hub, hub_id};
+  if (state_->supervisor != nullptr) {
+    // Whatever this rank has not acknowledged yet, in order.
+    for (const auto& command : state_->supervisor->control()->Unacknowledged(run_name, generation)) {
+      ControllerMessage out;
+      *out.mutable_command() = command;
+      write(out);
+    }
   }
 
   grpc::Status result = grpc::Status::OK;
@@ -103,7 +130,21 @@ grpc::Status WorkerServiceImpl::Attach(
         auto* ack = ack_msg.mutable_ack();
         ack->set_seq(batch.seq());
         const int64_t batch_gen = batch.has_generation() ? batch.generation() : generation;
+        int64_t run_generation = current;
+        if (auto now = state_->catalog->GetRun(run_name); now.ok()) {
+          run_generation = now->current_generation();
+        }
+        if (catching_up || run_generation != generation) {
+          ack->set_rejected(batch.reports_size());
+          ack->set_message(absl::StrFormat(
+              "stale generation: reports of generation %d refused; the run is at generation %d",
+              batch_gen, run_generation));
+          state_->counters.reports_rejected.fetch_add(batch.reports_size());
+          if (!write(ack_msg)) break;
+          continue;
+        }
         if (batch_gen != generation) {
+          absl::MutexLock lock(write_mu.get());
           return SendReject(stream, Reject::STALE_GENERATION,
                             absl::StrFormat("stale generation: reports of generation %d on a stream "
                                             "of generation %d",
@@ -129,6 +170,10 @@ grpc::Status WorkerServiceImpl::Attach(
             break;
           }
           state_->registry.AddReports(run_name, rank, reports);
+          if (state_->supervisor != nullptr && ingested->accepted > 0) {
+            state_->supervisor->OnCommitted(run_name, generation, reports.front().step(),
+                                            reports.back().step());
+          }
           state_->counters.reports_accepted.fetch_add(ingested->accepted);
           state_->counters.reports_duplicate.fetch_add(ingested->duplicates);
           state_->counters.batches_committed.fetch_add(1);
@@ -140,7 +185,7 @@ grpc::Status WorkerServiceImpl::Attach(
                 ingested->duplicates, rank, ingested->committed_step));
           }
         }
-        if (!stream->Write(ack_msg)) {
+        if (!write(ack_msg)) {
           state_->registry.Disconnect(run_name, rank, stream_id);
           return grpc::Status::OK;
         }
@@ -178,11 +223,16 @@ grpc::Status WorkerServiceImpl::Attach(
                      << msg.command_result().command_id() << " "
                      << (msg.command_result().ok() ? "ok" : "failed") << ": "
                      << msg.command_result().message();
+        if (state_->supervisor != nullptr) {
+          state_->supervisor->control()->OnCommandResult(run_name, rank, msg.command_result());
+        }
         break;
-      case WorkerMessage::kHello:
+      case WorkerMessage::kHello: {
         state_->registry.Disconnect(run_name, rank, stream_id);
+        absl::MutexLock lock(write_mu.get());
         return SendReject(stream, Reject::INVALID_HELLO, "hello sent twice on one stream",
                           generation, grpc::StatusCode::INVALID_ARGUMENT);
+      }
       case WorkerMessage::BODY_NOT_SET:
         SG_LOG(WARNING) << "run " << run_name << " rank " << rank
                         << ": message with no body ignored";

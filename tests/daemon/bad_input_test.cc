@@ -280,10 +280,40 @@ TEST_F(BadInputTest, SupervisorRequestsAreValidated) {
   }
   {
     grpc::ClientContext ctx;
-    v1::ListIncidentsResponse out;
-    grpc::Status s = supervisor_->ListIncidents(&ctx, v1::ListIncidentsRequest(), &out);
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNIMPLEMENTED);
-    EXPECT_THAT(s.error_message(), HasSubstr("not implemented yet"));
+    v1::GetIncidentRequest req;
+    req.set_id(-4);
+    v1::Incident out;
+    grpc::Status s = supervisor_->GetIncident(&ctx, req, &out);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr("id"));
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::GetIncidentRequest req;
+    req.set_id(999);
+    v1::Incident out;
+    EXPECT_EQ(supervisor_->GetIncident(&ctx, req, &out).error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+  {
+    // A manual rewind of a run without checkpoints is refused with the reason.
+    grpc::ClientContext ctx;
+    v1::RewindRequest req;
+    req.set_run("r1");
+    req.set_to_step(100);
+    v1::ActionResponse out;
+    grpc::Status s = supervisor_->Rewind(&ctx, req, &out);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_THAT(s.error_message(), HasSubstr("no complete checkpoint"));
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::SetPolicyRequest req;
+    req.set_run("r1");
+    req.mutable_policy()->mutable_loss_spike()->set_z_threshold(-3);
+    v1::Policy out;
+    grpc::Status s = supervisor_->SetPolicy(&ctx, req, &out);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr("z_threshold"));
   }
   EXPECT_TRUE(Serving());
 }

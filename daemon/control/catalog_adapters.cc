@@ -1,0 +1,233 @@
+#include "daemon/control/catalog_adapters.h"
+
+#include <cmath>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "daemon/incident/policy.h"
+#include "storage/corpus/corpus_tools.h"
+#include "storage/corpus/data_plan.h"
+
+namespace spikeguard::daemon {
+
+namespace v1 = spikeguard::v1;
+
+v1::Policy EffectivePolicy(storage::Catalog* catalog, const std::string& run) {
+  v1::Policy policy = incident::DefaultPolicy();
+  const v1::Mode built_in_mode = policy.mode();
+  // The mode comes from the run's own policy, else the run (spikectl runs
+  // create --mode), else the daemon-wide policy, else the built-in default.
+  policy.set_mode(v1::MODE_UNSPECIFIED);
+  v1::Mode daemon_mode = v1::MODE_UNSPECIFIED;
+  if (auto daemon_default = catalog->GetPolicy(""); daemon_default.ok()) {
+    daemon_mode = daemon_default->mode();
+    v1::Policy knobs = *daemon_default;
+    knobs.set_mode(v1::MODE_UNSPECIFIED);
+    policy = incident::MergePolicy(policy, knobs);
+  }
+  v1::Mode run_mode = v1::MODE_UNSPECIFIED;
+  if (!run.empty()) {
+    if (auto own = catalog->GetPolicy(run); own.ok()) policy = incident::MergePolicy(policy, *own);
+    if (auto r = catalog->GetRun(run); r.ok()) run_mode = r->mode();
+  }
+  if (policy.mode() == v1::MODE_UNSPECIFIED) policy.set_mode(run_mode);
+  if (policy.mode() == v1::MODE_UNSPECIFIED) policy.set_mode(daemon_mode);
+  if (policy.mode() == v1::MODE_UNSPECIFIED) policy.set_mode(built_in_mode);
+  return policy;
+}
+
+incident::StepObservation ToObservation(const v1::StepRecord& r) {
+  incident::StepObservation o;
+  o.generation = r.generation();
+  o.step = r.step();
+  o.data_position = r.data_position();
+  o.loss = r.loss();
+  o.grad_norm = r.grad_norm();
+  o.nonfinite_count = r.nonfinite_count();
+  o.loss_hash = r.loss_hash();
+  o.step_time_s = r.step_time_s();
+  o.max_loss_rank = r.max_loss().rank();
+  for (const auto& l : r.layers()) {
+    if (!std::isfinite(l.max_attn_logit()) || !std::isfinite(l.act_rms()) ||
+        !std::isfinite(l.grad_norm())) {
+      o.first_nonfinite_layer = static_cast<int>(l.layer());
+      break;
+    }
+  }
+  return o;
+}
+
+absl::StatusOr<storage::DataPlan> ToStoragePlan(const v1::DataPlan& plan) {
+  if (plan.ranges_size() == 0) return storage::DataPlan::Default();
+  std::vector<storage::PositionRange> ranges;
+  for (const auto& r : plan.ranges()) ranges.push_back({r.begin(), r.end()});
+  return storage::DataPlan::FromRanges(ranges);
+}
+
+absl::StatusOr<std::vector<incident::CheckpointInfo>> CatalogRunView::Checkpoints(
+    const std::string& run) {
+  SG_ASSIGN_OR_RETURN(std::vector<v1::Checkpoint> list, catalog_->ListCheckpoints(run));
+  std::vector<incident::CheckpointInfo> out;
+  for (const auto& c : list) {
+    incident::CheckpointInfo info;
+    info.generation = c.generation();
+    info.step = c.step();
+    info.uri = c.uri();
+    info.checksum = c.checksum();
+    info.complete = c.complete();
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<incident::StepObservation>> CatalogRunView::Steps(const std::string& run,
+                                                                            int64_t generation,
+                                                                            int64_t from,
+                                                                            int64_t to) {
+  SG_ASSIGN_OR_RETURN(std::vector<v1::StepRecord> records,
+                      catalog_->QueryTelemetry(run, generation, std::max<int64_t>(0, from), to,
+                                               storage::Catalog::kMaxQueryLimit));
+  std::vector<incident::StepObservation> out;
+  out.reserve(records.size());
+  for (const auto& r : records) out.push_back(ToObservation(r));
+  return out;
+}
+
+absl::StatusOr<v1::DataPlan> CatalogRunView::Plan(const std::string& run, int64_t generation) {
+  SG_ASSIGN_OR_RETURN(std::vector<v1::Generation> gens, catalog_->ListGenerations(run));
+  for (const auto& g : gens) {
+    if (g.generation() != generation) continue;
+    v1::DataPlan plan = g.data_plan();
+    if (plan.ranges_size() == 0) {
+      auto* r = plan.add_ranges();
+      r->set_begin(0);
+      r->set_end(-1);
+    }
+    return plan;
+  }
+  return absl::NotFoundError(absl::StrCat("run '", run, "' has no generation ", generation));
+}
+
+absl::StatusOr<const storage::Corpus*> CatalogRunView::CorpusFor(const std::string& run,
+                                                                 storage::Manifest* manifest) {
+  SG_ASSIGN_OR_RETURN(v1::Run r, catalog_->GetRun(run));
+  const v1::Manifest& m = r.spec().manifest();
+  if (m.corpus_dir().empty()) {
+    return absl::NotFoundError(absl::StrCat("run '", run, "' has no manifest with a corpus"));
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = corpora_.find(run);
+  if (it == corpora_.end()) {
+    SG_ASSIGN_OR_RETURN(std::unique_ptr<storage::Corpus> corpus,
+                        storage::Corpus::Open(m.corpus_dir()));
+    it = corpora_.emplace(run, std::move(corpus)).first;
+  }
+  // Fields the spec leaves unset come from the corpus's default manifest.
+  SG_ASSIGN_OR_RETURN(storage::CorpusMetadata meta, storage::ReadCorpusMetadata(m.corpus_dir()));
+  *manifest = meta.default_manifest;
+  manifest->dataset_fingerprint = it->second->fingerprint();
+  if (m.seed() != 0) manifest->seed = m.seed();
+  if (m.global_batch_size() > 0) manifest->global_batch_size = m.global_batch_size();
+  if (m.sequence_length() > 0) manifest->sequence_length = m.sequence_length();
+  if (!m.blend().empty()) manifest->blend = {m.blend().begin(), m.blend().end()};
+  return it->second.get();
+}
+
+absl::StatusOr<std::vector<v1::ResolvedStep>> CatalogRunView::Resolve(const std::string& run,
+                                                                      int64_t generation,
+                                                                      int64_t from, int64_t to) {
+  storage::Manifest manifest;
+  SG_ASSIGN_OR_RETURN(const storage::Corpus* corpus, CorpusFor(run, &manifest));
+  SG_ASSIGN_OR_RETURN(v1::DataPlan plan, Plan(run, generation));
+  SG_ASSIGN_OR_RETURN(manifest.plan, ToStoragePlan(plan));
+  SG_ASSIGN_OR_RETURN(std::unique_ptr<storage::DataOrder> order,
+                      storage::DataOrder::Create(*corpus, manifest));
+  std::vector<v1::ResolvedStep> out;
+  for (int64_t step = std::max<int64_t>(0, from); step <= to; ++step) {
+    auto position = order->PositionForStep(step);
+    if (!position.ok()) break;
+    SG_ASSIGN_OR_RETURN(std::vector<storage::DocumentId> docs, order->DocumentsAt(*position));
+    v1::ResolvedStep& rs = out.emplace_back();
+    rs.set_step(step);
+    rs.set_data_position(*position);
+    for (const auto& d : docs) {
+      auto* ref = rs.add_documents();
+      ref->set_domain(d.domain);
+      ref->set_document_id(d.document);
+      ref->set_data_position(*position);
+      ref->set_step(step);
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<v1::DocumentRef>> CatalogRunView::Documents(const std::string& run,
+                                                                       int64_t generation,
+                                                                       int64_t from, int64_t to) {
+  auto resolved = Resolve(run, generation, from, to);
+  if (absl::IsNotFound(resolved.status())) return std::vector<v1::DocumentRef>{};
+  if (!resolved.ok()) return resolved.status();
+  std::vector<v1::DocumentRef> out;
+  std::set<std::pair<std::string, int64_t>> seen;
+  for (const auto& rs : *resolved) {
+    for (const auto& d : rs.documents()) {
+      if (seen.insert({d.domain(), d.document_id()}).second) out.push_back(d);
+    }
+  }
+  return out;
+}
+
+uint32_t CatalogRunView::WorldSize(const std::string& run) {
+  auto r = catalog_->GetRun(run);
+  return r.ok() ? std::max<uint32_t>(1, r->world_size()) : 1;
+}
+
+v1::Policy CatalogRunView::PolicyFor(const std::string& run) {
+  return EffectivePolicy(catalog_, run);
+}
+
+absl::StatusOr<int64_t> CatalogIncidentStore::CreateIncident(const std::string& run,
+                                                             const v1::Incident& incident) {
+  return catalog_->CreateIncident(run, incident);
+}
+
+absl::Status CatalogIncidentStore::SaveIncident(const v1::Incident& incident) {
+  return catalog_->UpdateIncident(incident);
+}
+
+absl::StatusOr<int64_t> CatalogIncidentStore::AppendEvent(int64_t incident_id,
+                                                          const std::string& kind,
+                                                          const std::string& payload) {
+  return catalog_->AppendIncidentEvent(incident_id, kind, payload);
+}
+
+absl::StatusOr<std::vector<incident::IncidentStore::StoredEvent>> CatalogIncidentStore::Events(
+    int64_t incident_id) {
+  SG_ASSIGN_OR_RETURN(std::vector<storage::StoredEvent> events,
+                      catalog_->ListIncidentEvents(incident_id));
+  std::vector<StoredEvent> out;
+  for (auto& e : events) out.push_back({e.seq, e.unix_ms, std::move(e.kind), std::move(e.payload)});
+  return out;
+}
+
+absl::StatusOr<std::vector<v1::Incident>> CatalogIncidentStore::OpenIncidents() {
+  SG_ASSIGN_OR_RETURN(std::vector<v1::Incident> all, catalog_->ListIncidents({}));
+  std::vector<v1::Incident> open;
+  for (auto& i : all) {
+    if (i.state() != v1::CLOSED && i.state() != v1::ABORTED) open.push_back(std::move(i));
+  }
+  return open;
+}
+
+absl::StatusOr<std::vector<v1::Incident>> CatalogIncidentStore::RunIncidents(const std::string& run) {
+  storage::IncidentFilter filter;
+  filter.run = run;
+  return catalog_->ListIncidents(filter);
+}
+
+absl::Status CatalogIncidentStore::Quarantine(const v1::QuarantineEntry& entry) {
+  return catalog_->AddQuarantine(entry).status();
+}
+
+}  // namespace spikeguard::daemon

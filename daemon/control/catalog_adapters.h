@@ -1,0 +1,80 @@
+// catalog_adapters.h
+// -----------------------------------------------------------------------------
+// The incident engine's view of the world (RunView) and its persistence
+// (IncidentStore), backed by the catalog. Documents of a step window are
+// resolved through the run's manifest with the same data-order code the
+// worker trains with (storage/corpus), without asking a worker.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/incident/engine.h"
+#include "storage/catalog/catalog.h"
+#include "storage/corpus/corpus.h"
+#include "storage/corpus/data_order.h"
+
+namespace spikeguard::daemon {
+
+// The policy in force for a run: the run's own, else the daemon default,
+// else the built-in defaults.
+spikeguard::v1::Policy EffectivePolicy(storage::Catalog* catalog, const std::string& run);
+
+incident::StepObservation ToObservation(const spikeguard::v1::StepRecord& record);
+
+// Converts a v1 plan (empty = [0, inf)) to the storage type.
+absl::StatusOr<storage::DataPlan> ToStoragePlan(const spikeguard::v1::DataPlan& plan);
+
+class CatalogRunView final : public incident::RunView {
+ public:
+  explicit CatalogRunView(storage::Catalog* catalog) : catalog_(catalog) {}
+
+  absl::StatusOr<std::vector<incident::CheckpointInfo>> Checkpoints(const std::string& run) override;
+  absl::StatusOr<std::vector<incident::StepObservation>> Steps(const std::string& run,
+                                                              int64_t generation, int64_t from,
+                                                              int64_t to) override;
+  absl::StatusOr<spikeguard::v1::DataPlan> Plan(const std::string& run, int64_t generation) override;
+  absl::StatusOr<std::vector<spikeguard::v1::DocumentRef>> Documents(const std::string& run,
+                                                                     int64_t generation,
+                                                                     int64_t from,
+                                                                     int64_t to) override;
+  uint32_t WorldSize(const std::string& run) override;
+  spikeguard::v1::Policy PolicyFor(const std::string& run) override;
+
+  // Steps [from, to] of a generation resolved to positions and documents.
+  absl::StatusOr<std::vector<spikeguard::v1::ResolvedStep>> Resolve(const std::string& run,
+                                                                    int64_t generation,
+                                                                    int64_t from, int64_t to);
+
+ private:
+  // The run's corpus and manifest; NOT_FOUND when the run has none.
+  absl::StatusOr<const storage::Corpus*> CorpusFor(const std::string& run,
+                                                   storage::Manifest* manifest);
+
+  storage::Catalog* const catalog_;
+  absl::Mutex mu_;
+  std::map<std::string, std::unique_ptr<storage::Corpus>> corpora_ ABSL_GUARDED_BY(mu_);
+};
+
+class CatalogIncidentStore final : public incident::IncidentStore {
+ public:
+  explicit CatalogIncidentStore(storage::Catalog* catalog) : catalog_(catalog) {}
+
+  absl::StatusOr<int64_t> CreateIncident(const std::string& run,
+                                         const spikeguard::v1::Incident& incident) override;
+  absl::Status SaveIncident(const spikeguard::v1::Incident& incident) override;
+  absl::StatusOr<int64_t> AppendEvent(int64_t incident_id, const std::string& kind,
+                                      const std::string& payload) override;
+  absl::StatusOr<std::vector<StoredEvent>> Events(int64_t incident_id) override;
+  absl::StatusOr<std::vector<spikeguard::v1::Incident>> OpenIncidents() override;
+  absl::StatusOr<std::vector<spikeguard::v1::Incident>> RunIncidents(const std::string& run) override;
+  absl::Status Quarantine(const spikeguard::v1::QuarantineEntry& entry) override;
+
+ private:
+  storage::Catalog* const catalog_;
+};
+
+}  // namespace spikeguard::daemon

@@ -1,0 +1,166 @@
+#include "daemon/control/run_control.h"
+
+#include "absl/strings/str_cat.h"
+#include "base/logging.h"
+#include "base/status_macros.h"
+
+namespace spikeguard::daemon {
+namespace {
+
+namespace v1 = spikeguard::v1;
+
+const char* KindName(v1::Command::Kind kind) {
+  switch (kind) {
+    case v1::Command::REWIND: return "rewind";
+    case v1::Command::CONTINUE: return "continue";
+    case v1::Command::PAUSE: return "pause";
+    case v1::Command::STOP: return "stop";
+    case v1::Command::SET_HPARAMS: return "set_hparams";
+    default: return "unknown";
+  }
+}
+
+}  // namespace
+
+absl::Status RunControl::Issue(const std::string& run, int64_t generation, v1::Command command) {
+  SG_RETURN_IF_ERROR(catalog_->PutCommand(command.id(), run, generation, KindName(command.kind()),
+                                          command.SerializeAsString(), "pending"));
+  v1::ControllerMessage msg;
+  *msg.mutable_command() = command;
+  const int sent = hub_->SendToRun(run, msg);
+  if (sent > 0) (void)catalog_->UpdateCommandState(command.id(), "sent");
+  SG_LOG(INFO) << "run " << run << ": command " << command.id() << " (" << KindName(command.kind())
+               << ") sent to " << sent << " stream(s)";
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> RunControl::Rewind(const std::string& run, const incident::RewindSpec& spec) {
+  if (spec.request_id.empty()) return absl::InvalidArgumentError("rewind: empty request id");
+  auto existing = catalog_->GetCommand(spec.request_id);
+  if (existing.ok()) {
+    v1::Command command;
+    if (!command.ParseFromString(existing->payload)) {
+      return absl::DataLossError(absl::StrCat("command ", spec.request_id, ": corrupt payload"));
+    }
+    if (existing->state == "pending" || existing->state == "sent") {
+      v1::ControllerMessage msg;
+      *msg.mutable_command() = command;
+      hub_->SendToRun(run, msg);
+    }
+    return command.new_generation();
+  }
+  if (!absl::IsNotFound(existing.status())) return existing.status();
+
+  SG_ASSIGN_OR_RETURN(v1::Run current, catalog_->GetRun(run));
+  SG_ASSIGN_OR_RETURN(std::vector<v1::Generation> generations, catalog_->ListGenerations(run));
+  int64_t next = current.current_generation() + 1;
+  for (const auto& g : generations) next = std::max(next, g.generation() + 1);
+
+  v1::Generation gen;
+  gen.set_generation(next);
+  gen.set_parent(current.current_generation());
+  gen.set_from_checkpoint_step(spec.checkpoint.step);
+  gen.set_reason(spec.reason);
+  *gen.mutable_data_plan() = spec.plan;
+  *gen.mutable_hparams() = spec.hparams;
+  gen.set_created_unix_ms(clock_->NowUnixMillis());
+  SG_RETURN_IF_ERROR(catalog_->CreateGeneration(run, gen).status());
+
+  v1::Command command;
+  command.set_id(spec.request_id);
+  command.set_kind(v1::Command::REWIND);
+  command.mutable_checkpoint()->set_uri(spec.checkpoint.uri);
+  command.mutable_checkpoint()->set_step(spec.checkpoint.step);
+  command.mutable_checkpoint()->set_checksum(spec.checkpoint.checksum);
+  command.set_new_generation(next);
+  *command.mutable_data_plan() = spec.plan;
+  command.set_stop_after_step(spec.stop_after_step);
+  const auto& h = spec.hparams;
+  if (h.has_lr_scale() || h.has_extra_warmup_steps() || h.has_clip_norm() || h.has_beta2() ||
+      h.has_eps()) {
+    *command.mutable_hparams() = h;
+  }
+  command.set_reason(spec.reason);
+  SG_RETURN_IF_ERROR(Issue(run, next, command));
+  (void)catalog_->AppendAudit("spikeguardd", "rewind", run,
+                              absl::StrCat("generation ", next, " from step ",
+                                           spec.checkpoint.step, ": ", spec.reason));
+  return next;
+}
+
+absl::Status RunControl::Continue(const std::string& run, const std::string& request_id,
+                                  const std::optional<v1::HParams>& hparams) {
+  auto existing = catalog_->GetCommand(request_id);
+  if (existing.ok()) return absl::OkStatus();
+  SG_ASSIGN_OR_RETURN(v1::Run current, catalog_->GetRun(run));
+  if (hparams) {
+    v1::Command set;
+    set.set_id(request_id + "/hparams");
+    set.set_kind(v1::Command::SET_HPARAMS);
+    *set.mutable_hparams() = *hparams;
+    SG_RETURN_IF_ERROR(Issue(run, current.current_generation(), set));
+  }
+  v1::Command command;
+  command.set_id(request_id);
+  command.set_kind(v1::Command::CONTINUE);
+  return Issue(run, current.current_generation(), command);
+}
+
+absl::Status RunControl::Pause(const std::string& run, const std::string& request_id) {
+  auto existing = catalog_->GetCommand(request_id);
+  if (existing.ok()) return absl::OkStatus();
+  SG_ASSIGN_OR_RETURN(v1::Run current, catalog_->GetRun(run));
+  v1::Command command;
+  command.set_id(request_id);
+  command.set_kind(v1::Command::PAUSE);
+  return Issue(run, current.current_generation(), command);
+}
+
+std::vector<v1::Command> RunControl::Unacknowledged(const std::string& run,
+                                                    int64_t stream_generation) {
+  std::vector<v1::Command> out;
+  auto pending = catalog_->ListCommands(run, "pending");
+  auto sent = catalog_->ListCommands(run, "sent");
+  if (!pending.ok() || !sent.ok()) return out;
+  std::vector<storage::StoredCommand> all = *pending;
+  all.insert(all.end(), sent->begin(), sent->end());
+  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) {
+    return a.created_unix_ms < b.created_unix_ms ||
+           (a.created_unix_ms == b.created_unix_ms && a.generation < b.generation);
+  });
+  for (const auto& c : all) {
+    if (c.generation < stream_generation) continue;
+    v1::Command command;
+    if (command.ParseFromString(c.payload)) out.push_back(std::move(command));
+  }
+  return out;
+}
+
+bool RunControl::RewindPendingInto(const std::string& run, int64_t generation) {
+  for (const auto& c : Unacknowledged(run, generation)) {
+    if (c.kind() == v1::Command::REWIND && c.new_generation() == generation) return true;
+  }
+  return false;
+}
+
+void RunControl::OnCommandResult(const std::string& run, uint32_t rank,
+                                 const v1::CommandResult& result) {
+  if (!result.ok()) {
+    (void)catalog_->UpdateCommandState(result.command_id(), "failed", result.message());
+    SG_LOG(ERROR) << "run " << run << " rank " << rank << ": command " << result.command_id()
+                  << " failed: " << result.message();
+    return;
+  }
+  auto run_row = catalog_->GetRun(run);
+  const uint32_t world = run_row.ok() ? std::max<uint32_t>(1, run_row->world_size()) : 1;
+  size_t acked = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto& ranks = acks_[result.command_id()];
+    ranks.insert(rank);
+    acked = ranks.size();
+  }
+  if (acked >= world) (void)catalog_->UpdateCommandState(result.command_id(), "acked");
+}
+
+}  // namespace spikeguard::daemon

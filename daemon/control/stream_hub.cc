@@ -1,0 +1,55 @@
+#include "daemon/control/stream_hub.h"
+
+namespace spikeguard::daemon {
+
+uint64_t StreamHub::Add(const std::string& run, uint32_t rank, int64_t generation, WriteFn write) {
+  absl::MutexLock lock(&mu_);
+  const uint64_t id = next_id_++;
+  streams_[id] = Entry{run, rank, generation, std::move(write)};
+  return id;
+}
+
+void StreamHub::Remove(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  streams_.erase(id);
+}
+
+void StreamHub::SetGeneration(uint64_t id, int64_t generation) {
+  absl::MutexLock lock(&mu_);
+  auto it = streams_.find(id);
+  if (it != streams_.end()) it->second.generation = generation;
+}
+
+int StreamHub::SendToRun(const std::string& run, const spikeguard::v1::ControllerMessage& message) {
+  std::vector<WriteFn> targets;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, e] : streams_) {
+      if (e.run == run) targets.push_back(e.write);
+    }
+  }
+  // Writes happen outside the hub's lock; each stream serializes its own.
+  int sent = 0;
+  for (auto& write : targets) sent += write(message) ? 1 : 0;
+  return sent;
+}
+
+bool StreamHub::SendTo(uint64_t id, const spikeguard::v1::ControllerMessage& message) {
+  WriteFn write;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = streams_.find(id);
+    if (it == streams_.end()) return false;
+    write = it->second.write;
+  }
+  return write(message);
+}
+
+int StreamHub::LiveStreams(const std::string& run) const {
+  absl::MutexLock lock(&mu_);
+  int n = 0;
+  for (const auto& [id, e] : streams_) n += e.run == run ? 1 : 0;
+  return n;
+}
+
+}  // namespace spikeguard::daemon

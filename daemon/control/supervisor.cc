@@ -1,0 +1,261 @@
+#include "daemon/control/supervisor.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "base/logging.h"
+
+namespace spikeguard::daemon {
+namespace {
+
+namespace v1 = spikeguard::v1;
+
+detect::SpikeDetector::Options DetectorOptions(const v1::SpikeDetectorPolicy& p) {
+  detect::SpikeDetector::Options o;
+  if (p.window() > 0) o.window = p.window();
+  if (p.min_samples() > 0) o.min_samples = p.min_samples();
+  if (p.z_threshold() > 0) o.z_threshold = p.z_threshold();
+  if (p.relative_floor() > 0) o.relative_floor = p.relative_floor();
+  if (p.recovery_steps() > 0) o.recovery_steps = p.recovery_steps();
+  return o;
+}
+
+}  // namespace
+
+Supervisor::Supervisor(storage::Catalog* catalog, StreamHub* hub, Clock* clock)
+    : catalog_(catalog),
+      hub_(hub),
+      clock_(clock),
+      control_(catalog, hub, clock),
+      view_(catalog),
+      store_(catalog) {}
+
+Supervisor::~Supervisor() { Stop(); }
+
+absl::Status Supervisor::Start() {
+  {
+    absl::MutexLock lock(&mu_);
+    engine_ = std::make_unique<incident::IncidentEngine>(clock_, &control_, &view_, &store_);
+    engine_->SetListener([this](const v1::Incident& incident, const v1::IncidentEvent& event) {
+      Publish(incident, event);
+    });
+    if (absl::Status s = engine_->Recover(); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("incident recovery: ", s.message()));
+    }
+    const auto active = engine_->Active();
+    if (!active.empty()) {
+      SG_LOG(INFO) << "recovered " << active.size() << " open incident(s) from their event logs";
+    }
+  }
+  tick_thread_ = std::thread([this] { TickLoop(); });
+  return absl::OkStatus();
+}
+
+void Supervisor::Stop() {
+  {
+    absl::MutexLock lock(&tick_mu_);
+    stopping_ = true;
+  }
+  if (tick_thread_.joinable()) tick_thread_.join();
+  absl::MutexLock lock(&watch_mu_);
+  for (auto& w : watchers_) {
+    absl::MutexLock wl(&w->mu);
+    w->closed = true;
+    w->cv.SignalAll();
+  }
+}
+
+void Supervisor::TickLoop() {
+  while (true) {
+    {
+      absl::MutexLock lock(&tick_mu_);
+      auto stop = [this]() ABSL_SHARED_LOCKS_REQUIRED(tick_mu_) { return stopping_; };
+      tick_mu_.AwaitWithTimeout(absl::Condition(&stop), absl::Seconds(1));
+      if (stopping_) return;
+    }
+    absl::MutexLock lock(&mu_);
+    if (engine_) {
+      if (absl::Status s = engine_->Tick(); !s.ok()) SG_LOG(WARNING) << "incident tick: " << s;
+    }
+  }
+}
+
+void Supervisor::ResetMonitor(const std::string& run, int64_t generation, int64_t first_step,
+                              Monitor* m) {
+  const v1::Policy policy = view_.PolicyFor(run);
+  m->generation = generation;
+  m->loss = std::make_unique<detect::SpikeDetector>(DetectorOptions(policy.loss_spike()));
+  m->grad = std::make_unique<detect::SpikeDetector>(DetectorOptions(policy.grad_norm_spike()));
+  m->nonfinite_reported = false;
+
+  // Where this generation starts, and where it came from.
+  int64_t gen_start = 0, parent = -1;
+  if (auto gens = catalog_->ListGenerations(run); gens.ok()) {
+    for (const auto& g : *gens) {
+      if (g.generation() == generation) {
+        gen_start = g.from_checkpoint_step();
+        parent = g.parent();
+      }
+    }
+  }
+  // After a daemon restart with an incident open, hand the engine the whole
+  // generation again (it is idempotent per step) so a probe's judgement does
+  // not miss the steps that arrived before the crash.
+  const bool replay_all = engine_ && !engine_->Active().empty() &&
+                          std::any_of(engine_->Active().begin(), engine_->Active().end(),
+                                      [&](const v1::Incident& i) { return i.run() == run; });
+  m->next_step = replay_all ? gen_start : first_step;
+
+  // Warm the detectors with history: this generation's steps before the
+  // cursor, preceded by the parent's steps before the rewind point.
+  const int window = policy.loss_spike().window() > 0 ? policy.loss_spike().window() : 128;
+  std::vector<v1::StepRecord> history;
+  if (parent >= 0 && m->next_step - gen_start < window) {
+    if (auto p = catalog_->QueryTelemetry(run, parent, std::max<int64_t>(0, gen_start - window),
+                                          gen_start - 1, window);
+        p.ok() && gen_start > 0) {
+      history = *p;
+    }
+  }
+  if (m->next_step > 0) {
+    if (auto own = catalog_->QueryTelemetry(run, generation,
+                                            std::max<int64_t>(0, m->next_step - window),
+                                            m->next_step - 1, window);
+        own.ok()) {
+      history.insert(history.end(), own->begin(), own->end());
+    }
+  }
+  for (const auto& r : history) {
+    m->loss->Observe(r.step(), r.loss());
+    m->grad->Observe(r.step(), r.grad_norm());
+  }
+}
+
+void Supervisor::Observe(const std::string& run, Monitor* m, const v1::StepRecord& r) {
+  std::vector<incident::Detection> detections;
+  const bool nonfinite = r.nonfinite_count() > 0 || !std::isfinite(r.loss()) ||
+                         !std::isfinite(r.grad_norm());
+  if (nonfinite && !m->nonfinite_reported) {
+    m->nonfinite_reported = true;
+    incident::Detection d;
+    d.kind = incident::Detection::Kind::kNonFinite;
+    d.generation = r.generation();
+    d.onset_step = d.peak_step = r.step();
+    d.peak_value = r.loss();
+    const auto obs = ToObservation(r);
+    if (obs.first_nonfinite_layer >= 0) {
+      d.localized_signal = "non-finite";
+      d.localized_layer = obs.first_nonfinite_layer;
+    }
+    detections.push_back(d);
+  }
+  auto event = [&](const std::optional<detect::SpikeEvent>& e, incident::Detection::Kind kind) {
+    if (!e || e->state != detect::SpikeEvent::kOnset) return;
+    incident::Detection d;
+    d.kind = kind;
+    d.generation = r.generation();
+    d.onset_step = e->onset_step;
+    d.peak_step = e->peak_step;
+    d.peak_value = e->peak_value;
+    d.baseline = e->baseline;
+    detections.push_back(d);
+  };
+  event(m->grad->Observe(r.step(), r.grad_norm()), incident::Detection::Kind::kGradNormSpike);
+  event(m->loss->Observe(r.step(), r.loss()), incident::Detection::Kind::kLossSpike);
+  for (const auto& d : detections) {
+    SG_LOG(INFO) << "run " << run << " generation " << d.generation << ": detection at step "
+                 << d.onset_step << " (kind " << static_cast<int>(d.kind) << ", value "
+                 << d.peak_value << ", baseline " << d.baseline << ")";
+    if (absl::Status s = engine_->OnDetection(run, d); !s.ok()) {
+      SG_LOG(ERROR) << "run " << run << ": incident engine refused a detection: " << s;
+    }
+  }
+}
+
+void Supervisor::Deliver(const std::string& run, int64_t generation, int64_t up_to) {
+  Monitor& m = monitors_[run];
+  if (m.next_step > up_to) return;
+  auto records = catalog_->QueryTelemetry(run, generation, m.next_step, up_to,
+                                          storage::Catalog::kMaxQueryLimit);
+  if (!records.ok()) {
+    SG_LOG(ERROR) << "run " << run << ": telemetry for detection: " << records.status();
+    return;
+  }
+  const uint32_t world = view_.WorldSize(run);
+  for (const auto& r : *records) {
+    if (r.ranks_reported() < world) break;  // wait for the slowest rank
+    if (absl::Status s = engine_->OnStep(run, ToObservation(r)); !s.ok()) {
+      SG_LOG(ERROR) << "run " << run << ": incident engine: " << s;
+    }
+    Observe(run, &m, r);
+    m.next_step = r.step() + 1;
+  }
+}
+
+void Supervisor::OnCommitted(const std::string& run, int64_t generation, int64_t first,
+                             int64_t last) {
+  absl::MutexLock lock(&mu_);
+  if (!engine_) return;
+  Monitor& m = monitors_[run];
+  if (generation < m.generation) return;  // a stale timeline
+  if (generation > m.generation) ResetMonitor(run, generation, first, &m);
+  Deliver(run, generation, last);
+}
+
+absl::Status Supervisor::Approve(int64_t id) {
+  absl::MutexLock lock(&mu_);
+  return engine_->Approve(id);
+}
+
+absl::Status Supervisor::Abort(int64_t id, const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  return engine_->Abort(id, reason);
+}
+
+bool Supervisor::ProbeRunning(const std::string& run) {
+  absl::MutexLock lock(&mu_);
+  return engine_ && engine_->ProbeRunning(run);
+}
+
+std::optional<v1::Incident> Supervisor::LiveIncident(int64_t id) {
+  absl::MutexLock lock(&mu_);
+  if (!engine_) return std::nullopt;
+  return engine_->Get(id);
+}
+
+int Supervisor::OpenIncidents() {
+  absl::MutexLock lock(&mu_);
+  return engine_ ? static_cast<int>(engine_->Active().size()) : 0;
+}
+
+std::shared_ptr<Supervisor::Watcher> Supervisor::Watch(const std::string& run) {
+  auto w = std::make_shared<Watcher>();
+  w->run = run;
+  absl::MutexLock lock(&watch_mu_);
+  watchers_.push_back(w);
+  return w;
+}
+
+void Supervisor::Unwatch(const std::shared_ptr<Watcher>& watcher) {
+  absl::MutexLock lock(&watch_mu_);
+  watchers_.erase(std::remove(watchers_.begin(), watchers_.end(), watcher), watchers_.end());
+}
+
+void Supervisor::Publish(const v1::Incident& incident, const v1::IncidentEvent& event) {
+  v1::IncidentUpdate update;
+  *update.mutable_incident() = incident;
+  *update.mutable_event() = event;
+  SG_LOG(INFO) << "incident " << incident.id() << " (run " << incident.run() << "): " << event.kind()
+               << (event.detail().empty() ? "" : ": ") << event.detail();
+  absl::MutexLock lock(&watch_mu_);
+  for (auto& w : watchers_) {
+    if (!w->run.empty() && w->run != incident.run()) continue;
+    absl::MutexLock wl(&w->mu);
+    // Bounded: a watcher that does not read loses the oldest updates.
+    if (w->updates.size() >= 1024) w->updates.pop_front();
+    w->updates.push_back(update);
+    w->cv.SignalAll();
+  }
+}
+
+}  // namespace spikeguard::daemon

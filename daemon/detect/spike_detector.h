@@ -1,0 +1,89 @@
+// spike_detector.h
+// -----------------------------------------------------------------------------
+// The spike rule of DESIGN §6, as a pure class over one series (loss or
+// pre-clip grad norm) with bounded memory.
+//
+// A value is over threshold when its robust z-score against the trailing
+// window — (x − median) / (1.4826 · MAD), the current value excluded — is
+// at least `z_threshold` AND it exceeds the median by `relative_floor`
+// (5 % by default; a flat series has a tiny MAD, and the floor keeps noise
+// from looking like a spike). Nothing fires before `min_samples` values.
+// Non-finite values are not spikes here (the non-finite detector owns them)
+// and never enter the window. A step that is not after the last one seen
+// (a re-delivered record) is ignored.
+//
+// An event starts at the first step over threshold (onset), follows the
+// highest value (peak) and ends when the series is back under threshold:
+// recovered when that happens within `recovery_steps`, diverged otherwise.
+// While an event is open its values stay out of the window, so a long spike
+// does not become the baseline; after a divergence the window restarts at
+// the new level (and the detector warms up again).
+//
+//   SpikeDetector d(SpikeDetector::Options{});
+//   for (auto& [step, loss] : series) {
+//     if (auto e = d.Observe(step, loss); e && e->state == SpikeEvent::kOnset) ...
+//   }
+//
+// Memory: at most `window` doubles, whatever the run length.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <vector>
+
+namespace spikeguard::detect {
+
+struct SpikeEvent {
+  enum State { kOnset, kRecovered, kDiverged };
+  State state = kOnset;
+  int64_t onset_step = 0;
+  int64_t peak_step = 0;
+  double peak_value = 0;
+  // Median of the window when the event started.
+  double baseline = 0;
+  double onset_z = 0;
+  // Last step still over threshold (recovered/diverged only).
+  int64_t end_step = 0;
+};
+
+class SpikeDetector {
+ public:
+  struct Options {
+    int window = 128;
+    int min_samples = 64;
+    double z_threshold = 6.0;
+    double relative_floor = 0.05;
+    int recovery_steps = 50;
+  };
+
+  explicit SpikeDetector(Options options) : options_(options) {}
+
+  // Feeds one value; returns an event when one starts or ends at this step.
+  std::optional<SpikeEvent> Observe(int64_t step, double value);
+
+  // The robust z-score `value` would have now, or nullopt during warm-up.
+  std::optional<double> Score(double value) const;
+  // Median of the window (0 while empty).
+  double baseline() const;
+  bool in_event() const { return open_.has_value(); }
+  size_t window_size() const { return window_.size(); }
+  const Options& options() const { return options_; }
+  // Forgets everything (a new timeline).
+  void Reset();
+
+ private:
+  bool OverThreshold(double value, double* z, double* median) const;
+  void Push(double value);
+
+  Options options_;
+  std::deque<double> window_;
+  std::optional<SpikeEvent> open_;
+  std::optional<int64_t> last_step_;
+  mutable std::vector<double> scratch_;
+};
+
+// Median of `values` (copied; the window is small).
+double Median(std::deque<double> values);
+
+}  // namespace spikeguard::detect

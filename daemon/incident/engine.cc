@@ -1,0 +1,1626 @@
+#include "daemon/incident/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "base/logging.h"
+#include "base/status_macros.h"
+#include "daemon/detect/spike_detector.h"
+#include "daemon/incident/engine_events.pb.h"
+#include "google/protobuf/text_format.h"
+
+namespace spikeguard::incident {
+namespace {
+
+namespace v1 = spikeguard::v1;
+namespace lg = spikeguard::incident::log;
+
+// Event kinds of the log. The names are part of the persisted format.
+constexpr char kOpened[] = "opened";
+constexpr char kCheckpoint[] = "checkpoint";
+constexpr char kRewindRequested[] = "rewind_requested";
+constexpr char kContinueRequested[] = "continue_requested";
+constexpr char kPauseRequested[] = "pause_requested";
+constexpr char kQuarantineRequested[] = "quarantine_requested";
+constexpr char kAbortRequested[] = "abort_requested";
+constexpr char kApproved[] = "approved";
+constexpr char kProbeStarted[] = "probe_started";
+constexpr char kContinued[] = "continued";
+constexpr char kPaused[] = "paused";
+constexpr char kQuarantined[] = "quarantined";
+constexpr char kNondeterminism[] = "nondeterminism";
+constexpr char kProbeFinished[] = "probe_finished";
+constexpr char kVerdict[] = "verdict";
+constexpr char kBisectResult[] = "bisect_result";
+constexpr char kTransplantSkipped[] = "transplant_skipped";
+constexpr char kVerified[] = "verified";
+constexpr char kVerificationFailed[] = "verification_failed";
+constexpr char kNote[] = "note";
+constexpr char kClosed[] = "closed";
+constexpr char kAborted[] = "aborted";
+
+constexpr char kReplay[] = "replay";
+constexpr char kSkip[] = "skip";
+constexpr char kBisect[] = "bisect";
+constexpr char kTransplant[] = "transplant";
+constexpr char kFix[] = "fix";
+
+enum class Stage {
+  kOpened,     // needs a checkpoint (or closes at once in observe mode)
+  kReady,      // checkpoint chosen, replay next
+  kProbing,    // a probe generation runs; judged from its steps
+  kJudge,      // a probe finished before any verdict
+  kFix,        // verdict reached; the fix ladder decides the next action
+  kVerifying,  // a continued generation is watched for a spike
+  kClosed,     // CLOSED or ABORTED
+};
+
+detect::SpikeDetector::Options DetectorOptions(const v1::SpikeDetectorPolicy& p) {
+  detect::SpikeDetector::Options o;
+  if (p.window() > 0) o.window = p.window();
+  if (p.min_samples() > 0) o.min_samples = p.min_samples();
+  if (p.z_threshold() > 0) o.z_threshold = p.z_threshold();
+  if (p.relative_floor() > 0) o.relative_floor = p.relative_floor();
+  if (p.recovery_steps() > 0) o.recovery_steps = p.recovery_steps();
+  return o;
+}
+
+lg::CheckpointRecord ToRecord(const CheckpointInfo& c) {
+  lg::CheckpointRecord r;
+  r.set_generation(c.generation);
+  r.set_step(c.step);
+  r.set_uri(c.uri);
+  r.set_checksum(c.checksum);
+  r.set_complete(c.complete);
+  return r;
+}
+
+CheckpointInfo FromRecord(const lg::CheckpointRecord& r) {
+  return CheckpointInfo{r.generation(), r.step(), r.uri(), r.checksum(), r.complete()};
+}
+
+// An empty plan means the whole stream, [0, ∞).
+v1::DataPlan Normalized(const v1::DataPlan& plan) {
+  if (plan.ranges_size() > 0) return plan;
+  v1::DataPlan p;
+  v1::DataRange* r = p.add_ranges();
+  r->set_begin(0);
+  r->set_end(-1);
+  return p;
+}
+
+// `plan` without the positions [begin, end).
+v1::DataPlan WithHole(const v1::DataPlan& plan, int64_t begin, int64_t end) {
+  v1::DataPlan out;
+  const v1::DataPlan normalized = Normalized(plan);
+  for (const v1::DataRange& r : normalized.ranges()) {
+    const bool unbounded = r.end() < 0;
+    if (r.begin() < begin) {
+      v1::DataRange* left = out.add_ranges();
+      left->set_begin(r.begin());
+      left->set_end(unbounded ? begin : std::min(r.end(), begin));
+    }
+    if (unbounded || r.end() > end) {
+      v1::DataRange* right = out.add_ranges();
+      right->set_begin(std::max(r.begin(), end));
+      right->set_end(r.end());
+    }
+  }
+  return out;
+}
+
+// `plan` with [begin, end) spliced in just before position `at`.
+v1::DataPlan WithSplice(const v1::DataPlan& plan, int64_t at, int64_t begin, int64_t end) {
+  v1::DataPlan out;
+  bool spliced = false;
+  const v1::DataPlan normalized = Normalized(plan);
+  for (const v1::DataRange& r : normalized.ranges()) {
+    const bool contains = r.begin() <= at && (r.end() < 0 || at < r.end());
+    if (!spliced && contains) {
+      if (r.begin() < at) {
+        v1::DataRange* left = out.add_ranges();
+        left->set_begin(r.begin());
+        left->set_end(at);
+      }
+      v1::DataRange* splice = out.add_ranges();
+      splice->set_begin(begin);
+      splice->set_end(end);
+      v1::DataRange* right = out.add_ranges();
+      right->set_begin(at);
+      right->set_end(r.end());
+      spliced = true;
+      continue;
+    }
+    *out.add_ranges() = r;
+  }
+  return out;
+}
+
+// The position the plan feeds at `index` (step s consumes the s-th
+// position); -1 when the plan ends earlier. Used only when the step record
+// lacks its data position.
+int64_t PositionAt(const v1::DataPlan& plan, int64_t index) {
+  const v1::DataPlan normalized = Normalized(plan);
+  for (const v1::DataRange& r : normalized.ranges()) {
+    if (r.end() < 0) return r.begin() + index;
+    const int64_t len = r.end() - r.begin();
+    if (index < len) return r.begin() + index;
+    index -= len;
+  }
+  return -1;
+}
+
+std::string PlanString(const v1::DataPlan& plan) {
+  std::vector<std::string> parts;
+  const v1::DataPlan normalized = Normalized(plan);
+  for (const v1::DataRange& r : normalized.ranges()) {
+    parts.push_back(r.end() < 0 ? absl::StrCat("[", r.begin(), ",∞)")
+                                : absl::StrCat("[", r.begin(), ",", r.end(), ")"));
+  }
+  return absl::StrJoin(parts, " ");
+}
+
+std::string HParamsString(const v1::HParams& h) {
+  std::vector<std::string> parts;
+  if (h.has_lr_scale()) parts.push_back(absl::StrCat("lr×", h.lr_scale()));
+  if (h.has_extra_warmup_steps()) parts.push_back(absl::StrCat("+", h.extra_warmup_steps(), " warmup"));
+  if (h.has_clip_norm()) parts.push_back(absl::StrCat("clip ", h.clip_norm()));
+  if (h.has_beta2()) parts.push_back(absl::StrCat("β2 ", h.beta2()));
+  if (h.has_eps()) parts.push_back(absl::StrCat("ε ", h.eps()));
+  return absl::StrJoin(parts, ", ");
+}
+
+// The cumulative hparams of fix rung 1..3 of the FRAGILITY ladder.
+v1::HParams RungHParams(const v1::FixPolicy& fix, int rung) {
+  v1::HParams h;
+  h.set_lr_scale(fix.lr_factor());
+  if (rung >= 2) {
+    h.set_extra_warmup_steps(fix.extra_warmup_steps());
+    h.set_clip_norm(fix.tight_clip_norm());
+  }
+  if (rung >= 3) {
+    h.set_beta2(fix.beta2());
+    h.set_eps(fix.eps());
+  }
+  return h;
+}
+
+v1::IncidentState StateForProbe(const std::string& kind) {
+  if (kind == kReplay) return v1::REPLAYING;
+  if (kind == kSkip) return v1::SKIPPING;
+  if (kind == kBisect) return v1::BISECTING;
+  if (kind == kTransplant) return v1::TRANSPLANTING;
+  return v1::FIXING;
+}
+
+std::string TriggerName(Detection::Kind kind) {
+  switch (kind) {
+    case Detection::Kind::kLossSpike:
+      return "loss_spike";
+    case Detection::Kind::kGradNormSpike:
+      return "grad_norm_spike";
+    case Detection::Kind::kNonFinite:
+      return "nonfinite";
+  }
+  return "unknown";
+}
+
+bool NonFinite(const StepObservation& o) {
+  return o.nonfinite_count > 0 || !std::isfinite(o.loss) || !std::isfinite(o.grad_norm);
+}
+
+std::string ToText(const lg::EventPayload& payload) {
+  google::protobuf::TextFormat::Printer printer;
+  printer.SetSingleLineMode(true);
+  std::string text;
+  printer.PrintToString(payload, &text);
+  return text;
+}
+
+// Judges one generation from its steps: the outcome of a probe, or the
+// verification of a fix. Runtime state only; rebuilt from the view after a
+// restart, and idempotent per step so re-delivered steps change nothing.
+struct Judge {
+  int64_t generation = 0;
+  int64_t checkpoint_step = 0;
+  // A spike counts when its onset lies in [from, to]; done at a step >= to.
+  int64_t from = 0;
+  int64_t to = 0;
+  bool use_grad = false;
+  bool verification = false;
+  // A probe's spike must be of the same kind as the original: at least this
+  // log(peak / median). Healthy series (grad norms above all) have outliers
+  // that pass the z-score rule; a replay is bit-exact, so a spike that truly
+  // repeats has the original's size, and a 2x blip does not stand in for a
+  // 1e38 bit flip.
+  double min_log_ratio = 0;
+  // The first spike of a probe (step, detail), reported at the horizon.
+  std::optional<std::pair<int64_t, std::string>> first_spike;
+  // Re-executed steps this probe may still spend (budget).
+  int64_t budget_left = std::numeric_limits<int64_t>::max();
+  // Replay fidelity: the original generation's loss hash per step.
+  std::map<int64_t, uint64_t> original_hash;
+  std::unique_ptr<detect::SpikeDetector> detector;
+
+  int64_t last_fed = 0;
+  double time_sum = 0;
+  int64_t count = 0;
+  absl::Time last_progress;
+  int64_t mismatch_step = -1;
+  uint64_t mismatch_original = 0, mismatch_replayed = 0;
+  std::optional<lg::ProbeFinished> result;
+
+  void Finish(const std::string& outcome, const std::string& detail, int64_t spike_step,
+              int layer) {
+    lg::ProbeFinished f;
+    f.set_outcome(outcome);
+    f.set_detail(detail);
+    f.set_steps_executed(std::max<int64_t>(0, last_fed - checkpoint_step));
+    f.set_last_step(last_fed);
+    f.set_step_time_sum(time_sum);
+    f.set_step_count(count);
+    f.set_nonfinite_layer(layer);
+    f.set_spike_step(spike_step);
+    result = f;
+  }
+
+  void Feed(const StepObservation& o, absl::Time now) {
+    if (result || o.generation != generation || o.step <= last_fed) return;
+    last_fed = o.step;
+    last_progress = now;
+    ++count;
+    if (std::isfinite(o.step_time_s)) time_sum += o.step_time_s;
+    if (mismatch_step < 0) {
+      auto it = original_hash.find(o.step);
+      if (it != original_hash.end() && it->second != o.loss_hash) {
+        mismatch_step = o.step;
+        mismatch_original = it->second;
+        mismatch_replayed = o.loss_hash;
+      }
+    }
+    if (NonFinite(o)) {
+      Finish("nonfinite",
+             absl::StrCat("non-finite values at step ", o.step,
+                          o.first_nonfinite_layer >= 0
+                              ? absl::StrCat(" (first in layer ", o.first_nonfinite_layer, ")")
+                              : std::string()),
+             o.step, o.first_nonfinite_layer);
+      return;
+    }
+    const double value = use_grad ? o.grad_norm : o.loss;
+    if (auto e = detector->Observe(o.step, value);
+        e && e->state == detect::SpikeEvent::kOnset && e->onset_step >= from &&
+        e->onset_step <= to && e->baseline > 0 &&
+        std::log(e->peak_value / e->baseline) >= min_log_ratio) {
+      const std::string detail =
+          absl::StrFormat("%s spike at step %d: %.4g against a median of %.4g (z %.1f)",
+                          use_grad ? "grad-norm" : "loss", e->onset_step, e->peak_value,
+                          e->baseline, e->onset_z);
+      if (verification) {
+        Finish("spiked", detail, e->onset_step, -1);
+        return;
+      }
+      // A probe runs on to its horizon after a spike: whether the spike is
+      // followed by non-finite values (NUMERICS, not FRAGILITY) is evidence.
+      if (!first_spike) first_spike = std::make_pair(e->onset_step, detail);
+    }
+    if (first_spike && o.step >= to) {
+      Finish("spiked", first_spike->second, first_spike->first, -1);
+      return;
+    }
+    if (!verification && o.step - checkpoint_step > budget_left) {
+      Finish("failed",
+             absl::StrCat("budget: the re-executed steps cap was reached at step ", o.step),
+             -1, -1);
+      return;
+    }
+    if (o.step >= to) {
+      Finish("clean", absl::StrCat("no spike through step ", o.step), -1, -1);
+    }
+  }
+};
+
+// -----------------------------------------------------------------------------
+// One incident's state: rebuilt from its event log by Apply().
+
+struct Inc {
+  v1::Incident inc;
+  lg::Opened opened;
+  v1::Policy policy;
+  Stage stage = Stage::kOpened;
+  std::string base_note;
+  std::optional<lg::CheckpointChosen> chosen;
+
+  std::optional<lg::Action> pending;
+  bool approved = false;
+  int actions = 0;
+
+  int probes = 0;
+  int64_t reexecuted = 0;
+  double time_sum = 0;
+  int64_t time_count = 0;
+  std::optional<lg::Action> probe;
+  int64_t probe_generation = -1;
+  std::optional<lg::ProbeFinished> last_finished;
+  std::map<std::string, std::string> outcomes;
+  bool any_nonfinite = false;
+  int nonfinite_layer = -1;
+  int64_t nondet_step = -1;
+  double confidence_factor = 1.0;
+
+  bool has_verdict = false;
+  v1::Verdict verdict = v1::VERDICT_UNSPECIFIED;
+  bool leave_running = false;
+  int64_t verdict_ms = 0;
+
+  int64_t window_lo = 0, window_hi = 0;
+  int64_t bisect_lo = 0, bisect_hi = 0;
+  bool bisect_done = false;
+  bool transplant_done = false;
+  std::vector<int64_t> culprits;
+
+  int rung = 0;
+  bool fix_requested = false;
+  bool continued = false;
+  bool verified = false;
+  bool paused = false;
+  bool quarantined = false;
+  bool aborting = false;
+  int64_t verify_generation = -1;
+  int64_t verify_from = 0;
+  int64_t verify_until = 0;
+
+  std::unique_ptr<Judge> judge;
+
+  int64_t id() const { return inc.id(); }
+  const std::string& run() const { return opened.run(); }
+  int64_t onset() const { return opened.onset_step(); }
+  bool approval_wait() const { return pending && pending->needs_approval() && !approved; }
+};
+
+void AppendNote(Inc& s, const std::string& note) {
+  if (note.empty()) return;
+  s.base_note = s.base_note.empty() ? note : absl::StrCat(s.base_note, "; ", note);
+}
+
+void RefreshNote(Inc& s) {
+  if (s.approval_wait()) {
+    s.inc.set_note(absl::StrCat("awaiting approval: ", s.pending->reason(),
+                                s.base_note.empty() ? "" : "; ", s.base_note));
+  } else {
+    s.inc.set_note(s.base_note);
+  }
+}
+
+v1::IncidentState StateForAction(const Inc& s, const lg::Action& a) {
+  if (a.kind() == "rewind") return StateForProbe(a.probe_kind());
+  if (a.kind() == "continue" && a.verify_until() > 0) return v1::VERIFYING;
+  return s.has_verdict ? v1::FIXING : s.inc.state();
+}
+
+void RefreshCost(Inc& s, int64_t now_ms) {
+  v1::Cost* cost = s.inc.mutable_cost();
+  cost->set_probes(s.probes);
+  cost->set_steps_reexecuted(s.reexecuted);
+  const int64_t end_ms = s.inc.closed_unix_ms() > 0 ? s.inc.closed_unix_ms() : now_ms;
+  cost->set_wall_time_s(std::max<int64_t>(0, end_ms - s.inc.opened_unix_ms()) / 1000.0);
+  const double mean_step_s = s.time_count > 0 ? s.time_sum / s.time_count : 0.0;
+  cost->set_gpu_hours(static_cast<double>(s.reexecuted) * mean_step_s *
+                      std::max<uint32_t>(1, s.opened.world_size()) / 3600.0);
+}
+
+// The one transition function: live events and replayed ones go through it.
+void Apply(Inc& s, int64_t seq, const std::string& kind, const lg::EventPayload& p) {
+  v1::IncidentEvent* ev = s.inc.add_events();
+  ev->set_seq(seq);
+  ev->set_unix_ms(p.unix_ms());
+  ev->set_kind(kind);
+  ev->set_detail(p.detail());
+
+  if (kind == kOpened) {
+    const lg::Opened& o = p.opened();
+    s.opened = o;
+    s.policy = o.policy();
+    s.stage = Stage::kOpened;
+    s.inc.set_run(o.run());
+    s.inc.set_state(v1::DETECTED);
+    s.inc.set_trigger(TriggerName(static_cast<Detection::Kind>(o.kind())));
+    s.inc.set_generation(o.generation());
+    s.inc.set_onset_step(o.onset_step());
+    s.inc.set_peak_step(o.peak_step());
+    s.inc.set_peak_value(o.peak_value());
+    s.inc.set_baseline_value(o.baseline());
+    if (o.has_precursor()) s.inc.set_precursor_onset_step(o.precursor_onset_step());
+    s.inc.set_precursor(o.precursor());
+    s.inc.set_opened_unix_ms(p.unix_ms());
+    v1::Localization* loc = s.inc.mutable_localization();
+    loc->set_signal(o.localized_signal());
+    loc->set_layer(o.localized_layer());
+    loc->set_start_step(o.has_precursor() ? std::min(o.precursor_onset_step(), o.onset_step())
+                                          : o.onset_step());
+    loc->clear_ordered();
+    for (const std::string& x : o.localization_order()) loc->add_ordered(x);
+  } else if (kind == kCheckpoint) {
+    s.chosen = p.checkpoint();
+    s.stage = Stage::kReady;
+    AppendNote(s, p.note());
+  } else if (kind == kRewindRequested || kind == kContinueRequested || kind == kPauseRequested ||
+             kind == kQuarantineRequested) {
+    s.pending = p.action();
+    s.approved = false;
+    ++s.actions;
+    const lg::Action& a = p.action();
+    if (a.kind() == "continue" || (a.kind() == "rewind" && a.probe_kind() == kFix)) {
+      s.fix_requested = true;
+    }
+    if (a.kind() == "rewind" && a.rung() > s.rung) s.rung = a.rung();
+    if (a.kind() == "rewind" && a.probe_kind() == kSkip) {
+      s.window_lo = a.hole_begin();
+      s.window_hi = a.hole_end();
+    }
+    s.inc.set_state(s.approval_wait() ? v1::AWAITING_APPROVAL : StateForAction(s, a));
+  } else if (kind == kAbortRequested) {
+    s.pending = p.action();
+    s.approved = true;
+    ++s.actions;
+    s.aborting = true;
+    s.judge.reset();
+    s.stage = Stage::kFix;
+    AppendNote(s, p.note());
+  } else if (kind == kApproved) {
+    s.approved = true;
+    if (s.pending) s.inc.set_state(StateForAction(s, *s.pending));
+  } else if (kind == kProbeStarted) {
+    if (s.pending) s.probe = *s.pending;
+    s.pending.reset();
+    s.probe_generation = p.done().generation();
+    ++s.probes;
+    s.stage = Stage::kProbing;
+    s.judge.reset();
+    s.inc.set_state(StateForProbe(s.probe ? s.probe->probe_kind() : ""));
+    v1::Probe* probe = s.inc.add_probes();
+    if (s.probe) {
+      probe->set_kind(s.probe->probe_kind());
+      probe->set_checkpoint_step(s.probe->checkpoint().step());
+      *probe->mutable_data_plan() = s.probe->plan();
+      probe->set_horizon_step(s.probe->stop_after_step());
+      probe->set_detail(s.probe->reason());
+    }
+    probe->set_generation(p.done().generation());
+    probe->set_outcome("pending");
+    probe->set_started_unix_ms(p.unix_ms());
+  } else if (kind == kNondeterminism) {
+    s.nondet_step = p.step();
+    s.confidence_factor = 0.5;
+    if (s.has_verdict) s.inc.set_confidence(s.inc.confidence() * 0.5);
+    AppendNote(s, p.note());
+  } else if (kind == kProbeFinished) {
+    const lg::ProbeFinished& f = p.finished();
+    s.last_finished = f;
+    s.judge.reset();
+    const std::string probe_kind = s.probe ? s.probe->probe_kind() : "";
+    s.outcomes[probe_kind] = f.outcome();
+    s.reexecuted += f.steps_executed();
+    s.time_sum += f.step_time_sum();
+    s.time_count += f.step_count();
+    if (f.outcome() == "nonfinite") {
+      s.any_nonfinite = true;
+      if (f.nonfinite_layer() >= 0 && s.nonfinite_layer < 0) s.nonfinite_layer = f.nonfinite_layer();
+    }
+    if (probe_kind == kBisect && s.probe) {
+      if (f.outcome() == "clean") {
+        s.bisect_hi = s.probe->hole_end();
+      } else if (f.outcome() == "spiked" || f.outcome() == "nonfinite") {
+        s.bisect_lo = s.probe->hole_end();
+      }
+    }
+    if (probe_kind == kTransplant) {
+      s.transplant_done = true;
+      AppendNote(s, p.note());
+    }
+    if (s.inc.probes_size() > 0) {
+      v1::Probe* probe = s.inc.mutable_probes(s.inc.probes_size() - 1);
+      probe->set_outcome(f.outcome());
+      probe->set_detail(f.detail());
+      probe->set_steps_executed(f.steps_executed());
+      probe->set_finished_unix_ms(p.unix_ms());
+    }
+    s.stage = s.has_verdict ? Stage::kFix : Stage::kJudge;
+  } else if (kind == kVerdict) {
+    const lg::VerdictRecord& v = p.verdict();
+    s.has_verdict = true;
+    s.verdict = v.verdict();
+    s.verdict_ms = p.unix_ms();
+    s.inc.set_verdict(v.verdict());
+    s.inc.set_confidence(v.confidence());
+    s.inc.clear_recommendations();
+    for (const std::string& r : v.recommendations()) s.inc.add_recommendations(r);
+    if (v.documents_size() > 0) {
+      s.inc.clear_documents();
+      for (const auto& d : v.documents()) *s.inc.add_documents() = d;
+    }
+    if (!v.fix().empty()) s.inc.set_fix(v.fix());
+    AppendNote(s, v.note());
+    if (v.verdict() == v1::DATA) {
+      s.bisect_lo = s.window_lo;
+      s.bisect_hi = s.window_hi;
+    }
+    if (v.verdict() == v1::NUMERICS) {
+      const int layer = s.nonfinite_layer >= 0 ? s.nonfinite_layer : s.opened.localized_layer();
+      if (layer >= 0) {
+        s.inc.mutable_localization()->set_signal("non-finite");
+        s.inc.mutable_localization()->set_layer(layer);
+      }
+    }
+    if (p.text() == "leave_running") s.leave_running = true;
+    s.judge.reset();
+    s.stage = Stage::kFix;
+    s.inc.set_state(v1::FIXING);
+  } else if (kind == kBisectResult) {
+    s.bisect_done = true;
+    s.culprits.assign(p.culprit().positions().begin(), p.culprit().positions().end());
+    s.inc.set_confidence(std::max(s.inc.confidence(), 0.95 * s.confidence_factor));
+    AppendNote(s, p.note());
+  } else if (kind == kTransplantSkipped) {
+    s.transplant_done = true;
+    AppendNote(s, p.note());
+  } else if (kind == kContinued) {
+    const lg::Action a = s.pending.value_or(lg::Action());
+    s.pending.reset();
+    s.continued = true;
+    if (a.verify_until() > 0 && !s.aborting) {
+      s.stage = Stage::kVerifying;
+      s.verify_generation = a.verify_generation();
+      s.verify_from = a.judge_from();
+      s.verify_until = a.verify_until();
+      s.inc.set_state(v1::VERIFYING);
+    }
+  } else if (kind == kPaused) {
+    s.pending.reset();
+    s.paused = true;
+  } else if (kind == kQuarantined) {
+    s.pending.reset();
+    s.quarantined = true;
+  } else if (kind == kVerified) {
+    s.verified = true;
+    s.judge.reset();
+    s.stage = Stage::kFix;
+    s.inc.set_state(v1::FIXING);
+  } else if (kind == kVerificationFailed) {
+    s.judge.reset();
+    s.stage = Stage::kFix;
+    AppendNote(s, p.note());
+  } else if (kind == kNote) {
+    AppendNote(s, p.note());
+  } else if (kind == kClosed || kind == kAborted) {
+    s.pending.reset();
+    s.judge.reset();
+    s.stage = Stage::kClosed;
+    s.inc.set_state(kind == kClosed ? v1::CLOSED : v1::ABORTED);
+    s.inc.set_closed_unix_ms(p.unix_ms());
+    AppendNote(s, p.note());
+  }
+  RefreshNote(s);
+  RefreshCost(s, p.unix_ms());
+}
+
+}  // namespace
+
+// -----------------------------------------------------------------------------
+
+struct IncidentEngine::State {
+  Clock* clock;
+  RunController* controller;
+  RunView* view;
+  IncidentStore* store;
+  Options options;
+  Listener listener;
+  std::map<int64_t, std::unique_ptr<Inc>> incidents;
+  // The newest generation seen per run: the one a detection must be of.
+  std::map<std::string, int64_t> watched;
+
+  Inc* ActiveFor(const std::string& run) {
+    for (auto& [id, s] : incidents) {
+      if (s->run() == run && s->stage != Stage::kClosed) return s.get();
+    }
+    return nullptr;
+  }
+
+  v1::Mode ModeFor(const std::string& run) { return view->PolicyFor(run).mode(); }
+
+  // Appends the event, applies it, saves the incident and tells the listener.
+  absl::Status Emit(Inc& s, const std::string& kind, lg::EventPayload payload) {
+    payload.set_unix_ms(clock->NowUnixMillis());
+    SG_ASSIGN_OR_RETURN(int64_t seq, store->AppendEvent(s.id(), kind, ToText(payload)));
+    Apply(s, seq, kind, payload);
+    SG_RETURN_IF_ERROR(store->SaveIncident(s.inc));
+    if (listener) listener(s.inc, s.inc.events(s.inc.events_size() - 1));
+    return absl::OkStatus();
+  }
+
+  absl::Status EmitNote(Inc& s, const std::string& note) {
+    lg::EventPayload p;
+    p.set_detail(note);
+    p.set_note(note);
+    return Emit(s, kNote, p);
+  }
+
+  // ---- Actions ---------------------------------------------------------------
+
+  std::string RequestId(const Inc& s, const std::string& what) {
+    return absl::StrCat("incident-", s.id(), "/", s.actions + 1, "-", what);
+  }
+
+  absl::Status RequestRewind(Inc& s, const std::string& probe_kind, const CheckpointInfo& ckpt,
+                             const v1::DataPlan& plan, int64_t stop_after,
+                             const std::optional<v1::HParams>& hparams, int64_t judge_from,
+                             int rung, int64_t hole_begin, int64_t hole_end,
+                             const std::string& why) {
+    const v1::Policy& pol = s.policy;
+    if (s.probes >= pol.budget().max_probes()) {
+      return Inconclusive(s, absl::StrCat("budget exhausted: ", s.probes, " probes run (max_probes ",
+                                          pol.budget().max_probes(), ") before the ", probe_kind,
+                                          " probe"));
+    }
+    if (s.reexecuted >= pol.budget().max_reexecuted_steps()) {
+      return Inconclusive(s, absl::StrCat("budget exhausted: ", s.reexecuted,
+                                          " steps re-executed (max_reexecuted_steps ",
+                                          pol.budget().max_reexecuted_steps(), ")"));
+    }
+    lg::Action a;
+    a.set_kind("rewind");
+    a.set_request_id(RequestId(s, probe_kind));
+    a.set_probe_kind(probe_kind);
+    *a.mutable_checkpoint() = ToRecord(ckpt);
+    *a.mutable_plan() = plan;
+    a.set_stop_after_step(stop_after);
+    if (hparams) {
+      *a.mutable_hparams() = *hparams;
+      a.set_with_hparams(true);
+    }
+    a.set_judge_from(judge_from);
+    a.set_judge_to(stop_after);
+    a.set_rung(rung);
+    a.set_hole_begin(hole_begin);
+    a.set_hole_end(hole_end);
+    a.set_needs_approval(ModeFor(s.run()) == v1::MODE_PROPOSE);
+    a.set_reason(absl::StrCat(probe_kind, " probe: rewind to step ", ckpt.step, ", plan ",
+                              PlanString(plan), ", horizon step ", stop_after,
+                              hparams ? absl::StrCat(", ", HParamsString(*hparams)) : "",
+                              why.empty() ? "" : " (", why, why.empty() ? "" : ")"));
+    lg::EventPayload p;
+    p.set_detail(a.reason());
+    *p.mutable_action() = a;
+    return Emit(s, kRewindRequested, p);
+  }
+
+  absl::Status RequestContinue(Inc& s, bool needs_approval, int64_t verify_generation,
+                               int64_t verify_from, int64_t verify_until,
+                               const std::string& why) {
+    lg::Action a;
+    a.set_kind("continue");
+    a.set_request_id(RequestId(s, "continue"));
+    a.set_needs_approval(needs_approval);
+    a.set_verify_generation(verify_generation);
+    a.set_judge_from(verify_from);
+    a.set_verify_until(verify_until);
+    a.set_reason(why);
+    lg::EventPayload p;
+    p.set_detail(why);
+    *p.mutable_action() = a;
+    return Emit(s, kContinueRequested, p);
+  }
+
+  absl::Status RequestPause(Inc& s, const std::string& why) {
+    lg::Action a;
+    a.set_kind("pause");
+    a.set_request_id(RequestId(s, "pause"));
+    a.set_reason(why);
+    lg::EventPayload p;
+    p.set_detail(why);
+    *p.mutable_action() = a;
+    return Emit(s, kPauseRequested, p);
+  }
+
+  absl::Status RequestQuarantine(Inc& s) {
+    lg::Action a;
+    a.set_kind("quarantine");
+    a.set_request_id(RequestId(s, "quarantine"));
+    const int64_t now_ms = clock->NowUnixMillis();
+    std::set<std::pair<std::string, int64_t>> seen;
+    for (const v1::DocumentRef& d : s.inc.documents()) {
+      if (!seen.insert({d.domain(), d.document_id()}).second) continue;
+      v1::QuarantineEntry* e = a.add_quarantine();
+      e->set_run(s.run());
+      e->set_domain(d.domain());
+      e->set_document_id(d.document_id());
+      const bool culprit = std::find(s.culprits.begin(), s.culprits.end(), d.data_position()) !=
+                           s.culprits.end();
+      e->set_reason(absl::StrCat(culprit ? "culprit batch (bisect) of " : "spike window of ",
+                                 "incident ", s.id(), ": step ", d.step(), ", data position ",
+                                 d.data_position()));
+      e->set_incident_id(s.id());
+      e->set_created_unix_ms(now_ms);
+    }
+    a.set_reason(absl::StrCat("quarantine ", a.quarantine_size(), " document(s) of the window"));
+    lg::EventPayload p;
+    p.set_detail(a.reason());
+    *p.mutable_action() = a;
+    return Emit(s, kQuarantineRequested, p);
+  }
+
+  // Performs the pending action and logs its completion.
+  absl::Status Execute(Inc& s) {
+    const lg::Action a = *s.pending;
+    lg::EventPayload p;
+    p.mutable_done()->set_request_id(a.request_id());
+    if (a.kind() == "rewind") {
+      RewindSpec spec;
+      spec.request_id = a.request_id();
+      spec.checkpoint = FromRecord(a.checkpoint());
+      spec.plan = a.plan();
+      spec.stop_after_step = a.stop_after_step();
+      if (a.with_hparams()) spec.hparams = a.hparams();
+      spec.reason = a.reason();
+      absl::StatusOr<int64_t> gen = controller->Rewind(s.run(), spec);
+      if (!gen.ok()) {
+        return absl::Status(gen.status().code(),
+                            absl::StrCat("incident ", s.id(), ": rewind ", a.request_id(), ": ",
+                                         gen.status().message()));
+      }
+      p.mutable_done()->set_generation(*gen);
+      p.set_detail(absl::StrCat(a.probe_kind(), " probe started as generation ", *gen));
+      if (*gen > watched[s.run()]) watched[s.run()] = *gen;
+      return Emit(s, kProbeStarted, p);
+    }
+    if (a.kind() == "continue") {
+      SG_RETURN_IF_ERROR(controller->Continue(s.run(), a.request_id(), std::nullopt));
+      p.set_detail(a.verify_until() > 0
+                       ? absl::StrCat("run continues; verifying through step ", a.verify_until())
+                       : "run continues");
+      return Emit(s, kContinued, p);
+    }
+    if (a.kind() == "pause") {
+      SG_RETURN_IF_ERROR(controller->Pause(s.run(), a.request_id()));
+      p.set_detail("run paused");
+      return Emit(s, kPaused, p);
+    }
+    if (a.kind() == "quarantine") {
+      for (const v1::QuarantineEntry& e : a.quarantine()) {
+        SG_RETURN_IF_ERROR(store->Quarantine(e));
+      }
+      p.set_detail(absl::StrCat(a.quarantine_size(), " document(s) quarantined"));
+      return Emit(s, kQuarantined, p);
+    }
+    return absl::InternalError(absl::StrCat("unknown action kind '", a.kind(), "'"));
+  }
+
+  // ---- Verdicts ----------------------------------------------------------------
+
+  absl::Status EmitVerdict(Inc& s, v1::Verdict verdict, double confidence, const std::string& note,
+                           std::vector<std::string> recommendations, const std::string& fix,
+                           const std::vector<v1::DocumentRef>& documents = {},
+                           bool escalated = false, bool leave_running = false) {
+    lg::EventPayload p;
+    lg::VerdictRecord* v = p.mutable_verdict();
+    v->set_verdict(verdict);
+    v->set_confidence(confidence);
+    v->set_note(note);
+    for (auto& r : recommendations) v->add_recommendations(std::move(r));
+    for (const auto& d : documents) *v->add_documents() = d;
+    v->set_fix(fix);
+    v->set_escalated(escalated);
+    if (leave_running) p.set_text("leave_running");
+    const int64_t open_ms = s.inc.opened_unix_ms();
+    p.set_detail(absl::StrFormat("verdict %s (confidence %.2f) after %.0f s: %s",
+                                 v1::Verdict_Name(verdict), confidence,
+                                 (clock->NowUnixMillis() - open_ms) / 1000.0, note));
+    return Emit(s, kVerdict, p);
+  }
+
+  absl::Status Inconclusive(Inc& s, const std::string& reason) {
+    return EmitVerdict(s, v1::INCONCLUSIVE, 0.0,
+                       absl::StrCat(reason, "; run paused, awaiting an operator"), {},
+                       "none: paused for an operator");
+  }
+
+  std::vector<std::string> FragilityRecommendations(const Inc& s) {
+    std::vector<std::string> r;
+    const std::string pre = absl::StrCat(s.opened.precursor(), " ", s.opened.localized_signal());
+    if (pre.find("attn") != std::string::npos) r.push_back("qk-norm (for the next run)");
+    if (pre.find("lse") != std::string::npos || pre.find("log_sum_exp") != std::string::npos ||
+        pre.find("logsumexp") != std::string::npos) {
+      r.push_back("z-loss 1e-4·(log Σ e^z)² (for the next run)");
+    }
+    r.push_back("logit soft-capping (for the next run)");
+    r.push_back("no biases (for the next run)");
+    r.push_back("scaled residual init (for the next run)");
+    return r;
+  }
+
+  double Confidence(const Inc& s, double base) { return base * s.confidence_factor; }
+
+  absl::Status VerdictAfterSkip(Inc& s) {
+    const v1::Policy& pol = s.policy;
+    const std::string skip_outcome = s.outcomes[kSkip];
+    if (skip_outcome == "clean") {
+      // Escalation: skipping only postpones the next spike of a fragile run.
+      SG_ASSIGN_OR_RETURN(std::vector<v1::Incident> all, store->RunIncidents(s.run()));
+      int near = 0;
+      for (const v1::Incident& other : all) {
+        if (other.id() == s.id() || other.verdict() != v1::DATA) continue;
+        if (std::llabs(other.onset_step() - s.onset()) <= pol.escalation().window_steps()) ++near;
+      }
+      if (near >= pol.escalation().data_incidents() - 1) {
+        return EmitVerdict(
+            s, v1::FRAGILITY, Confidence(s, 0.8),
+            absl::StrCat("escalated: ", near + 1, " DATA incidents within ",
+                         pol.escalation().window_steps(),
+                         " steps; skipping data only postpones the next spike"),
+            FragilityRecommendations(s),
+            "fix ladder: lr × factor, then longer warmup and tighter clipping, then β2/ε", {},
+            /*escalated=*/true);
+      }
+      const int64_t from = s.onset() - pol.probe().skip_before();
+      const int64_t to = s.onset() + pol.probe().skip_after();
+      SG_ASSIGN_OR_RETURN(std::vector<v1::DocumentRef> docs,
+                          view->Documents(s.run(), s.opened.generation(), from, to));
+      return EmitVerdict(
+          s, v1::DATA, Confidence(s, 0.85),
+          absl::StrCat("skipping data positions [", s.window_lo, ", ", s.window_hi,
+                       ") (steps ", from, "–", to, ") removed the spike: the data there triggers it"),
+          {"filter documents similar to the quarantined ones from the corpus"},
+          absl::StrCat("keep the hole [", s.window_lo, ", ", s.window_hi,
+                       ") in the data plan; quarantine ", docs.size(), " document(s)"),
+          docs);
+    }
+    const bool numerics = s.opened.kind() == static_cast<int>(Detection::Kind::kNonFinite) ||
+                          s.any_nonfinite;
+    if (numerics) {
+      const int layer = s.nonfinite_layer >= 0 ? s.nonfinite_layer : s.opened.localized_layer();
+      return EmitVerdict(
+          s, v1::NUMERICS, Confidence(s, 0.9),
+          absl::StrCat("non-finite values reproduce on replay and survive the skip",
+                       layer >= 0 ? absl::StrCat("; first non-finite layer ", layer)
+                                  : std::string("; first non-finite layer unknown")),
+          {"fp32 softmax, norms, losses and reductions", "bf16 rather than fp16",
+           "check the loss-scale schedule if fp16 is kept"},
+          "none in place: run paused; precision changes need an operator");
+    }
+    return EmitVerdict(s, v1::FRAGILITY, Confidence(s, 0.8),
+                       "the spike reproduces on replay and survives skipping the batches around "
+                       "it: the model state is fragile",
+                       FragilityRecommendations(s),
+                       "fix ladder: lr × factor, then longer warmup and tighter clipping, then β2/ε");
+  }
+
+  // ---- Deciding -------------------------------------------------------------------
+
+  absl::Status ChooseCheckpoint(Inc& s) {
+    const v1::ProbePolicy& probe = s.policy.probe();
+    const int64_t onset = s.opened.has_precursor()
+                              ? std::min(s.onset(), s.opened.precursor_onset_step())
+                              : s.onset();
+    SG_ASSIGN_OR_RETURN(std::vector<CheckpointInfo> all, view->Checkpoints(s.run()));
+    std::optional<CheckpointInfo> in_window, older;
+    auto better = [&](const std::optional<CheckpointInfo>& cur, const CheckpointInfo& c) {
+      if (!cur) return true;
+      if (c.step != cur->step) return c.step > cur->step;
+      // Same step: prefer the watched generation's own checkpoint.
+      return c.generation == s.opened.generation() && cur->generation != c.generation;
+    };
+    for (const CheckpointInfo& c : all) {
+      if (!c.complete || c.generation > s.opened.generation() || c.step >= onset) continue;
+      if (c.step >= onset - probe.max_steps_before_onset() &&
+          c.step <= onset - probe.min_steps_before_onset() && better(in_window, c)) {
+        in_window = c;
+      }
+      if (better(older, c)) older = c;
+    }
+    std::string note;
+    CheckpointInfo chosen;
+    if (in_window) {
+      chosen = *in_window;
+    } else if (older) {
+      chosen = *older;
+      note = absl::StrCat("no complete checkpoint ", probe.min_steps_before_onset(), "–",
+                          probe.max_steps_before_onset(), " steps before the onset (step ", onset,
+                          "); using the nearest older one, step ", chosen.step, " (",
+                          onset - chosen.step, " steps before)");
+    } else {
+      return EmitVerdict(s, v1::INCONCLUSIVE, 0.0,
+                         absl::StrCat("no complete checkpoint before the onset (step ", onset,
+                                      "): nothing to replay from; the run keeps training"),
+                         {"save checkpoints often enough that one lies 100–500 steps before any "
+                          "step"},
+                         "none: run left training", {}, false, /*leave_running=*/true);
+    }
+    SG_ASSIGN_OR_RETURN(v1::DataPlan plan, view->Plan(s.run(), s.opened.generation()));
+    SG_ASSIGN_OR_RETURN(std::vector<StepObservation> at,
+                        view->Steps(s.run(), s.opened.generation(), s.onset(), s.onset()));
+    int64_t position = -1;
+    for (const StepObservation& o : at) {
+      if (o.step == s.onset()) position = o.data_position;
+    }
+    if (position < 0) position = PositionAt(plan, s.onset());
+    lg::EventPayload p;
+    lg::CheckpointChosen* c = p.mutable_checkpoint();
+    *c->mutable_checkpoint() = ToRecord(chosen);
+    *c->mutable_plan() = plan;
+    c->set_onset_position(position);
+    c->set_fallback(!in_window);
+    p.set_note(note);
+    p.set_detail(absl::StrCat("checkpoint step ", chosen.step, " (", chosen.uri, ")",
+                              note.empty() ? "" : ": ", note));
+    return Emit(s, kCheckpoint, p);
+  }
+
+  CheckpointInfo Chosen(const Inc& s) { return FromRecord(s.chosen->checkpoint()); }
+
+  absl::Status ProposeReplay(Inc& s) {
+    const int64_t stop = s.onset() + s.policy.probe().replay_steps_past_onset();
+    return RequestRewind(s, kReplay, Chosen(s), s.chosen->plan(), stop, std::nullopt,
+                         s.onset() - 2, 0, 0, 0, "same checkpoint, same data");
+  }
+
+  absl::Status ProposeSkip(Inc& s) {
+    const v1::ProbePolicy& probe = s.policy.probe();
+    const int64_t pos = s.chosen->onset_position();
+    const int64_t begin = std::max<int64_t>(0, pos - probe.skip_before());
+    const int64_t end = pos + probe.skip_after() + 1;
+    const int64_t ckpt = s.chosen->checkpoint().step();
+    return RequestRewind(s, kSkip, Chosen(s), WithHole(s.chosen->plan(), begin, end),
+                         s.onset() + probe.skip_horizon(), std::nullopt, ckpt + 1, 0, begin, end,
+                         absl::StrCat("hole [", begin, ", ", end, ") around the onset"));
+  }
+
+  absl::Status ProposeRung(Inc& s, int rung) {
+    const int64_t ckpt = s.chosen->checkpoint().step();
+    return RequestRewind(s, kFix, Chosen(s), s.chosen->plan(),
+                         s.onset() + s.policy.fix().verify_steps(),
+                         RungHParams(s.policy.fix(), rung), ckpt + 1, rung, 0, 0,
+                         absl::StrCat("FRAGILITY fix rung ", rung));
+  }
+
+  absl::Status EmitBisectResult(Inc& s) {
+    const int64_t culprit = s.bisect_lo;
+    const v1::ProbePolicy& probe = s.policy.probe();
+    SG_ASSIGN_OR_RETURN(std::vector<StepObservation> steps,
+                        view->Steps(s.run(), s.opened.generation(), s.onset() - probe.skip_before(),
+                                    s.onset() + probe.skip_after()));
+    int64_t step = s.onset() + (culprit - s.chosen->onset_position());
+    for (const StepObservation& o : steps) {
+      if (o.data_position == culprit) step = o.step;
+    }
+    SG_ASSIGN_OR_RETURN(std::vector<v1::DocumentRef> docs,
+                        view->Documents(s.run(), s.opened.generation(), step, step));
+    lg::EventPayload p;
+    p.mutable_culprit()->add_positions(culprit);
+    p.mutable_culprit()->add_steps(step);
+    std::vector<std::string> names;
+    for (const auto& d : docs) {
+      *p.mutable_culprit()->add_documents() = d;
+      names.push_back(absl::StrCat(d.domain(), ":", d.document_id()));
+    }
+    p.set_note(absl::StrCat("bisect: culprit batch at data position ", culprit, " (step ", step,
+                            ")", names.empty() ? "" : ", documents ", absl::StrJoin(names, " ")));
+    p.set_detail(p.note());
+    return Emit(s, kBisectResult, p);
+  }
+
+  absl::Status ProposeTransplant(Inc& s) {
+    // A much earlier model state: the newest complete checkpoint at least
+    // max_steps_before_onset before the probe checkpoint, else the oldest.
+    SG_ASSIGN_OR_RETURN(std::vector<CheckpointInfo> all, view->Checkpoints(s.run()));
+    const int64_t probe_ckpt = s.chosen->checkpoint().step();
+    const int64_t far = probe_ckpt - s.policy.probe().max_steps_before_onset();
+    std::optional<CheckpointInfo> pick, oldest;
+    for (const CheckpointInfo& c : all) {
+      if (!c.complete || c.generation > s.opened.generation() || c.step >= probe_ckpt) continue;
+      if (c.step <= far && (!pick || c.step > pick->step)) pick = c;
+      if (!oldest || c.step < oldest->step) oldest = c;
+    }
+    if (!pick) pick = oldest;
+    std::optional<int64_t> at;
+    if (pick) {
+      SG_ASSIGN_OR_RETURN(std::vector<StepObservation> next,
+                          view->Steps(s.run(), s.opened.generation(), pick->step + 1, pick->step + 1));
+      for (const auto& o : next) at = o.data_position;
+    }
+    if (!pick || !at || s.culprits.empty()) {
+      lg::EventPayload p;
+      p.set_note("transplant skipped: no earlier complete checkpoint with a known data position");
+      p.set_detail(p.note());
+      return Emit(s, kTransplantSkipped, p);
+    }
+    const int64_t culprit = s.culprits.front();
+    return RequestRewind(s, kTransplant, *pick, WithSplice(s.chosen->plan(), *at, culprit, culprit + 1),
+                         pick->step + 1 + s.policy.probe().replay_steps_past_onset(), std::nullopt,
+                         pick->step + 1, 0, culprit, culprit + 1,
+                         absl::StrCat("culprit position ", culprit, " fed at step ", pick->step + 1));
+  }
+
+  absl::Status Close(Inc& s) {
+    lg::EventPayload p;
+    const int64_t now = clock->NowUnixMillis();
+    const double to_verdict = s.verdict_ms > 0 ? (s.verdict_ms - s.inc.opened_unix_ms()) / 1000.0 : 0;
+    p.set_detail(absl::StrFormat(
+        "closed: %s; verdict after %.0f s, closed after %.0f s; %d probe(s), %d steps "
+        "re-executed, %.3f GPU-hours",
+        v1::Verdict_Name(s.verdict), to_verdict, (now - s.inc.opened_unix_ms()) / 1000.0, s.probes,
+        s.reexecuted, s.inc.cost().gpu_hours()));
+    return Emit(s, kClosed, p);
+  }
+
+  bool NeedsQuarantine(const Inc& s) {
+    return s.verdict == v1::DATA && s.fix_requested && !s.quarantined && !s.pending &&
+           s.inc.documents_size() > 0;
+  }
+
+  // The fix ladder after a verdict. Returns false when waiting.
+  absl::StatusOr<bool> FixStep(Inc& s) {
+    const v1::Policy& pol = s.policy;
+    if (s.aborting) {
+      if (!s.continued) return false;
+      lg::EventPayload p;
+      p.set_detail("aborted; the run continues as it is");
+      SG_RETURN_IF_ERROR(Emit(s, kAborted, p));
+      return true;
+    }
+    const std::string last_kind = s.probe ? s.probe->probe_kind() : "";
+    const std::string last_outcome = s.last_finished ? s.last_finished->outcome() : "";
+    switch (s.verdict) {
+      case v1::VERDICT_UNSPECIFIED:
+        SG_RETURN_IF_ERROR(Close(s));
+        return true;
+      case v1::INCONCLUSIVE:
+      case v1::NUMERICS:
+        if (s.leave_running || s.paused) {
+          SG_RETURN_IF_ERROR(Close(s));
+        } else {
+          SG_RETURN_IF_ERROR(RequestPause(s, absl::StrCat(v1::Verdict_Name(s.verdict),
+                                                          ": pause the run for an operator")));
+        }
+        return true;
+      case v1::TRANSIENT:
+        if (!s.fix_requested) {
+          const int64_t horizon = s.probe->stop_after_step();
+          SG_RETURN_IF_ERROR(RequestContinue(
+              s, ModeFor(s.run()) == v1::MODE_PROPOSE, s.probe_generation, horizon + 1,
+              horizon + pol.fix().verify_steps(),
+              absl::StrCat("fix: continue from the replay (generation ", s.probe_generation,
+                           "), verify through step ", horizon + pol.fix().verify_steps())));
+          return true;
+        }
+        if (s.verified) {
+          SG_RETURN_IF_ERROR(Close(s));
+          return true;
+        }
+        return false;
+      case v1::DATA: {
+        if (pol.probe().bisect() && !s.bisect_done) {
+          if (last_kind == kBisect && last_outcome == "failed") {
+            SG_RETURN_IF_ERROR(Inconclusive(s, absl::StrCat("bisect probe failed: ",
+                                                            s.last_finished->detail())));
+            return true;
+          }
+          if (s.bisect_hi - s.bisect_lo > 1) {
+            const int64_t mid = s.bisect_lo + (s.bisect_hi - s.bisect_lo + 1) / 2;
+            const int64_t ckpt = s.chosen->checkpoint().step();
+            SG_RETURN_IF_ERROR(RequestRewind(
+                s, kBisect, Chosen(s), WithHole(s.chosen->plan(), s.bisect_lo, mid),
+                s.onset() + pol.probe().skip_after() + pol.probe().replay_steps_past_onset(),
+                std::nullopt, ckpt + 1, 0, s.bisect_lo, mid,
+                absl::StrCat("skip [", s.bisect_lo, ", ", mid, ") of [", s.bisect_lo, ", ",
+                             s.bisect_hi, ")")));
+          } else {
+            SG_RETURN_IF_ERROR(EmitBisectResult(s));
+          }
+          return true;
+        }
+        if (pol.probe().transplant() && s.bisect_done && !s.transplant_done) {
+          SG_RETURN_IF_ERROR(ProposeTransplant(s));
+          return true;
+        }
+        if (!s.fix_requested) {
+          if (last_kind == kSkip) {
+            // The skip generation is the fix: let it go on with its hole.
+            const int64_t horizon = s.probe->stop_after_step();
+            SG_RETURN_IF_ERROR(RequestContinue(
+                s, ModeFor(s.run()) == v1::MODE_PROPOSE, s.probe_generation, horizon + 1,
+                horizon + pol.fix().verify_steps(),
+                absl::StrCat("fix: continue the skip generation ", s.probe_generation,
+                             " with its hole; verify through step ",
+                             horizon + pol.fix().verify_steps())));
+          } else {
+            // Bisect or transplant moved the run: rewind once more with the hole.
+            const int64_t ckpt = s.chosen->checkpoint().step();
+            SG_RETURN_IF_ERROR(RequestRewind(
+                s, kFix, Chosen(s), WithHole(s.chosen->plan(), s.window_lo, s.window_hi),
+                s.onset() + pol.fix().verify_steps(), std::nullopt, ckpt + 1, 0, s.window_lo,
+                s.window_hi, "DATA fix: the verified skip plan"));
+          }
+          return true;
+        }
+        if (NeedsQuarantine(s)) {
+          SG_RETURN_IF_ERROR(RequestQuarantine(s));
+          return true;
+        }
+        if (last_kind == kFix && !s.continued) {
+          if (last_outcome == "clean") {
+            SG_RETURN_IF_ERROR(RequestContinue(s, false, -1, 0, 0,
+                                               "DATA fix verified: the run continues"));
+          } else {
+            SG_RETURN_IF_ERROR(Inconclusive(
+                s, absl::StrCat("the spike returned with the window skipped: ",
+                                s.last_finished->detail())));
+          }
+          return true;
+        }
+        if (s.continued && (s.verified || last_kind == kFix) &&
+            (s.quarantined || s.inc.documents_size() == 0)) {
+          SG_RETURN_IF_ERROR(Close(s));
+          return true;
+        }
+        return false;
+      }
+      case v1::FRAGILITY:
+        if (s.rung == 0) {
+          SG_RETURN_IF_ERROR(ProposeRung(s, 1));
+          return true;
+        }
+        if (last_kind == kFix && s.last_finished) {
+          if (last_outcome == "clean") {
+            if (!s.continued) {
+              SG_RETURN_IF_ERROR(RequestContinue(
+                  s, false, -1, 0, 0,
+                  absl::StrCat("fix rung ", s.rung, " (", HParamsString(s.probe->hparams()),
+                               ") verified: the run continues with it")));
+            } else {
+              SG_RETURN_IF_ERROR(Close(s));
+            }
+            return true;
+          }
+          if (last_outcome == "failed") {
+            SG_RETURN_IF_ERROR(Inconclusive(s, s.last_finished->detail()));
+            return true;
+          }
+          if (s.rung < 3) {
+            SG_RETURN_IF_ERROR(ProposeRung(s, s.rung + 1));
+          } else {
+            SG_RETURN_IF_ERROR(Inconclusive(s, "all three fix rungs spiked again"));
+          }
+          return true;
+        }
+        return false;
+      default:
+        return false;
+    }
+  }
+
+  // The next decision when nothing is pending. Returns false when waiting.
+  absl::StatusOr<bool> Decide(Inc& s) {
+    switch (s.stage) {
+      case Stage::kOpened: {
+        const v1::Mode mode = ModeFor(s.run());
+        if (mode == v1::MODE_OBSERVE || mode == v1::MODE_UNSPECIFIED) {
+          SG_RETURN_IF_ERROR(EmitVerdict(s, v1::VERDICT_UNSPECIFIED, 0.0,
+                                         "observe mode: no probes", {}, "none (observe mode)", {},
+                                         false, /*leave_running=*/true));
+          return true;
+        }
+        SG_RETURN_IF_ERROR(ChooseCheckpoint(s));
+        return true;
+      }
+      case Stage::kReady:
+        SG_RETURN_IF_ERROR(ProposeReplay(s));
+        return true;
+      case Stage::kProbing:
+      case Stage::kVerifying:
+        if (NeedsQuarantine(s)) {
+          SG_RETURN_IF_ERROR(RequestQuarantine(s));
+          return true;
+        }
+        if (!s.judge) SG_RETURN_IF_ERROR(BuildJudge(s));
+        return HandleJudge(s);
+      case Stage::kJudge: {
+        const std::string kind = s.probe ? s.probe->probe_kind() : "";
+        const std::string outcome = s.last_finished ? s.last_finished->outcome() : "failed";
+        if (outcome == "failed") {
+          SG_RETURN_IF_ERROR(Inconclusive(
+              s, absl::StrCat(kind, " probe failed: ",
+                              s.last_finished ? s.last_finished->detail() : "no outcome")));
+          return true;
+        }
+        if (kind == kReplay) {
+          if (outcome == "clean") {
+            SG_RETURN_IF_ERROR(EmitTransient(s));
+          } else {
+            SG_RETURN_IF_ERROR(ProposeSkip(s));
+          }
+          return true;
+        }
+        if (kind == kSkip) {
+          SG_RETURN_IF_ERROR(VerdictAfterSkip(s));
+          return true;
+        }
+        SG_RETURN_IF_ERROR(Inconclusive(s, absl::StrCat("unexpected probe '", kind, "'")));
+        return true;
+      }
+      case Stage::kFix:
+        return FixStep(s);
+      case Stage::kClosed:
+        return false;
+    }
+    return false;
+  }
+
+  absl::Status EmitTransient(Inc& s) {
+    SG_ASSIGN_OR_RETURN(
+        std::vector<StepObservation> spike,
+        view->Steps(s.run(), s.opened.generation(), s.onset(), std::max(s.onset(), s.opened.peak_step())));
+    std::set<uint32_t> ranks;
+    for (const auto& o : spike) ranks.insert(o.max_loss_rank);
+    std::vector<std::string> recs;
+    const std::string rank_list = absl::StrJoin(ranks, ", ");
+    if (!ranks.empty()) {
+      recs.push_back(absl::StrCat("check the hosts of rank(s) ", rank_list,
+                                  " (ECC errors, GPU health, NCCL/network)"));
+    }
+    if (s.nondet_step >= 0) {
+      recs.push_back("make the run deterministic (fixed reduction order, deterministic kernels) "
+                     "so replays are bit-exact");
+    }
+    return EmitVerdict(
+        s, v1::TRANSIENT, Confidence(s, 0.9),
+        absl::StrCat("the replay from step ", s.chosen->checkpoint().step(),
+                     " did not spike at step ", s.onset(),
+                     ": a transient fault (hardware) or nondeterminism",
+                     ranks.empty() ? "" : absl::StrCat("; outlier rank(s) ", rank_list)),
+        std::move(recs),
+        absl::StrCat("continue from the replay (generation ", s.probe_generation, ")"));
+  }
+
+  // ---- Judging -------------------------------------------------------------------
+
+  absl::Status BuildJudge(Inc& s) {
+    if (!s.probe) {
+      return absl::DataLossError(absl::StrCat("incident ", s.id(), ": a probe runs but its request is not in the log"));
+    }
+    auto j = std::make_unique<Judge>();
+    const bool grad = s.opened.kind() == static_cast<int>(Detection::Kind::kGradNormSpike);
+    const v1::SpikeDetectorPolicy& sp = grad ? s.policy.grad_norm_spike() : s.policy.loss_spike();
+    j->use_grad = grad;
+    j->detector = std::make_unique<detect::SpikeDetector>(DetectorOptions(sp));
+    j->checkpoint_step = s.probe->checkpoint().step();
+    if (s.stage == Stage::kVerifying) {
+      j->generation = s.verify_generation;
+      j->from = s.verify_from;
+      j->to = s.verify_until;
+      j->verification = true;
+    } else {
+      j->generation = s.probe_generation;
+      j->from = s.probe->judge_from();
+      j->to = s.probe->judge_to();
+      if (s.opened.baseline() > 0 && s.opened.peak_value() > s.opened.baseline()) {
+        j->min_log_ratio = 0.5 * std::log(s.opened.peak_value() / s.opened.baseline());
+      }
+      j->budget_left = s.policy.budget().max_reexecuted_steps() - s.reexecuted;
+    }
+    // The detector starts from the original timeline before the checkpoint,
+    // as the live detector would have.
+    const int window = DetectorOptions(sp).window;
+    SG_ASSIGN_OR_RETURN(std::vector<StepObservation> before,
+                        view->Steps(s.run(), s.opened.generation(),
+                                    std::max<int64_t>(0, j->checkpoint_step - window + 1),
+                                    j->checkpoint_step));
+    for (const auto& o : before) {
+      if (!NonFinite(o)) j->detector->Observe(o.step, grad ? o.grad_norm : o.loss);
+    }
+    if (s.probe->probe_kind() == kReplay && s.stage == Stage::kProbing && s.nondet_step < 0) {
+      SG_ASSIGN_OR_RETURN(std::vector<StepObservation> original,
+                          view->Steps(s.run(), s.opened.generation(), j->checkpoint_step + 1,
+                                      s.onset() - 1));
+      for (const auto& o : original) j->original_hash[o.step] = o.loss_hash;
+    }
+    j->last_fed = j->checkpoint_step;
+    j->last_progress = clock->Now();
+    // Steps that arrived before a restart (or before verification began).
+    SG_ASSIGN_OR_RETURN(std::vector<StepObservation> done,
+                        view->Steps(s.run(), j->generation, j->checkpoint_step + 1, j->to));
+    for (const auto& o : done) j->Feed(o, clock->Now());
+    s.judge = std::move(j);
+    return absl::OkStatus();
+  }
+
+  // Logs what the judge found. Returns true when an event was logged.
+  absl::StatusOr<bool> HandleJudge(Inc& s) {
+    Judge* j = s.judge.get();
+    if (!j) return false;
+    bool changed = false;
+    if (j->mismatch_step >= 0 && s.nondet_step < 0) {
+      lg::EventPayload p;
+      p.set_step(j->mismatch_step);
+      p.set_note(absl::StrFormat(
+          "non-determinism: the replay's loss differs from the original at step %d (hash %016x vs "
+          "%016x): the run is not deterministic; confidence halved",
+          j->mismatch_step, j->mismatch_replayed, j->mismatch_original));
+      p.set_detail(p.note());
+      SG_RETURN_IF_ERROR(Emit(s, kNondeterminism, p));
+      changed = true;
+      j = s.judge.get();
+      if (!j) return true;
+    }
+    if (!j->result) return changed;
+    const lg::ProbeFinished f = *j->result;
+    lg::EventPayload p;
+    if (j->verification) {
+      if (f.outcome() == "clean") {
+        p.set_detail(absl::StrCat("verified: no spike through step ", f.last_step()));
+        SG_RETURN_IF_ERROR(Emit(s, kVerified, p));
+      } else {
+        const std::string what = absl::StrCat("spike returned while verifying the fix: ", f.detail());
+        p.set_note(what);
+        p.set_detail(what);
+        SG_RETURN_IF_ERROR(Emit(s, kVerificationFailed, p));
+        SG_RETURN_IF_ERROR(Inconclusive(s, what));
+      }
+      return true;
+    }
+    *p.mutable_finished() = f;
+    const std::string kind = s.probe->probe_kind();
+    if (kind == kTransplant) {
+      p.set_note(f.outcome() == "clean"
+                     ? absl::StrCat("transplant: the culprit batch does not spike the step-",
+                                    s.probe->checkpoint().step(),
+                                    " model: data × state (the model was fragile too)")
+                     : absl::StrCat("transplant: the culprit batch spikes the step-",
+                                    s.probe->checkpoint().step(), " model as well: the data alone"));
+    }
+    p.set_detail(absl::StrCat(kind, " probe (generation ", j->generation, "): ", f.outcome(), ": ",
+                              f.detail()));
+    SG_RETURN_IF_ERROR(Emit(s, kProbeFinished, p));
+    return true;
+  }
+
+  absl::Status Advance(Inc& s) {
+    for (int guard = 0; guard < 256; ++guard) {
+      if (s.stage == Stage::kClosed) return absl::OkStatus();
+      if (s.pending) {
+        if (s.approval_wait()) return absl::OkStatus();
+        SG_RETURN_IF_ERROR(Execute(s));
+        continue;
+      }
+      SG_ASSIGN_OR_RETURN(bool progressed, Decide(s));
+      if (!progressed) return absl::OkStatus();
+    }
+    return absl::InternalError(absl::StrCat("incident ", s.id(), ": no fixed point"));
+  }
+};
+
+// -----------------------------------------------------------------------------
+
+IncidentEngine::IncidentEngine(Clock* clock, RunController* controller, RunView* view,
+                               IncidentStore* store, Options options)
+    : state_(std::make_unique<State>()) {
+  state_->clock = clock;
+  state_->controller = controller;
+  state_->view = view;
+  state_->store = store;
+  state_->options = options;
+}
+
+IncidentEngine::~IncidentEngine() = default;
+
+void IncidentEngine::SetListener(Listener listener) { state_->listener = std::move(listener); }
+
+absl::Status IncidentEngine::Recover() {
+  State& st = *state_;
+  SG_ASSIGN_OR_RETURN(std::vector<v1::Incident> open, st.store->OpenIncidents());
+  std::vector<Inc*> resumed;
+  for (const v1::Incident& stored : open) {
+    if (st.incidents.count(stored.id())) continue;
+    SG_ASSIGN_OR_RETURN(std::vector<IncidentStore::StoredEvent> events, st.store->Events(stored.id()));
+    auto s = std::make_unique<Inc>();
+    s->inc.set_id(stored.id());
+    s->inc.set_run(stored.run());
+    for (const auto& e : events) {
+      lg::EventPayload p;
+      if (!google::protobuf::TextFormat::ParseFromString(e.payload, &p)) {
+        return absl::DataLossError(absl::StrCat("incident ", stored.id(), ": event ", e.seq, " (",
+                                                e.kind, ") has an unreadable payload"));
+      }
+      Apply(*s, e.seq, e.kind, p);
+    }
+    if (events.empty() || s->opened.run().empty()) {
+      // Created but crashed before its first event: nothing was done for it.
+      v1::Incident dead = stored;
+      dead.set_state(v1::ABORTED);
+      dead.set_note("the daemon stopped before the incident's first event; nothing was done");
+      dead.set_closed_unix_ms(st.clock->NowUnixMillis());
+      SG_RETURN_IF_ERROR(st.store->SaveIncident(dead));
+      continue;
+    }
+    int64_t& watched = st.watched[s->run()];
+    watched = std::max({watched, s->opened.generation(), s->probe_generation, s->verify_generation});
+    Inc* raw = s.get();
+    st.incidents[stored.id()] = std::move(s);
+    resumed.push_back(raw);
+  }
+  absl::Status first;
+  for (Inc* s : resumed) {
+    SG_LOG(INFO) << "incident " << s->id() << " (run " << s->run() << "): resuming from "
+                 << s->inc.events_size() << " event(s), state "
+                 << v1::IncidentState_Name(s->inc.state());
+    if (absl::Status status = st.Advance(*s); !status.ok() && first.ok()) first = status;
+  }
+  return first;
+}
+
+absl::Status IncidentEngine::OnDetection(const std::string& run, const Detection& d) {
+  State& st = *state_;
+  auto it = st.watched.try_emplace(run, d.generation).first;
+  if (d.generation < it->second) return absl::OkStatus();  // a stale timeline
+  it->second = d.generation;
+  if (st.ActiveFor(run) != nullptr) return absl::OkStatus();  // belongs to the active incident
+
+  v1::Incident initial;
+  initial.set_run(run);
+  initial.set_state(v1::DETECTED);
+  initial.set_trigger(TriggerName(d.kind));
+  initial.set_generation(d.generation);
+  initial.set_onset_step(d.onset_step);
+  initial.set_opened_unix_ms(st.clock->NowUnixMillis());
+  SG_ASSIGN_OR_RETURN(int64_t id, st.store->CreateIncident(run, initial));
+  auto s = std::make_unique<Inc>();
+  s->inc = initial;
+  s->inc.set_id(id);
+  Inc& inc = *s;
+  st.incidents[id] = std::move(s);
+
+  lg::EventPayload p;
+  lg::Opened* o = p.mutable_opened();
+  o->set_run(run);
+  o->set_kind(static_cast<int>(d.kind));
+  o->set_generation(d.generation);
+  o->set_onset_step(d.onset_step);
+  o->set_peak_step(d.peak_step);
+  o->set_peak_value(d.peak_value);
+  o->set_baseline(d.baseline);
+  o->set_has_precursor(d.precursor_onset_step.has_value());
+  o->set_precursor_onset_step(d.precursor_onset_step.value_or(0));
+  o->set_precursor(d.precursor);
+  o->set_localized_signal(d.localized_signal);
+  o->set_localized_layer(d.localized_layer);
+  for (const auto& x : d.localization_order) o->add_localization_order(x);
+  *o->mutable_policy() = st.view->PolicyFor(run);
+  o->set_world_size(st.view->WorldSize(run));
+  p.set_detail(absl::StrFormat(
+      "%s at step %d (peak %.4g at step %d, baseline %.4g) in generation %d%s", TriggerName(d.kind),
+      d.onset_step, d.peak_value, d.peak_step, d.baseline, d.generation,
+      d.precursor_onset_step ? absl::StrCat("; precursor ", d.precursor, " from step ",
+                                            *d.precursor_onset_step)
+                             : std::string()));
+  SG_RETURN_IF_ERROR(st.Emit(inc, kOpened, p));
+  return st.Advance(inc);
+}
+
+absl::Status IncidentEngine::OnStep(const std::string& run, const StepObservation& step) {
+  State& st = *state_;
+  int64_t& watched = st.watched[run];
+  watched = std::max(watched, step.generation);
+  Inc* s = st.ActiveFor(run);
+  if (s == nullptr || (s->stage != Stage::kProbing && s->stage != Stage::kVerifying)) {
+    return absl::OkStatus();
+  }
+  if (!s->judge) {
+    // Built from the view, which already holds this step.
+    SG_RETURN_IF_ERROR(st.BuildJudge(*s));
+  }
+  s->judge->Feed(step, st.clock->Now());
+  SG_ASSIGN_OR_RETURN(bool changed, st.HandleJudge(*s));
+  if (!changed && !s->pending) return absl::OkStatus();
+  return st.Advance(*s);
+}
+
+absl::Status IncidentEngine::Tick() {
+  State& st = *state_;
+  absl::Status first;
+  const absl::Time now = st.clock->Now();
+  std::vector<Inc*> active;
+  for (auto& [id, s] : st.incidents) {
+    if (s->stage != Stage::kClosed) active.push_back(s.get());
+  }
+  for (Inc* s : active) {
+    absl::Status status;
+    if (s->stage == Stage::kProbing && !s->pending && s->judge && !s->judge->result &&
+        now - s->judge->last_progress >= st.options.probe_timeout) {
+      s->judge->Finish("failed",
+                       absl::StrCat("timeout: no step of generation ", s->judge->generation,
+                                    " for ", absl::FormatDuration(now - s->judge->last_progress)),
+                       -1, -1);
+      auto handled = st.HandleJudge(*s);
+      status = handled.status();
+    }
+    // Retries actions that failed (e.g. workers not reachable) and moves on.
+    if (status.ok()) status = st.Advance(*s);
+    if (!status.ok()) {
+      SG_LOG(WARNING) << "incident " << s->id() << ": " << status;
+      if (first.ok()) first = status;
+    }
+  }
+  return first;
+}
+
+absl::Status IncidentEngine::Approve(int64_t incident_id) {
+  State& st = *state_;
+  auto it = st.incidents.find(incident_id);
+  if (it == st.incidents.end()) {
+    return absl::NotFoundError(absl::StrCat("incident ", incident_id, " is not active"));
+  }
+  Inc& s = *it->second;
+  if (!s.approval_wait()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("incident ", incident_id, " is not awaiting approval (state ",
+                     v1::IncidentState_Name(s.inc.state()), ")"));
+  }
+  lg::EventPayload p;
+  p.set_detail(absl::StrCat("approved: ", s.pending->reason()));
+  SG_RETURN_IF_ERROR(st.Emit(s, kApproved, p));
+  return st.Advance(s);
+}
+
+absl::Status IncidentEngine::Abort(int64_t incident_id, const std::string& reason) {
+  State& st = *state_;
+  auto it = st.incidents.find(incident_id);
+  if (it == st.incidents.end()) {
+    return absl::NotFoundError(absl::StrCat("incident ", incident_id, " is not active"));
+  }
+  Inc& s = *it->second;
+  if (s.inc.state() == v1::ABORTED || s.aborting) return absl::OkStatus();
+  if (s.stage == Stage::kClosed) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("incident ", incident_id, " is already closed"));
+  }
+  lg::Action a;
+  a.set_kind("continue");
+  a.set_request_id(absl::StrCat("incident-", s.id(), "/abort"));
+  a.set_reason(absl::StrCat("abort: ", reason));
+  lg::EventPayload p;
+  *p.mutable_action() = a;
+  p.set_note(absl::StrCat("aborted by an operator: ", reason.empty() ? "no reason given" : reason));
+  p.set_detail(p.note());
+  SG_RETURN_IF_ERROR(st.Emit(s, kAbortRequested, p));
+  return st.Advance(s);
+}
+
+bool IncidentEngine::ProbeRunning(const std::string& run) const {
+  for (const auto& [id, s] : state_->incidents) {
+    if (s->run() != run || s->stage == Stage::kClosed) continue;
+    if (s->stage == Stage::kProbing) return true;
+    if (s->pending && s->pending->kind() == "rewind" && !s->approval_wait()) return true;
+  }
+  return false;
+}
+
+std::optional<v1::Incident> IncidentEngine::Get(int64_t incident_id) const {
+  auto it = state_->incidents.find(incident_id);
+  if (it == state_->incidents.end()) return std::nullopt;
+  return it->second->inc;
+}
+
+std::vector<v1::Incident> IncidentEngine::Active() const {
+  std::vector<v1::Incident> out;
+  for (const auto& [id, s] : state_->incidents) {
+    if (s->stage != Stage::kClosed) out.push_back(s->inc);
+  }
+  return out;
+}
+
+}  // namespace spikeguard::incident

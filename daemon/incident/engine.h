@@ -1,0 +1,285 @@
+// engine.h
+// -----------------------------------------------------------------------------
+// The incident engine: the loss-spike diagnosis an expert runs by hand, made
+// automatic (DESIGN §7). One persisted state machine per incident:
+//
+//   detected ─▶ replay probe ─┬─ clean ──────────────▶ TRANSIENT (continue from the replay)
+//                             └─ spiked ─▶ skip probe ─┬─ clean ─▶ DATA (keep the hole,
+//                                                      │           quarantine the documents)
+//                                                      └─ spiked ─▶ FRAGILITY (fix ladder)
+//                                                                  or NUMERICS (non-finite)
+//   every fix is verified over a horizon before the incident closes.
+//
+// A probe is a rewind of the run to a checkpoint, with a data plan, optional
+// hparam overrides and a horizon (stop_after_step); the workers run it in a
+// new generation and the engine reads its outcome from that generation's
+// telemetry (OnStep).
+//
+// Persistence: the `incident_events` log is the source of truth. Every state
+// change is an event appended *before* it takes effect; after a crash,
+// Recover() replays the log through the same transitions and re-issues what
+// was requested but not confirmed, with the same request ids, so the
+// controller (and the workers, by command id) never execute anything twice.
+//
+// Threading: the engine is not thread-safe; the daemon calls it under one
+// lock. It never includes gRPC headers; it uses the v1 proto messages as data.
+//
+//   IncidentEngine engine(clock, &controller, &view, &store, IncidentEngine::Options{});
+//   SG_RETURN_IF_ERROR(engine.Recover());
+//   engine.OnDetection("gpt", detection);      // from the detectors
+//   engine.OnStep("gpt", observation);         // every merged step record
+//   engine.Tick();                             // timeouts, retries, periodically
+//
+// The protocol in detail (what an operator sees):
+//
+// - Modes come from view->PolicyFor(run) at each decision: OBSERVE (or
+//   unspecified) opens the incident with detection and localization and
+//   closes it at once ("observe mode: no probes"); PROPOSE parks every probe
+//   and every fix in AWAITING_APPROVAL with the action in the note until
+//   Approve(); AUTO runs unattended. Pauses and quarantine never wait. All
+//   other knobs are frozen from the policy when the incident opens.
+// - One active incident per run. A detection opens one only if it is of the
+//   run's watched generation (the newest generation seen in OnStep or in a
+//   detection); detections of older generations, and any detection while an
+//   incident is active, are ignored.
+// - Checkpoint: the newest complete one (generation <= the watched one) in
+//   [onset − max_steps_before_onset, onset − min_steps_before_onset], onset
+//   being the precursor onset when earlier; else the nearest older one, with
+//   a note; else INCONCLUSIVE and the run keeps training.
+// - Replay (horizon onset + replay_steps_past_onset): loss hashes before the
+//   onset must match the original; the first mismatch is a "nondeterminism"
+//   event and halves every confidence. A spike counts when its onset lies in
+//   [onset − 2, horizon]; any non-finite value counts too. Probes are judged
+//   with a SpikeDetector on the loss (the grad norm for a grad-norm trigger)
+//   seeded with the original steps up to the checkpoint.
+// - Clean replay → TRANSIENT (0.9): continue from the replay, verified for
+//   fix.verify_steps more steps; the ranks with the highest loss at the
+//   spike are named. Spiked → skip probe with a hole of data positions
+//   [p − skip_before, p + skip_after + 1) around the onset's position p,
+//   horizon onset + skip_horizon (spikes count from the checkpoint on).
+// - Clean skip → DATA (0.85): escalated to FRAGILITY when the run already
+//   has data_incidents − 1 DATA incidents with onsets within window_steps.
+//   Otherwise (bisect, transplant if enabled, then) continue the skip
+//   generation, verified for verify_steps more steps, and quarantine the
+//   documents of the window. After bisect or transplant the run has moved:
+//   the fix is then a rewind with the skip plan, verified to onset +
+//   verify_steps, then continued.
+// - Bisect: each probe skips the first half (rounded up) of the candidate
+//   positions; a clean probe keeps that half, a spiked one the other, so the
+//   culprit position is named after at most ⌈log2 W⌉ probes (confidence
+//   0.95). Transplant: the culprit position spliced in right after a much
+//   earlier checkpoint (max_steps_before_onset before the probe's); the
+//   outcome is noted ("data × state" when it does not spike). Informational.
+// - Spiked skip → NUMERICS (0.9) when the trigger or any probe was
+//   non-finite: the first non-finite layer is named, precision advice given,
+//   the run paused. Otherwise FRAGILITY (0.8): fix rungs rewound from the
+//   probe checkpoint with the original plan, each verified to onset +
+//   verify_steps: lr × lr_factor; + extra warmup and clip tight_clip_norm;
+//   + β2 and ε. A clean rung is continued and the incident closes; three
+//   spiked rungs → INCONCLUSIVE. Next-run advice follows the precursor
+//   (qk-norm for attention logits, z-loss for log-sum-exp) plus soft-capping,
+//   no biases, scaled residual init.
+// - INCONCLUSIVE (budget: max_probes started or max_reexecuted_steps spent,
+//   even mid-probe; a probe silent for Options::probe_timeout; a spike during
+//   the verification of a fix; all rungs failed) pauses the run and closes
+//   the incident; the operator resumes or rewinds by hand.
+// - Abort(): ABORTED, and the run continues as it is (Continue).
+// - Requests carry ids "incident-<id>/<n>-<what>". Every external fact a
+//   decision used (checkpoint, documents, escalation count, probe outcomes)
+//   is in the log, so Recover() reaches the same state without asking again;
+//   steps of a running probe are read back from view->Steps and re-delivered
+//   steps are ignored per (generation, step).
+// - Cost: probes started, steps re-executed (last step seen − checkpoint per
+//   probe), wall time open → close, GPU-hours = re-executed steps × mean
+//   probe step time × world size / 3600. The verdict and close events give
+//   the time to verdict and to close.
+// - Get() knows the incidents opened or recovered by this process; older
+//   closed ones are in the store.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "base/clock.h"
+#include "spikeguard/v1/policy.pb.h"
+#include "spikeguard/v1/supervisor.pb.h"
+#include "spikeguard/v1/worker.pb.h"
+
+namespace spikeguard::incident {
+
+// One merged (run-level) step, as the engine needs it.
+struct StepObservation {
+  int64_t generation = 0;
+  int64_t step = 0;
+  int64_t data_position = 0;
+  double loss = 0;
+  double grad_norm = 0;
+  int64_t nonfinite_count = 0;
+  uint64_t loss_hash = 0;
+  double step_time_s = 0;
+  // Rank with the highest local loss at this step (outlier hosts).
+  uint32_t max_loss_rank = 0;
+  // Global layer index that first went non-finite, -1 when none/unknown.
+  int first_nonfinite_layer = -1;
+};
+
+// What the detectors report; the daemon converts its monitor's events.
+struct Detection {
+  enum class Kind { kLossSpike, kGradNormSpike, kNonFinite };
+  Kind kind = Kind::kLossSpike;
+  int64_t generation = 0;
+  int64_t onset_step = 0;
+  int64_t peak_step = 0;
+  double peak_value = 0;
+  double baseline = 0;
+  // The earliest precursor that fired before the onset, if any.
+  std::optional<int64_t> precursor_onset_step;
+  // e.g. "max_attn_logit", "lse_max", "grad_norm", "clip_rate".
+  std::string precursor;
+  // Localization: earliest signal and layer (-1: not per-layer).
+  std::string localized_signal;
+  int localized_layer = -1;
+  std::vector<std::string> localization_order;
+};
+
+struct CheckpointInfo {
+  int64_t generation = 0;
+  int64_t step = 0;
+  std::string uri;
+  std::string checksum;
+  bool complete = false;
+};
+
+// A rewind the engine asks for. `request_id` is deterministic (incident id
+// and probe number), so asking twice is safe.
+struct RewindSpec {
+  std::string request_id;
+  CheckpointInfo checkpoint;
+  spikeguard::v1::DataPlan plan;
+  // Run up to and including this step, report, wait. 0 = no horizon.
+  int64_t stop_after_step = 0;
+  spikeguard::v1::HParams hparams;
+  std::string reason;
+};
+
+// The world as the engine acts on it. The daemon implements it with commands
+// to live workers (in-place rewind) or the launcher (relaunch); tests script it.
+class RunController {
+ public:
+  virtual ~RunController() = default;
+  // Starts a new generation of `run` from spec.checkpoint. Idempotent by
+  // spec.request_id: a repeated request returns the generation the first
+  // one created. Returns the new generation.
+  virtual absl::StatusOr<int64_t> Rewind(const std::string& run, const RewindSpec& spec) = 0;
+  // Lets the current generation train on with no horizon (optionally with
+  // new hparams), e.g. after a verdict. Idempotent by request_id.
+  virtual absl::Status Continue(const std::string& run, const std::string& request_id,
+                                const std::optional<spikeguard::v1::HParams>& hparams) = 0;
+  // Holds the workers where they are (NUMERICS, INCONCLUSIVE).
+  virtual absl::Status Pause(const std::string& run, const std::string& request_id) = 0;
+};
+
+// Read access to what the daemon has stored about a run.
+class RunView {
+ public:
+  virtual ~RunView() = default;
+  virtual absl::StatusOr<std::vector<CheckpointInfo>> Checkpoints(const std::string& run) = 0;
+  // Merged steps of one generation in [from, to], in step order.
+  virtual absl::StatusOr<std::vector<StepObservation>> Steps(const std::string& run,
+                                                            int64_t generation, int64_t from,
+                                                            int64_t to) = 0;
+  // The data plan the generation trains with.
+  virtual absl::StatusOr<spikeguard::v1::DataPlan> Plan(const std::string& run,
+                                                        int64_t generation) = 0;
+  // The documents steps [from, to] of a generation consumed (manifest
+  // resolution); empty when the run has no manifest.
+  virtual absl::StatusOr<std::vector<spikeguard::v1::DocumentRef>> Documents(
+      const std::string& run, int64_t generation, int64_t from, int64_t to) = 0;
+  virtual uint32_t WorldSize(const std::string& run) = 0;
+  virtual spikeguard::v1::Policy PolicyFor(const std::string& run) = 0;
+};
+
+// The incident tables of the catalog.
+class IncidentStore {
+ public:
+  virtual ~IncidentStore() = default;
+  virtual absl::StatusOr<int64_t> CreateIncident(const std::string& run,
+                                                 const spikeguard::v1::Incident& incident) = 0;
+  // Materialized view for queries; the event log stays the truth.
+  virtual absl::Status SaveIncident(const spikeguard::v1::Incident& incident) = 0;
+  virtual absl::StatusOr<int64_t> AppendEvent(int64_t incident_id, const std::string& kind,
+                                              const std::string& payload) = 0;
+  struct StoredEvent {
+    int64_t seq = 0;
+    int64_t unix_ms = 0;
+    std::string kind;
+    std::string payload;
+  };
+  virtual absl::StatusOr<std::vector<StoredEvent>> Events(int64_t incident_id) = 0;
+  // Incidents not CLOSED/ABORTED, and all incidents of a run (escalation).
+  virtual absl::StatusOr<std::vector<spikeguard::v1::Incident>> OpenIncidents() = 0;
+  virtual absl::StatusOr<std::vector<spikeguard::v1::Incident>> RunIncidents(
+      const std::string& run) = 0;
+  virtual absl::Status Quarantine(const spikeguard::v1::QuarantineEntry& entry) = 0;
+};
+
+// Knobs of the engine itself (the protocol's knobs are in the Policy).
+struct EngineOptions {
+  // A probe whose generation reports no new step for this long is given up:
+  // the incident becomes INCONCLUSIVE and the run is paused (Tick()).
+  absl::Duration probe_timeout = absl::Minutes(10);
+};
+
+class IncidentEngine {
+ public:
+  using Listener = std::function<void(const spikeguard::v1::Incident&,
+                                      const spikeguard::v1::IncidentEvent&)>;
+  using Options = EngineOptions;
+
+  IncidentEngine(Clock* clock, RunController* controller, RunView* view, IncidentStore* store,
+                 Options options = Options());
+  ~IncidentEngine();
+  IncidentEngine(const IncidentEngine&) = delete;
+  IncidentEngine& operator=(const IncidentEngine&) = delete;
+
+  // Rebuilds every open incident from its event log and re-issues requests
+  // that were logged but not confirmed.
+  absl::Status Recover();
+
+  // A detector fired. Opens an incident unless one is active for the run (a
+  // detection during a probe belongs to that probe) or the detection is of a
+  // generation the engine is not watching.
+  absl::Status OnDetection(const std::string& run, const Detection& detection);
+  // A merged step record was committed (any generation).
+  absl::Status OnStep(const std::string& run, const StepObservation& step);
+  // Time-based checks (probe wall-clock timeouts).
+  absl::Status Tick();
+
+  // Operators. Refused with FAILED_PRECONDITION and a reason when not
+  // applicable (e.g. nothing awaits approval); idempotent.
+  absl::Status Approve(int64_t incident_id);
+  absl::Status Abort(int64_t incident_id, const std::string& reason);
+  // True while an incident of the run runs a probe (manual rewinds are
+  // refused then).
+  bool ProbeRunning(const std::string& run) const;
+
+  // Current materialized state.
+  std::optional<spikeguard::v1::Incident> Get(int64_t incident_id) const;
+  std::vector<spikeguard::v1::Incident> Active() const;
+
+  void SetListener(Listener listener);
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace spikeguard::incident

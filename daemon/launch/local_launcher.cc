@@ -1,0 +1,273 @@
+#include "daemon/launch/local_launcher.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "base/logging.h"
+#include "base/status_macros.h"
+#include "daemon/control/catalog_adapters.h"
+#include "storage/corpus/data_plan.h"
+
+namespace spikeguard::daemon {
+
+namespace v1 = spikeguard::v1;
+
+LocalLauncher::LocalLauncher(Options options, storage::Catalog* catalog, RunRegistry* registry,
+                             Clock* clock)
+    : options_(std::move(options)), catalog_(catalog), registry_(registry), clock_(clock) {
+  monitor_ = std::thread([this] { MonitorLoop(); });
+}
+
+LocalLauncher::~LocalLauncher() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (monitor_.joinable()) monitor_.join();
+}
+
+std::vector<std::string> LocalLauncher::Expand(const std::vector<std::string>& command,
+                                               const std::map<std::string, std::string>& values) {
+  std::vector<std::pair<std::string, std::string>> subs;
+  for (const auto& [k, v] : values) subs.emplace_back("{" + k + "}", v);
+  std::vector<std::string> out;
+  for (const auto& arg : command) {
+    std::string expanded = absl::StrReplaceAll(arg, subs);
+    const bool had_placeholder = expanded != arg;
+    if (had_placeholder && expanded.empty()) {
+      // "--resume {resume}" with nothing to resume from: drop the flag too.
+      if (!out.empty() && absl::StartsWith(out.back(), "--") &&
+          out.back().find('=') == std::string::npos) {
+        out.pop_back();
+      }
+      continue;
+    }
+    if (had_placeholder && absl::EndsWith(expanded, "=") && absl::StartsWith(expanded, "--")) {
+      continue;  // "--resume={resume}" with nothing to resume from
+    }
+    out.push_back(std::move(expanded));
+  }
+  return out;
+}
+
+absl::Status LocalLauncher::Launch(const std::string& run) {
+  SG_ASSIGN_OR_RETURN(v1::Run row, catalog_->GetRun(run));
+  if (row.spec().command().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("run '", run, "': spec has no command"));
+  }
+  absl::MutexLock lock(&mu_);
+  if (runs_.count(run) > 0) {
+    return absl::AlreadyExistsError(absl::StrCat("run '", run, "' is already launched"));
+  }
+  Run& r = runs_[run];
+  r.spec = row.spec();
+  r.world_size = std::max<uint32_t>(1, row.world_size());
+  r.ranks.resize(r.world_size);
+  for (uint32_t rank = 0; rank < r.world_size; ++rank) {
+    SG_RETURN_IF_ERROR(StartRank(run, r, rank, /*restart=*/false));
+  }
+  (void)catalog_->SetRunState(run, "running");
+  return absl::OkStatus();
+}
+
+absl::Status LocalLauncher::StartRank(const std::string& run, Run& r, uint32_t rank, bool restart) {
+  SG_ASSIGN_OR_RETURN(v1::Run row, catalog_->GetRun(run));
+  const int64_t generation = row.current_generation();
+  std::string resume, plan_text = "0-";
+  SG_ASSIGN_OR_RETURN(std::vector<v1::Generation> gens, catalog_->ListGenerations(run));
+  int64_t origin_step = -1;
+  for (const auto& g : gens) {
+    if (g.generation() != generation) continue;
+    if (auto plan = ToStoragePlan(g.data_plan()); plan.ok()) plan_text = plan->ToString();
+    if (generation > 0) origin_step = g.from_checkpoint_step();
+  }
+  if (restart || generation > 0) {
+    // Newest complete checkpoint of this generation; else the one the
+    // generation was rewound to.
+    SG_ASSIGN_OR_RETURN(std::vector<v1::Checkpoint> ckpts, catalog_->ListCheckpoints(run));
+    const v1::Checkpoint* best = nullptr;
+    for (const auto& c : ckpts) {
+      if (!c.complete()) continue;
+      if (c.generation() == generation && (!best || best->generation() != generation ||
+                                           c.step() > best->step())) {
+        best = &c;
+      } else if (!best && c.step() == origin_step) {
+        best = &c;
+      }
+    }
+    if (best) {
+      resume = best->uri();
+      if (absl::StartsWith(resume, "file://")) resume = resume.substr(7);
+    }
+  }
+  const auto argv = Expand(std::vector<std::string>(r.spec.command().begin(), r.spec.command().end()),
+                           {{"rank", absl::StrCat(rank)},
+                            {"world_size", absl::StrCat(r.world_size)},
+                            {"run", run},
+                            {"addr", options_.daemon_address},
+                            {"generation", absl::StrCat(generation)},
+                            {"resume", resume},
+                            {"plan", plan_text}});
+  const std::string log_dir = (std::filesystem::path(options_.data_dir) / "runs" / run).string();
+  std::error_code ec;
+  std::filesystem::create_directories(log_dir, ec);
+  const std::string log_path = absl::StrCat(log_dir, "/rank-", rank, ".log");
+  const int log_fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (log_fd < 0) return absl::UnavailableError(absl::StrCat("cannot open ", log_path));
+  std::vector<char*> args;
+  std::vector<std::string> storage(argv);
+  for (auto& a : storage) args.push_back(a.data());
+  args.push_back(nullptr);
+  std::vector<std::string> env_storage;
+  for (char** e = environ; *e != nullptr; ++e) env_storage.emplace_back(*e);
+  for (const auto& [k, v] : r.spec.env()) env_storage.push_back(k + "=" + v);
+  std::vector<char*> envp;
+  for (auto& e : env_storage) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  const std::string workdir = r.spec.workdir();
+
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(log_fd);
+    return absl::UnavailableError("fork failed");
+  }
+  if (pid == 0) {
+    // Child: only async-signal-safe calls until exec.
+    dup2(log_fd, 1);
+    dup2(log_fd, 2);
+    if (!workdir.empty() && chdir(workdir.c_str()) != 0) _exit(126);
+    execve(args[0], args.data(), envp.data());
+    _exit(127);
+  }
+  close(log_fd);
+  Rank& rk = r.ranks[rank];
+  rk.pid = pid;
+  rk.done = false;
+  rk.started = clock_->Now();
+  if (restart) ++rk.restarts;
+  SG_LOG(INFO) << "run " << run << ": rank " << rank << (restart ? " restarted" : " started")
+               << " (pid " << pid << ", generation " << generation
+               << (resume.empty() ? "" : ", from " + resume) << "), log " << log_path;
+  return absl::OkStatus();
+}
+
+void LocalLauncher::MonitorLoop() {
+  while (true) {
+    absl::SleepFor(options_.poll);
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    for (auto& [name, r] : runs_) {
+      if (r.finished) continue;
+      const v1::Policy policy = EffectivePolicy(catalog_, name);
+      const int max_restarts =
+          policy.launch().max_restarts() > 0 ? policy.launch().max_restarts() : 3;
+      const int64_t heartbeat_ms = policy.launch().heartbeat_timeout_ms() > 0
+                                       ? policy.launch().heartbeat_timeout_ms()
+                                       : 30'000;
+      const auto live = registry_->Ranks(name);
+      bool all_done = true;
+      for (uint32_t rank = 0; rank < r.ranks.size(); ++rank) {
+        Rank& rk = r.ranks[rank];
+        if (rk.done) continue;
+        all_done = false;
+        if (rk.pid <= 0) continue;
+        int status = 0;
+        const pid_t got = waitpid(rk.pid, &status, WNOHANG);
+        bool crashed = false;
+        if (got == rk.pid) {
+          const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+          rk.pid = -1;
+          if (code == 0) {
+            rk.done = true;
+            SG_LOG(INFO) << "run " << name << ": rank " << rank << " finished";
+            continue;
+          }
+          if (code == 3) {
+            SG_LOG(ERROR) << "run " << name << ": rank " << rank
+                          << " was rejected by the daemon; not restarting";
+            r.finished = true;
+            (void)catalog_->SetRunState(name, "failed");
+            break;
+          }
+          SG_LOG(WARNING) << "run " << name << ": rank " << rank << " exited with " << code;
+          crashed = true;
+        } else {
+          // Hung: attached once, silent past the heartbeat timeout.
+          for (const auto& s : live) {
+            if (s.rank() != rank || s.last_seen_unix_ms() == 0) continue;
+            const int64_t silent = clock_->NowUnixMillis() - s.last_seen_unix_ms();
+            if (silent > heartbeat_ms && clock_->Now() - rk.started > absl::Milliseconds(heartbeat_ms)) {
+              SG_LOG(WARNING) << "run " << name << ": rank " << rank << " silent for " << silent
+                              << " ms; killing it";
+              kill(rk.pid, SIGKILL);
+              waitpid(rk.pid, &status, 0);
+              rk.pid = -1;
+              crashed = true;
+            }
+          }
+        }
+        if (crashed) {
+          if (rk.restarts >= max_restarts) {
+            SG_LOG(ERROR) << "run " << name << ": rank " << rank << " out of restarts ("
+                          << max_restarts << ")";
+            r.finished = true;
+            (void)catalog_->SetRunState(name, "failed");
+            break;
+          }
+          if (auto s = StartRank(name, r, rank, /*restart=*/true); !s.ok()) {
+            SG_LOG(ERROR) << "run " << name << ": restart of rank " << rank << " failed: " << s;
+          }
+        }
+      }
+      if (all_done && !r.finished) {
+        r.finished = true;
+        (void)catalog_->SetRunState(name, "finished");
+        SG_LOG(INFO) << "run " << name << " finished";
+      }
+    }
+  }
+}
+
+int LocalLauncher::Restarts(const std::string& run) {
+  absl::MutexLock lock(&mu_);
+  auto it = runs_.find(run);
+  if (it == runs_.end()) return 0;
+  int n = 0;
+  for (const auto& r : it->second.ranks) n += r.restarts;
+  return n;
+}
+
+void LocalLauncher::StopAll(absl::Duration grace) {
+  std::vector<pid_t> pids;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [name, r] : runs_) {
+      for (auto& rk : r.ranks) {
+        if (rk.pid > 0) pids.push_back(rk.pid);
+      }
+      r.finished = true;
+    }
+  }
+  for (pid_t p : pids) kill(p, SIGTERM);
+  const absl::Time deadline = absl::Now() + grace;
+  for (pid_t p : pids) {
+    int status = 0;
+    while (waitpid(p, &status, WNOHANG) == 0) {
+      if (absl::Now() > deadline) {
+        kill(p, SIGKILL);
+        waitpid(p, &status, 0);
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  }
+}
+
+}  // namespace spikeguard::daemon

@@ -1,0 +1,193 @@
+#include "daemon/detect/run_monitor.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "daemon/detect/trace_gen.h"
+#include "gtest/gtest.h"
+
+namespace spikeguard::detect {
+namespace {
+
+std::vector<MonitorEvent> Monitor(const LabeledTrace& t, RunMonitor* m = nullptr) {
+  RunMonitor local(RunMonitor::Options{});
+  if (m == nullptr) m = &local;
+  std::vector<MonitorEvent> out;
+  for (const StepSample& s : t.steps) {
+    for (auto& e : m->Observe(s)) out.push_back(std::move(e));
+  }
+  return out;
+}
+
+std::vector<MonitorEvent> Opening(const std::vector<MonitorEvent>& events) {
+  std::vector<MonitorEvent> out;
+  for (const auto& e : events) {
+    if (e.opens_incident()) out.push_back(e);
+  }
+  return out;
+}
+
+TEST(RunMonitorTest, SilentDuringWarmup) {
+  const LabeledTrace t = GenerateTrace({Scenario::kHealthy, 11, 300, 4});
+  // Warm-up is noisy and fast-moving; a 20× loss at step 40 is not judged yet.
+  LabeledTrace wild = t;
+  wild.steps[40].loss *= 20;
+  wild.steps[41].grad_norm *= 50;
+  EXPECT_TRUE(Opening(Monitor(wild)).empty());
+}
+
+TEST(RunMonitorTest, SilentOnHealthyRuns) {
+  for (uint64_t seed : {21, 22, 23}) {
+    for (Scenario sc : {Scenario::kHealthy, Scenario::kPlateau, Scenario::kDrift}) {
+      const LabeledTrace t = GenerateTrace({sc, seed, 15000, 4});
+      const auto events = Monitor(t);
+      EXPECT_TRUE(Opening(events).empty()) << t.name << " first at step "
+                                           << (Opening(events).empty() ? -1 : Opening(events)[0].step);
+    }
+  }
+}
+
+TEST(RunMonitorTest, FiresOnEverySharpSpikeAtItsOnset) {
+  const LabeledTrace t = GenerateTrace({Scenario::kSharpSpikes, 31, 5000, 4});
+  ASSERT_FALSE(t.labels.empty());
+  const auto open = Opening(Monitor(t));
+  for (const Label& l : t.labels) {
+    auto hit = std::find_if(open.begin(), open.end(), [&](const MonitorEvent& e) {
+      return e.step >= l.onset && e.step <= l.peak;
+    });
+    EXPECT_NE(hit, open.end()) << "spike peaking at " << l.peak;
+  }
+  // Nothing outside the spikes.
+  for (const auto& e : open) {
+    bool in = false;
+    for (const Label& l : t.labels) in = in || (e.step >= l.onset - 10 && e.step <= l.end + 5);
+    EXPECT_TRUE(in) << "false alarm at " << e.step;
+  }
+}
+
+TEST(RunMonitorTest, GradNormBlowupAlarmsBeforeTheLossPeaks) {
+  const LabeledTrace t = GenerateTrace({Scenario::kGradBlowup, 41, 3000, 4});
+  const auto open = Opening(Monitor(t));
+  for (const Label& l : t.labels) {
+    if (l.kind == Label::kPrecursor) continue;
+    auto first = std::find_if(open.begin(), open.end(), [&](const MonitorEvent& e) {
+      return e.step >= l.onset - 10 && e.step <= l.peak;
+    });
+    ASSERT_NE(first, open.end()) << l.peak;
+    EXPECT_EQ(first->signal, "grad_norm");
+    // The ×10 step is three steps before the loss peak.
+    EXPECT_GE(l.peak - first->step, 2) << l.peak;
+  }
+}
+
+TEST(RunMonitorTest, FragilityPrecursorDatesTheOnsetAndLocalizesTheLayer) {
+  for (uint64_t seed : {51, 52, 53}) {
+    const LabeledTrace t = GenerateTrace({Scenario::kFragility, seed, 4000, 4});
+    const Label* pre = nullptr;
+    for (const Label& l : t.labels) {
+      if (l.kind == Label::kPrecursor) pre = &l;
+    }
+    ASSERT_NE(pre, nullptr);
+    const auto events = Monitor(t);
+    // A precursor warning on the right series, dated within a few steps.
+    auto w = std::find_if(events.begin(), events.end(), [](const MonitorEvent& e) {
+      return e.kind == MonitorEvent::kPrecursor;
+    });
+    ASSERT_NE(w, events.end()) << t.name;
+    EXPECT_EQ(w->signal, "max_attn_logit");
+    EXPECT_EQ(w->layer, pre->layer);
+    EXPECT_NEAR(static_cast<double>(w->onset_step), pre->onset, 5) << t.name;
+    EXPECT_LT(w->step, pre->peak);
+    // The spike's incident carries the earlier onset and names the layer.
+    const auto open = Opening(events);
+    ASSERT_FALSE(open.empty());
+    const MonitorEvent& first = open[0];
+    ASSERT_TRUE(first.precursor_start.has_value());
+    EXPECT_NEAR(static_cast<double>(*first.precursor_start), pre->onset, 5);
+    EXPECT_LT(*first.precursor_start, first.onset_step - 100);
+    // The culprit layer comes first (its activations move with its logits,
+    // so either may lead by a step or two), and its logits are dated right.
+    ASSERT_FALSE(first.localization.order.empty());
+    EXPECT_EQ(first.localization.order[0].layer, pre->layer) << t.name;
+    bool dated = false;
+    for (const auto& o : first.localization.order) {
+      if (o.signal == "max_attn_logit" && o.layer == pre->layer) {
+        dated = std::abs(static_cast<double>(o.departure.step - pre->onset)) <= 5;
+      }
+    }
+    EXPECT_TRUE(dated) << t.name;
+  }
+}
+
+TEST(RunMonitorTest, SlowDivergenceIsDetected) {
+  for (uint64_t seed : {61, 62, 63}) {
+    const LabeledTrace t = GenerateTrace({Scenario::kSlowDivergence, seed, 3000, 4});
+    const Label* div = nullptr;
+    for (const Label& l : t.labels) {
+      if (l.kind == Label::kDivergence) div = &l;
+    }
+    ASSERT_NE(div, nullptr);
+    const auto open = Opening(Monitor(t));
+    ASSERT_FALSE(open.empty()) << t.name;
+    EXPECT_GE(open[0].step, div->onset) << t.name;
+  }
+}
+
+TEST(RunMonitorTest, NonFiniteStepNamesTheFirstLayer) {
+  const LabeledTrace t = GenerateTrace({Scenario::kNanBurst, 71, 4000, 4});
+  const auto open = Opening(Monitor(t));
+  std::vector<MonitorEvent> nf;
+  for (const auto& e : open) {
+    if (e.kind == MonitorEvent::kNonFinite) nf.push_back(e);
+  }
+  std::vector<Label> labels;
+  for (const Label& l : t.labels) labels.push_back(l);
+  ASSERT_EQ(nf.size(), labels.size());
+  for (size_t i = 0; i < nf.size(); ++i) {
+    EXPECT_EQ(nf[i].step, labels[i].onset);
+    EXPECT_EQ(nf[i].layer, labels[i].layer);
+  }
+}
+
+TEST(RunMonitorTest, MemoryStaysBoundedOver100kSteps) {
+  RunMonitor m(RunMonitor::Options{});
+  size_t at_20k = 0, max_seen = 0;
+  // Five healthy stretches back to back, renumbered: 100,000 steps.
+  int64_t step = 0;
+  for (uint64_t seed = 81; seed <= 85; ++seed) {
+    const LabeledTrace t = GenerateTrace({Scenario::kHealthy, seed, 20000, 4});
+    for (StepSample s : t.steps) {
+      s.step = step++;
+      m.Observe(s);
+      max_seen = std::max(max_seen, m.footprint());
+    }
+    if (step == 20000) at_20k = m.footprint();
+  }
+  EXPECT_EQ(step, 100000);
+  const auto& o = m.options();
+  EXPECT_EQ(m.loss_detector().window_size(), static_cast<size_t>(o.loss.window));
+  EXPECT_LE(m.grad_norm_detector().window_size(), static_cast<size_t>(o.grad_norm.window));
+  EXPECT_LE(max_seen, at_20k + 64);
+  // Per series: lookback (steps and values), change baseline, smoothing and
+  // scratch; plus the spike windows, the divergence medians and the clip
+  // window.
+  const auto& p = o.precursor;
+  const size_t per_series = 2 * p.lookback + 2 * p.baseline_window + p.smooth;
+  const size_t bound = m.precursors().series_count() * per_series + o.loss.window +
+                       o.grad_norm.window + o.divergence.median_window +
+                       o.divergence.horizon / o.divergence.stride + 1 + p.clip_window +
+                       o.max_recent_precursors;
+  EXPECT_LE(max_seen, bound);
+}
+
+TEST(RunMonitorTest, StaleStepsAreIgnored) {
+  RunMonitor m(RunMonitor::Options{});
+  const LabeledTrace t = GenerateTrace({Scenario::kHealthy, 91, 500, 2});
+  for (const auto& s : t.steps) m.Observe(s);
+  StepSample stale = t.steps[100];
+  stale.loss = 1e6;
+  EXPECT_TRUE(m.Observe(stale).empty());
+}
+
+}  // namespace
+}  // namespace spikeguard::detect

@@ -1,0 +1,280 @@
+// The whole loop end to end: a real spikeguardd launches real reference
+// workers (local launcher), detects their spikes, runs the probes through
+// in-place rewinds, and reaches the verdict — on a real SQLite catalog.
+#include <dirent.h>
+#include <signal.h>
+
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+
+#include "absl/strings/str_split.h"
+#include "absl/strings/str_join.h"
+#include "gmock/gmock.h"
+#include "spikeguard/v1/supervisor.pb.h"
+#include "tests/e2e/cluster.h"
+
+namespace spikeguard::testing {
+namespace {
+
+namespace v1 = spikeguard::v1;
+using ::testing::HasSubstr;
+
+// Kills every process whose command line mentions `needle` (the workers a
+// SIGKILLed daemon left behind).
+void KillProcessesMentioning(const std::string& needle) {
+  DIR* proc = opendir("/proc");
+  if (proc == nullptr) return;
+  while (dirent* e = readdir(proc)) {
+    const int pid = std::atoi(e->d_name);
+    if (pid <= 0 || pid == getpid()) continue;
+    std::string cmdline = ReadFile(absl::StrCat("/proc/", pid, "/cmdline"));
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    if (cmdline.find(needle) != std::string::npos) kill(pid, SIGKILL);
+  }
+  closedir(proc);
+}
+
+constexpr char kPolicy[] = R"pb(
+  probe {
+    min_steps_before_onset: 50
+    max_steps_before_onset: 500
+    replay_steps_past_onset: 5
+    skip_before: 2
+    skip_after: 2
+    skip_horizon: 100
+  }
+  fix { verify_steps: 100 }
+)pb";
+
+class IncidentE2E : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    if (daemon_) {
+      daemon_->Kill(SIGTERM);
+      daemon_->Wait(std::chrono::seconds(30));
+    }
+    KillProcessesMentioning(dir_.path());
+  }
+
+  // Synthesizes the corpus; returns the poison documents it placed.
+  std::vector<std::string> MakeCorpus(const std::vector<std::string>& poisons) {
+    std::vector<std::string> argv = {WORKER, "corpus", "synth", "--out", dir_.File("corpus"),
+                                     "--seed", "7"};
+    for (const auto& p : poisons) {
+      argv.push_back("--poison");
+      argv.push_back(p);
+    }
+    RunResult r = RunCommand(argv, dir_.File("synth"));
+    EXPECT_EQ(r.code, 0) << r.err;
+    std::vector<std::string> docs;
+    for (absl::string_view line : absl::StrSplit(r.out, '\n')) {
+      if (line.substr(0, 7) != "poison ") continue;
+      std::vector<std::string> parts = absl::StrSplit(line.substr(line.find(':') + 1), ' ',
+                                                      absl::SkipEmpty());
+      docs.insert(docs.end(), parts.begin(), parts.end());
+    }
+    return docs;
+  }
+
+  // Starts the daemon, sets the policy and launches the run.
+  void Launch(const std::string& run, const std::string& scenario,
+              const std::vector<std::string>& extra_args, const std::string& policy = kPolicy) {
+    daemon_ = cluster_.StartDaemon("first");
+    {
+      std::ofstream f(dir_.File("policy.textproto"));
+      f << policy;
+    }
+    RunResult set = cluster_.Spikectl({"policy", "set", "--file", dir_.File("policy.textproto")},
+                                      "policy");
+    ASSERT_EQ(set.code, 0) << set.err;
+    std::vector<std::string> command = {WORKER, "train", "--corpus", dir_.File("corpus"),
+                                        "--checkpoint-dir", dir_.File("ckpt-{rank}"), "--config",
+                                        std::string(SCENARIO_DIR) + "/" + scenario + ".conf",
+                                        "--addr", "{addr}", "--run", "{run}", "--rank", "{rank}",
+                                        "--world-size", "{world_size}", "--generation",
+                                        "{generation}", "--resume", "{resume}", "--plan", "{plan}",
+                                        "--linger-s", "300"};
+    command.insert(command.end(), extra_args.begin(), extra_args.end());
+    {
+      std::ofstream f(dir_.File("spec.textproto"));
+      for (const auto& c : command) f << "command: \"" << c << "\"\n";
+      f << "manifest { corpus_dir: \"" << dir_.File("corpus") << "\" }\n";
+    }
+    RunResult created = cluster_.Spikectl({"runs", "create", run, "--world-size=1", "--mode=auto",
+                                           "--spec=" + dir_.File("spec.textproto")},
+                                          "create");
+    ASSERT_EQ(created.code, 0) << created.err;
+  }
+
+  // Polls until `done` holds for the run's incidents, or the timeout.
+  v1::ListIncidentsResponse WaitIncidents(
+      const std::string& run, const std::function<bool(const v1::ListIncidentsResponse&)>& done,
+      absl::Duration timeout) {
+    v1::ListIncidentsResponse list;
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      list.Clear();
+      if (cluster_.SpikectlJson({"incidents", "list", "--run", run}, "list", &list) && done(list)) {
+        return list;
+      }
+      absl::SleepFor(absl::Milliseconds(500));
+    }
+    ADD_FAILURE() << "timed out waiting for incidents of run " << run << "; last: "
+                  << list.ShortDebugString().substr(0, 2000) << "\nworker log:\n"
+                  << ReadFile(cluster_.data_dir() + "/runs/" + run + "/rank-0.log").substr(0, 4000);
+    return list;
+  }
+
+  static bool Closed(const v1::Incident& i) { return i.state() == v1::CLOSED; }
+
+  v1::Incident Show(int64_t id) {
+    v1::Incident incident;
+    EXPECT_TRUE(cluster_.SpikectlJson({"incidents", "show", absl::StrCat(id)}, "show", &incident))
+        << cluster_.last_error();
+    return incident;
+  }
+
+  std::string WorkerLog(const std::string& run) {
+    return ReadFile(cluster_.data_dir() + "/runs/" + run + "/rank-0.log");
+  }
+
+  void PrintFigures(const std::string& scenario, const v1::Incident& i) {
+    std::cout << "[figures] " << scenario << ": verdict " << v1::Verdict_Name(i.verdict())
+              << ", onset " << i.onset_step() << ", probes " << i.cost().probes()
+              << ", steps re-executed " << i.cost().steps_reexecuted() << ", wall "
+              << i.cost().wall_time_s() << " s\n";
+  }
+
+  TempDir dir_;
+  Cluster cluster_{dir_};
+  std::unique_ptr<Process> daemon_;
+};
+
+TEST_F(IncidentE2E, DataPoisonIsDiagnosedAsDataWithItsDocuments) {
+  const auto poison_docs = MakeCorpus({"highbytes@300"});
+  ASSERT_FALSE(poison_docs.empty());
+  Launch("data", "data", {"--steps", "600"});
+  auto list = WaitIncidents("data", [](const auto& l) {
+    return l.incidents_size() > 0 && Closed(l.incidents(0));
+  }, absl::Minutes(6));
+  ASSERT_GE(list.incidents_size(), 1);
+  const v1::Incident i = Show(list.incidents(0).id());
+  EXPECT_EQ(i.verdict(), v1::DATA) << i.ShortDebugString();
+  EXPECT_EQ(i.onset_step(), 300);
+  std::set<std::string> named;
+  for (const auto& d : i.documents()) named.insert(absl::StrCat(d.domain(), ":", d.document_id()));
+  for (const auto& doc : poison_docs) EXPECT_TRUE(named.count(doc)) << doc << " not named";
+  ASSERT_GE(i.probes_size(), 2);
+  EXPECT_EQ(i.probes(0).kind(), "replay");
+  EXPECT_EQ(i.probes(1).kind(), "skip");
+
+  v1::ListQuarantineResponse q;
+  ASSERT_TRUE(cluster_.SpikectlJson({"quarantine", "list", "--run", "data"}, "q", &q));
+  std::set<std::string> quarantined;
+  for (const auto& e : q.entries()) quarantined.insert(absl::StrCat(e.domain(), ":", e.document_id()));
+  for (const auto& doc : poison_docs) EXPECT_TRUE(quarantined.count(doc)) << doc;
+
+  RunResult table = cluster_.Spikectl({"incidents", "show", absl::StrCat(i.id())}, "table");
+  ASSERT_EQ(table.code, 0) << table.err;
+  EXPECT_THAT(table.out, HasSubstr("DATA"));
+  EXPECT_THAT(table.out, HasSubstr("replay"));
+  EXPECT_THAT(table.out, HasSubstr("skip"));
+  PrintFigures("data", i);
+}
+
+TEST_F(IncidentE2E, TransientBitflipIsDiagnosedAsTransient) {
+  MakeCorpus({});
+  Launch("transient", "transient", {"--steps", "450", "--fault", "bitflip:step=250"});
+  auto list = WaitIncidents("transient", [](const auto& l) {
+    return l.incidents_size() > 0 && Closed(l.incidents(0));
+  }, absl::Minutes(6));
+  ASSERT_GE(list.incidents_size(), 1);
+  const v1::Incident i = Show(list.incidents(0).id());
+  EXPECT_EQ(i.verdict(), v1::TRANSIENT) << i.ShortDebugString();
+  EXPECT_EQ(i.onset_step(), 250);
+  PrintFigures("transient", i);
+}
+
+TEST_F(IncidentE2E, Fp16OverflowIsDiagnosedAsNumerics) {
+  MakeCorpus({});
+  Launch("numerics", "numerics", {});
+  auto list = WaitIncidents("numerics", [](const auto& l) {
+    return l.incidents_size() > 0 && l.incidents(0).verdict() != v1::VERDICT_UNSPECIFIED;
+  }, absl::Minutes(6));
+  ASSERT_GE(list.incidents_size(), 1);
+  const v1::Incident i = Show(list.incidents(0).id());
+  EXPECT_EQ(i.verdict(), v1::NUMERICS) << i.ShortDebugString();
+  // The overflow follows an instability the detectors may catch first; either
+  // way a probe ran into the non-finite values.
+  bool probe_nonfinite = false;
+  for (const auto& p : i.probes()) probe_nonfinite |= p.outcome() == "nonfinite";
+  EXPECT_TRUE(i.trigger() == "nonfinite" || probe_nonfinite) << i.ShortDebugString();
+  PrintFigures("numerics", i);
+}
+
+TEST_F(IncidentE2E, CleanRunHasNoIncident) {
+  MakeCorpus({});
+  Launch("clean", "clean", {"--linger-s", "0"});
+  // Wait for the run to finish.
+  v1::Run run;
+  for (int i = 0; i < 600; ++i) {
+    run.Clear();
+    ASSERT_TRUE(cluster_.SpikectlJson({"runs", "show", "clean"}, "show", &run));
+    if (run.state() == "finished" || run.state() == "failed") break;
+    absl::SleepFor(absl::Milliseconds(500));
+  }
+  ASSERT_EQ(run.state(), "finished") << WorkerLog("clean").substr(0, 3000);
+  EXPECT_GE(run.last_step(), 1999);
+  v1::ListIncidentsResponse list;
+  ASSERT_TRUE(cluster_.SpikectlJson({"incidents", "list", "--run", "clean"}, "list", &list));
+  EXPECT_EQ(list.incidents_size(), 0) << list.ShortDebugString();
+}
+
+TEST_F(IncidentE2E, ThirdDataIncidentWithinTheWindowEscalatesToFragility) {
+  MakeCorpus({"highbytes@300", "highbytes@600", "highbytes@900"});
+  Launch("escalate", "data", {"--steps", "1300"});
+  auto list = WaitIncidents("escalate", [](const auto& l) {
+    for (const auto& i : l.incidents()) {
+      if (i.verdict() == v1::FRAGILITY) return true;
+    }
+    return false;
+  }, absl::Minutes(10));
+  int data = 0, fragility = 0;
+  for (const auto& i : list.incidents()) {
+    data += i.verdict() == v1::DATA;
+    fragility += i.verdict() == v1::FRAGILITY;
+  }
+  EXPECT_EQ(data, 2) << list.ShortDebugString();
+  EXPECT_EQ(fragility, 1);
+}
+
+TEST_F(IncidentE2E, KillNineDuringReplayResumesFromTheEventLog) {
+  MakeCorpus({"highbytes@300"});
+  Launch("crash", "data", {"--steps", "600"});
+  WaitIncidents("crash", [](const auto& l) {
+    return l.incidents_size() > 0 && l.incidents(0).state() == v1::REPLAYING;
+  }, absl::Minutes(4));
+  daemon_->Kill(SIGKILL);
+  absl::SleepFor(absl::Milliseconds(300));
+  daemon_ = cluster_.StartDaemon("second");
+  auto list = WaitIncidents("crash", [](const auto& l) {
+    return l.incidents_size() > 0 && Closed(l.incidents(0));
+  }, absl::Minutes(6));
+  ASSERT_GE(list.incidents_size(), 1);
+  EXPECT_EQ(list.incidents_size(), 1);
+  EXPECT_EQ(list.incidents(0).verdict(), v1::DATA);
+  // No command was executed twice by the worker.
+  std::map<std::string, int> executed;
+  std::regex re("executing command (\\S+) ");
+  const std::string log = WorkerLog("crash");
+  for (std::sregex_iterator it(log.begin(), log.end(), re), end; it != end; ++it) {
+    ++executed[(*it)[1]];
+  }
+  EXPECT_FALSE(executed.empty());
+  for (const auto& [id, n] : executed) EXPECT_EQ(n, 1) << "command " << id << " executed " << n << " times";
+}
+
+}  // namespace
+}  // namespace spikeguard::testing

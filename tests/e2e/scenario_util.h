@@ -1,0 +1,113 @@
+// Helpers for the reference worker's scenario tests: run the worker from a
+// scenario file, read back its own JSONL telemetry, and judge it with the
+// spike rule of DESIGN §6.
+#pragma once
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "daemon/detect/spike_detector.h"
+#include "google/protobuf/util/json_util.h"
+#include "gtest/gtest.h"
+#include "spikeguard/v1/telemetry.pb.h"
+#include "worker/ref/reference_worker.h"
+
+namespace spikeguard::testing {
+
+inline std::string ScenarioFile(const std::string& name) {
+  return std::string(SCENARIO_DIR) + "/" + name + ".conf";
+}
+
+inline std::vector<spikeguard::v1::StepReport> ReadTelemetry(const std::string& path) {
+  std::vector<spikeguard::v1::StepReport> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    spikeguard::v1::StepReport r;
+    auto s = google::protobuf::util::JsonStringToMessage(line, &r);
+    EXPECT_TRUE(s.ok()) << s.ToString() << ": " << line.substr(0, 200);
+    out.push_back(r);
+  }
+  return out;
+}
+
+struct RunSpec {
+  std::string scenario;
+  std::string corpus;
+  std::string checkpoint_dir;
+  std::string telemetry;
+  int64_t generation = 0;
+  std::string plan;
+  std::string resume_from;
+  int64_t bitflip_step = -1;
+  int64_t steps = -1;  // -1: the scenario's
+  std::vector<std::string> set;
+};
+
+// Runs the worker to completion; returns its telemetry.
+inline std::vector<spikeguard::v1::StepReport> RunWorker(const RunSpec& spec,
+                                                         uint64_t* param_hash = nullptr) {
+  worker::ReferenceWorker::Options o;
+  auto s = worker::ApplyConfigFile(ScenarioFile(spec.scenario), &o.config);
+  EXPECT_TRUE(s.ok()) << s;
+  for (const auto& kv : spec.set) EXPECT_TRUE(worker::ApplyConfigAssignment(kv, &o.config).ok()) << kv;
+  if (spec.steps >= 0) o.config.steps = spec.steps;
+  o.corpus_dir = spec.corpus;
+  o.checkpoint_dir = spec.checkpoint_dir;
+  o.telemetry_jsonl = spec.telemetry;
+  o.generation = spec.generation;
+  o.plan = spec.plan;
+  o.resume_from = spec.resume_from;
+  o.bitflip_step = spec.bitflip_step;
+  std::remove(spec.telemetry.c_str());
+  auto w = worker::ReferenceWorker::Create(o);
+  EXPECT_TRUE(w.ok()) << w.status();
+  if (!w.ok()) return {};
+  auto run = (*w)->Run();
+  EXPECT_TRUE(run.ok()) << run;
+  if (param_hash) *param_hash = (*w)->ParamHash();
+  return ReadTelemetry(spec.telemetry);
+}
+
+struct Judgement {
+  std::vector<detect::SpikeEvent> loss_onsets;
+  std::vector<detect::SpikeEvent> grad_onsets;
+  int64_t first_nonfinite_step = -1;
+};
+
+// The spike rule of DESIGN §6 over loss and pre-clip grad norm.
+inline Judgement Judge(const std::vector<spikeguard::v1::StepReport>& reports) {
+  Judgement j;
+  detect::SpikeDetector loss(detect::SpikeDetector::Options{});
+  detect::SpikeDetector grad(detect::SpikeDetector::Options{});
+  for (const auto& r : reports) {
+    if (j.first_nonfinite_step < 0 && (r.nonfinite_count() > 0 || !std::isfinite(r.loss()))) {
+      j.first_nonfinite_step = r.step();
+    }
+    if (auto e = loss.Observe(r.step(), r.loss()); e && e->state == detect::SpikeEvent::kOnset) {
+      j.loss_onsets.push_back(*e);
+    }
+    if (auto e = grad.Observe(r.step(), r.grad_norm()); e && e->state == detect::SpikeEvent::kOnset) {
+      j.grad_onsets.push_back(*e);
+    }
+  }
+  return j;
+}
+
+// The loss over its trailing 64-step median at `step`.
+inline double PeakOverBaseline(const std::vector<spikeguard::v1::StepReport>& reports, int64_t step) {
+  std::deque<double> before;
+  double value = 0;
+  for (const auto& r : reports) {
+    if (r.step() < step && r.step() >= step - 64) before.push_back(r.loss());
+    if (r.step() == step) value = r.loss();
+  }
+  return value / detect::Median(before);
+}
+
+}  // namespace spikeguard::testing

@@ -1,0 +1,723 @@
+// Drives every branch of the incident engine with scripted probe outcomes:
+// the fake view holds the original generation and the checkpoints, the fake
+// controller records commands and hands out generations, and the World plays
+// the workers of each new generation.
+#include "daemon/incident/engine.h"
+
+#include <cmath>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "daemon/incident/policy.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/incident/fakes.h"
+
+namespace spikeguard::incident {
+namespace {
+
+namespace v1 = spikeguard::v1;
+using ::testing::Contains;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using testing::FakeController;
+using testing::FakeStore;
+using testing::FakeView;
+using testing::Scenario;
+using testing::World;
+
+constexpr char kRun[] = "gpt";
+constexpr int64_t kOnset = 1000;
+
+class IncidentEngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    view.policy = DefaultPolicy();
+    view.policy.set_mode(v1::MODE_AUTO);
+    // 900 is the newest complete checkpoint 100–500 steps before step 1000;
+    // 950 is too close and 980 incomplete.
+    for (int64_t step : {300, 500, 700, 900, 950}) {
+      view.checkpoints.push_back({1, step, absl::StrCat("file:///ckpt/", step), "sum", true});
+    }
+    view.checkpoints.push_back({1, 980, "file:///ckpt/980", "sum", false});
+  }
+
+  void Start(Scenario scenario) {
+    world = std::make_unique<World>(&ctl, &view, scenario);
+    world->SeedOriginal(kOnset + 20);
+    engine = NewEngine();
+  }
+
+  std::unique_ptr<IncidentEngine> NewEngine() {
+    IncidentEngine::Options options;
+    options.probe_timeout = absl::Minutes(10);
+    auto e = std::make_unique<IncidentEngine>(&clock, &ctl, &view, &store, options);
+    e->SetListener([this](const v1::Incident& inc, const v1::IncidentEvent& ev) {
+      heard.push_back(ev.kind());
+    });
+    return e;
+  }
+
+  static Detection Spike(int64_t onset = kOnset, int64_t generation = 1) {
+    Detection d;
+    d.kind = Detection::Kind::kLossSpike;
+    d.generation = generation;
+    d.onset_step = onset;
+    d.peak_step = onset;
+    d.peak_value = 6.0;
+    d.baseline = 2.0;
+    return d;
+  }
+
+  void Detect(const Detection& d = Spike()) {
+    absl::Status s = engine->OnDetection(kRun, d);
+    ASSERT_TRUE(s.ok()) << s;
+  }
+
+  // Detection, then the workers run every generation the engine asks for.
+  void RunProtocol(const Detection& d = Spike(), int64_t max_step = 1600) {
+    Detect(d);
+    world->Pump(engine.get(), kRun, max_step);
+  }
+
+  v1::Incident Only() {
+    EXPECT_EQ(store.incidents.size(), 1u);
+    return store.incidents.begin()->second;
+  }
+
+  static std::vector<std::string> Kinds(const v1::Incident& inc) {
+    std::vector<std::string> out;
+    for (const auto& p : inc.probes()) out.push_back(p.kind() + ":" + p.outcome());
+    return out;
+  }
+
+  static bool HasEvent(const v1::Incident& inc, const std::string& kind) {
+    for (const auto& e : inc.events()) {
+      if (e.kind() == kind) return true;
+    }
+    return false;
+  }
+
+  // Every rewind request id was executed exactly once.
+  void ExpectEachRequestOnce() {
+    std::set<std::string> ids;
+    for (const auto& spec : ctl.executed) {
+      EXPECT_TRUE(ids.insert(spec.request_id).second) << "executed twice: " << spec.request_id;
+    }
+  }
+
+  FakeClock clock;
+  FakeController ctl;
+  FakeView view;
+  FakeStore store;
+  std::unique_ptr<World> world;
+  std::unique_ptr<IncidentEngine> engine;
+  std::vector<std::string> heard;
+};
+
+// --- Verdicts ---------------------------------------------------------------------
+
+TEST_F(IncidentEngineTest, TransientWhenTheReplayDoesNotSpike) {
+  Start({.transient = true});
+  RunProtocol();
+  const v1::Incident inc = Only();
+  EXPECT_EQ(inc.verdict(), v1::TRANSIENT);
+  EXPECT_EQ(inc.state(), v1::CLOSED);
+  EXPECT_DOUBLE_EQ(inc.confidence(), 0.9);
+  EXPECT_THAT(Kinds(inc), ElementsAre("replay:clean"));
+  // The replay: same checkpoint window choice, same data, horizon onset + 10.
+  ASSERT_EQ(ctl.executed.size(), 1u);
+  EXPECT_EQ(ctl.executed[0].checkpoint.step, 900);
+  EXPECT_EQ(ctl.executed[0].stop_after_step, 1010);
+  EXPECT_EQ(ctl.executed[0].plan.ranges_size(), 0);
+  // Continued from the replay and verified before closing.
+  EXPECT_EQ(ctl.UniqueContinues().size(), 1u);
+  EXPECT_TRUE(ctl.continued.count(2));
+  EXPECT_TRUE(HasEvent(inc, "verified"));
+  EXPECT_TRUE(ctl.pause_calls.empty());
+  // The outlier rank of the original spike step is named.
+  EXPECT_THAT(inc.note(), HasSubstr("outlier rank(s) 5"));
+  EXPECT_THAT(inc.recommendations(), Contains(HasSubstr("rank(s) 5")));
+  // Cost: 110 re-executed steps × 1 s × 8 GPUs.
+  EXPECT_EQ(inc.cost().probes(), 1);
+  EXPECT_EQ(inc.cost().steps_reexecuted(), 110);
+  EXPECT_NEAR(inc.cost().gpu_hours(), 110 * 8 / 3600.0, 1e-9);
+  EXPECT_EQ(heard.size(), store.events[inc.id()].size());
+}
+
+TEST_F(IncidentEngineTest, DataWhenTheSkipIsCleanQuarantinesTheWindow) {
+  Start({.poison = {1000}});
+  RunProtocol();
+  const v1::Incident inc = Only();
+  EXPECT_EQ(inc.verdict(), v1::DATA);
+  EXPECT_EQ(inc.state(), v1::CLOSED);
+  EXPECT_DOUBLE_EQ(inc.confidence(), 0.85);
+  EXPECT_THAT(Kinds(inc), ElementsAre("replay:spiked", "skip:clean"));
+  ASSERT_EQ(ctl.executed.size(), 2u);
+  // The skip: a hole [995, 1006) around the onset's data position.
+  const v1::DataPlan& plan = ctl.executed[1].plan;
+  ASSERT_EQ(plan.ranges_size(), 2);
+  EXPECT_EQ(plan.ranges(0).begin(), 0);
+  EXPECT_EQ(plan.ranges(0).end(), 995);
+  EXPECT_EQ(plan.ranges(1).begin(), 1006);
+  EXPECT_EQ(plan.ranges(1).end(), -1);
+  EXPECT_EQ(ctl.executed[1].stop_after_step, 1200);
+  // The skip generation goes on with its hole.
+  EXPECT_TRUE(ctl.continued.count(3));
+  EXPECT_TRUE(HasEvent(inc, "verified"));
+  // Documents of steps 995..1005: 11 steps × 2 documents, all quarantined.
+  EXPECT_EQ(inc.documents_size(), 22);
+  ASSERT_EQ(store.quarantine.size(), 22u);
+  for (const auto& q : store.quarantine) {
+    EXPECT_EQ(q.incident_id(), inc.id());
+    EXPECT_EQ(q.run(), kRun);
+    EXPECT_THAT(q.reason(), HasSubstr("incident"));
+  }
+  EXPECT_EQ(store.quarantine[10].document_id(), 10000);  // position 1000's first document
+  EXPECT_TRUE(ctl.pause_calls.empty());
+  ExpectEachRequestOnce();
+}
+
+TEST_F(IncidentEngineTest, GradNormTriggerIsJudgedOnTheGradNorm) {
+  Start({.poison = {1000}, .grad_spike = true});
+  Detection d = Spike();
+  d.kind = Detection::Kind::kGradNormSpike;
+  RunProtocol(d);
+  const v1::Incident inc = Only();
+  EXPECT_EQ(inc.trigger(), "grad_norm_spike");
+  EXPECT_EQ(inc.verdict(), v1::DATA);
+  EXPECT_THAT(Kinds(inc), ElementsAre("replay:spiked", "skip:clean"));
+}
+
+TEST_F(IncidentEngineTest, FragilityFixedByTheFirstRung) {
+  Start({.fragile_until_rung = 1});
+  Detection d = Spike();
+  d.precursor_onset_step = 950;
+  d.precursor = "max_attn_logit";
+  RunProtocol(d);
+  const v1::Incident inc = Only();
+  EXPECT_EQ(inc.verdict(), v1::FRAGILITY);
+  EXPECT_EQ(inc.state(), v1::CLOSED);
+  EXPECT_THAT(Kinds(inc), ElementsAre("replay:spiked", "skip:spiked", "fix:clean"));
+  // The precursor dates the onset earlier: window [450, 850] → step 700.
+  EXPECT_EQ(ctl.executed[0].checkpoint.step, 700);
+  const RewindSpec& rung = ctl.executed[2];
+  EXPECT_DOUBLE_EQ(rung.hparams.lr_scale(), 0.7);
+  EXPECT_FALSE(rung.hparams.has_clip_norm());
+  EXPECT_EQ(rung.plan.ranges_size(), 0);  // the original data
+  EXPECT_EQ(rung.stop_after_step, 1200);  // onset + verify_steps
+  EXPECT_EQ(ctl.UniqueContinues().size(), 1u);
+  EXPECT_TRUE(ctl.continued.count(4));
+  EXPECT_THAT(inc.recommendations(), Contains("qk-norm (for the next run)"));
+  EXPECT_THAT(inc.recommendations(), Contains("logit soft-capping (for the next run)"));
+  EXPECT_THAT(inc.recommendations(), Contains("scaled residual init (for the next run)"));
+  EXPECT_TRUE(ctl.pause_calls.empty());
+}
+
+TEST_F(IncidentEngineTest, FragilityClimbsTheLadderToRungThree) {
+  Start({.fragile_until_rung = 3});
+  Detection d = Spike();
+  d.precursor = "lse_max";
+  RunProtocol(d);
+  const v1::Incident inc = Only();
+  EXPECT_EQ(inc.verdict(), v1::FRAGILITY);
+  EXPECT_EQ(inc.state(), v1::CLOSED);
+  EXPECT_THAT(Kinds(inc), ElementsAre("replay:spiked", "skip:spiked", "fix:spiked", "fix:spiked",
+                                      "fix:clean"));
+  const v1::HParams& r2 = ctl.executed[3].hparams;
+  EXPECT_DOUBLE_EQ(r2.lr_scale(), 0.7);
+  EXPECT_EQ(r2.extra_warmup_steps(), 200);
+  EXPECT_DOUBLE_EQ(r2.clip_norm(), 0.5);
+  EXPECT_FALSE(r2.has_beta2());
+  const v1::HParams& r3 = ctl.executed[4].hparams;
+  EXPECT_DOUBLE_EQ(r3.beta2(), 0.95);
+  EXPECT_DOUBLE_EQ(r3.eps(), 1e-8);
+  EXPECT_DOUBLE_EQ(r3.clip_norm(), 0.5);
+  EXPECT_THAT(inc.recommendations(), Contains(HasSubstr("z-loss 1e-4")));
+  EXPECT_TRUE(ctl.continued.count(6));
+}
+
+TEST_F(IncidentEngineTest, AllRungsFailingIsInconclusiveAndPauses) {
+  Start({.fragile_until_rung = 4});
+  RunProtocol();
+  const v1::Incident inc = Only();
+  EXPECT_EQ(inc.verdict(), v1::INCONCLUSIVE);
+  EXPECT_EQ(inc.state(), v1::CLOSED);
+  EXPECT_THAT(Kinds(inc), ElementsAre("replay:spiked", "skip:spiked", "fix:spiked", "fix:spiked",
+                                      "fix:spiked"));
+  EXPECT_THAT(inc.note(), HasSubstr("all three fix rungs"));
+  EXPECT_THAT(inc.note(), HasSubstr("awaiting an operator"));
+  EXPECT_EQ(ctl.pause_calls.size(), 1u);
+  EXPECT_TRUE(ctl.continue_calls.empty());
+}
+
+TEST_F(IncidentEngineTest, NumericsNamesTheFirstNonFiniteLayerAndPauses) {
+  Start({.nonfinite = true, .nonfinite_layer = 3});
+  Detection d = Spike();
+  d.kind = Detection::Kind::kNonFinite;
+  RunProtocol(d);
+  const v1::Incident inc = Only();
+  EXPECT_EQ(inc.verdict(), v1::NUMERICS);
+  EXPECT_EQ(inc.state(), v1::CLOSED);
+  EXPECT_EQ(inc.trigger(), "nonfinite");
+  EXPECT_THAT(Kinds(inc), ElementsAre("replay:nonfinite", "skip:nonfinite"));
+  EXPECT_EQ(inc.localization().layer(), 3);
+  EXPECT_THAT(inc.note(), HasSubstr("first non-finite layer 3"));
+  EXPECT_THAT(inc.recommendations(), Contains(HasSubstr("fp32 softmax")));
+  EXPECT_THAT(inc.recommendations(), Contains(HasSubstr("bf16")));
+  EXPECT_EQ(ctl.pause_calls.size(), 1u);
+  EXPECT_TRUE(ctl.continue_calls.empty());
+}
+
+TEST_F(IncidentEngineTest, SpikeDuringVerificationIsInconclusive) {
+  Start({.transient = true, .late_spike_step = 1100});
+  RunProtocol();
+  const v1::Incident inc = Only();
+  EXPECT_EQ(inc.verdict(), v1::INCONCLUSIVE);
+  EXPECT_EQ(inc.state(), v1::CLOSED);
+  EXPECT_TRUE(HasEvent(inc, "verification_failed"));
+  EXPECT_THAT(inc.note(), HasSubstr("spike returned while verifying the fix"));
+  EXPECT_THAT(inc.note(), HasSubstr("step 1100"));
+  EXPECT_EQ(ctl.pause_calls.size(), 1u);
+}
+
+TEST_F(IncidentEngineTest, NonFiniteProbesMakeNumericsEvenForALossTrigger) {
+  Start({.nonfinite = true, .nonfinite_layer = 7});
+  RunProtocol();
+  EXPECT_EQ(Only().verdict(), v1::NUMERICS);
+  EXPECT_EQ(Only().localization().layer(), 7);
+}
+
+// --- Escalation -------------------------------------------------------------------------
+
+class IncidentEscalationTest : public IncidentEngineTest {
+ protected:
+  void AddPastData(int64_t onset) {
+    v1::Incident past;
+    past.set_run(kRun);
+    past.set_state(v1::CLOSED);
+    past.set_verdict(v1::DATA);
+    past.set_onset_step(onset);
+    ASSERT_TRUE(store.CreateIncident(kRun, past).ok());
+  }
+};
+
+TEST_F(IncidentEscalationTest, ThirdDataIncidentWithinTheWindowIsFragility) {
+  AddPastData(3000);
+  AddPastData(5500);
+  // The poison spikes only at full lr: the lr rung fixes it.
+  Start({.poison = {1000}, .poison_needs_full_lr = true});
+  RunProtocol();
+  const v1::Incident inc = store.incidents.rbegin()->second;
+  EXPECT_EQ(inc.verdict(), v1::FRAGILITY);
+  EXPECT_EQ(inc.state(), v1::CLOSED);
+  EXPECT_THAT(inc.note(), HasSubstr("escalated: 3 DATA incidents within 5000 steps"));
+  EXPECT_THAT(Kinds(inc), ElementsAre("replay:spiked", "skip:clean", "fix:clean"));
+  EXPECT_DOUBLE_EQ(ctl.executed[2].hparams.lr_scale(), 0.7);
+  EXPECT_TRUE(store.quarantine.empty());
+}
+
+TEST_F(IncidentEscalationTest, DataIncidentsOutsideTheWindowDoNotEscalate) {
+  AddPastData(3000);
+  AddPastData(7000);  // 6000 steps away
+  Start({.poison = {1000}});
+  RunProtocol();
+  EXPECT_EQ(store.incidents.rbegin()->second.verdict(), v1::DATA);
+}
+
+// --- Fidelity ------------------------------------------------------------------------------
+
+TEST_F(IncidentEngineTest, NonDeterminismIsReportedAndHalvesConfidence) {
+  Start({.transient = true, .nondeterministic = true});
+  RunProtocol();
+  const v1::Incident inc = Only();
+  EXPECT_EQ(inc.verdict(), v1::TRANSIENT);
+  EXPECT_DOUBLE_EQ(inc.confidence(), 0.45);
+  ASSERT_TRUE(HasEvent(inc, "nondeterminism"));
+  for (const auto& e : inc.events()) {
+    if (e.kind() == "nondeterminism") {
+      EXPECT_THAT(e.detail(), HasSubstr("step 901"));
+    }
+  }
+  EXPECT_THAT(inc.note(), HasSubstr("not deterministic"));
+  // Reported once, not per step.
+  int count = 0;
+  for (const auto& e : inc.events()) count += e.kind() == "nondeterminism";
+  EXPECT_EQ(count, 1);
+}
+
+TEST_F(IncidentEngineTest, BitExactReplayReportsNoNonDeterminism) {
+  Start({.transient = true});
+  RunProtocol();
+  EXPECT_FALSE(HasEvent(Only(), "nondeterminism"));
+}
+
+// --- Checkpoint choice --------------------------------------------------------------------------
+
+TEST_F(IncidentEngineTest, CheckpointFallsBackToTheNearestOlderOneWithANote) {
+  view.checkpoints = {{1, 200, "file:///ckpt/200", "s", true},
+                      {1, 950, "file:///ckpt/950", "s", true},
+                      {1, 1100, "file:///ckpt/1100", "s", true}};
+  Start({.transient = true});
+  RunProtocol();
+  const v1::Incident inc = Only();
+  ASSERT_FALSE(ctl.executed.empty());
+  EXPECT_EQ(ctl.executed[0].checkpoint.step, 950);
+  EXPECT_EQ(ctl.executed[0].checkpoint.uri, "file:///ckpt/950");
+  EXPECT_THAT(inc.note(), HasSubstr("nearest older one, step 950"));
+  EXPECT_EQ(inc.verdict(), v1::TRANSIENT);
+}
+
+TEST_F(IncidentEngineTest, NoCheckpointIsInconclusiveAndLeavesTheRunTraining) {
+  view.checkpoints = {{1, 980, "file:///ckpt/980", "s", false},
+                      {1, 1200, "file:///ckpt/1200", "s", true}};
+  Start({.transient = true});
+  Detect();
+  const v1::Incident inc = Only();
+  EXPECT_EQ(inc.verdict(), v1::INCONCLUSIVE);
+  EXPECT_EQ(inc.state(), v1::CLOSED);
+  EXPECT_THAT(inc.note(), HasSubstr("no complete checkpoint before the onset"));
+  EXPECT_EQ(ctl.rewind_calls, 0);
+  EXPECT_TRUE(ctl.pause_calls.empty());
+}
+
+// --- Budgets and timeouts ------------------------------------------------------------------------
+
+TEST_F(IncidentEngineTest, ProbeBudgetExhaustedIsInconclusive) {
+  view.policy.mutable_budget()->set_max_probes(1);
+  Start({.poison = {1000}});
+  RunProtocol();
+  const v1::Incident inc = Only();
+  EXPECT_EQ(inc.verdict(), v1::INCONCLUSIVE);
+  EXPECT_THAT(Kinds(inc), ElementsAre("replay:spiked"));
+  EXPECT_THAT(inc.note(), HasSubstr("budget exhausted"));
+  EXPECT_EQ(ctl.pause_calls.size(), 1u);
+}
+
+TEST_F(IncidentEngineTest, ReexecutedStepsBudgetStopsAProbe) {
+  view.policy.mutable_budget()->set_max_reexecuted_steps(50);
+  Start({.poison = {1000}});
+  RunProtocol();
+  const v1::Incident inc = Only();
+  EXPECT_EQ(inc.verdict(), v1::INCONCLUSIVE);
+  EXPECT_THAT(Kinds(inc), ElementsAre("replay:failed"));
+  EXPECT_LE(inc.cost().steps_reexecuted(), 51);
+  EXPECT_THAT(inc.note(), HasSubstr("budget"));
+  EXPECT_EQ(ctl.pause_calls.size(), 1u);
+}
+
+TEST_F(IncidentEngineTest, SilentProbeTimesOut) {
+  Start({.poison = {1000}});
+  Detect();
+  ASSERT_TRUE(engine->ProbeRunning(kRun));
+  clock.Advance(absl::Minutes(5));
+  ASSERT_TRUE(engine->Tick().ok());
+  EXPECT_EQ(Only().state(), v1::REPLAYING);
+  world->Feed(engine.get(), kRun, 2, 901, 905);  // progress resets the clock
+  clock.Advance(absl::Minutes(9));
+  ASSERT_TRUE(engine->Tick().ok());
+  EXPECT_EQ(Only().state(), v1::REPLAYING);
+  clock.Advance(absl::Minutes(2));
+  ASSERT_TRUE(engine->Tick().ok());
+  const v1::Incident inc = Only();
+  EXPECT_EQ(inc.verdict(), v1::INCONCLUSIVE);
+  EXPECT_THAT(inc.note(), HasSubstr("timeout"));
+  EXPECT_EQ(ctl.pause_calls.size(), 1u);
+  EXPECT_FALSE(engine->ProbeRunning(kRun));
+}
+
+TEST_F(IncidentEngineTest, FailedRewindIsRetriedOnTick) {
+  Start({.poison = {1000}});
+  ctl.fail_next_rewind = absl::UnavailableError("no workers connected");
+  EXPECT_EQ(engine->OnDetection(kRun, Spike()).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(Only().state(), v1::REPLAYING);
+  EXPECT_TRUE(ctl.executed.empty());
+  ASSERT_TRUE(engine->Tick().ok());
+  ASSERT_EQ(ctl.executed.size(), 1u);
+  world->Pump(engine.get(), kRun, 1600);
+  EXPECT_EQ(Only().verdict(), v1::DATA);
+}
+
+// --- Modes ---------------------------------------------------------------------------------------
+
+TEST_F(IncidentEngineTest, ObserveModeOpensAndClosesWithoutProbes) {
+  view.policy.set_mode(v1::MODE_OBSERVE);
+  Start({.poison = {1000}});
+  Detection d = Spike();
+  d.localized_signal = "max_attn_logit";
+  d.localized_layer = 2;
+  Detect(d);
+  const v1::Incident inc = Only();
+  EXPECT_EQ(inc.state(), v1::CLOSED);
+  EXPECT_EQ(inc.verdict(), v1::VERDICT_UNSPECIFIED);
+  EXPECT_THAT(inc.note(), HasSubstr("observe mode: no probes"));
+  EXPECT_EQ(inc.onset_step(), kOnset);
+  EXPECT_EQ(inc.localization().layer(), 2);
+  EXPECT_EQ(ctl.rewind_calls, 0);
+  EXPECT_TRUE(ctl.continue_calls.empty());
+  EXPECT_TRUE(ctl.pause_calls.empty());
+}
+
+TEST_F(IncidentEngineTest, ProposeModeWaitsForApprovalBeforeEachProbeAndFix) {
+  view.policy.set_mode(v1::MODE_PROPOSE);
+  Start({.poison = {1000}});
+  Detect();
+  const int64_t id = Only().id();
+  EXPECT_EQ(Only().state(), v1::AWAITING_APPROVAL);
+  EXPECT_THAT(Only().note(), HasSubstr("awaiting approval: replay probe: rewind to step 900"));
+  EXPECT_EQ(ctl.rewind_calls, 0);
+  EXPECT_FALSE(engine->ProbeRunning(kRun));
+
+  ASSERT_TRUE(engine->Approve(id).ok());
+  EXPECT_EQ(ctl.executed.size(), 1u);
+  EXPECT_EQ(Only().state(), v1::REPLAYING);
+  // Nothing waits during the probe.
+  EXPECT_EQ(engine->Approve(id).code(), absl::StatusCode::kFailedPrecondition);
+
+  world->Pump(engine.get(), kRun, 1600);
+  EXPECT_EQ(Only().state(), v1::AWAITING_APPROVAL);
+  EXPECT_THAT(Only().note(), HasSubstr("skip probe"));
+  EXPECT_EQ(ctl.executed.size(), 1u);
+  ASSERT_TRUE(engine->Approve(id).ok());
+  world->Pump(engine.get(), kRun, 1600);
+
+  // The fix (continue the skip generation) waits too.
+  EXPECT_EQ(Only().verdict(), v1::DATA);
+  EXPECT_EQ(Only().state(), v1::AWAITING_APPROVAL);
+  EXPECT_THAT(Only().note(), HasSubstr("fix: continue the skip generation"));
+  EXPECT_TRUE(ctl.continue_calls.empty());
+  ASSERT_TRUE(engine->Approve(id).ok());
+  world->Pump(engine.get(), kRun, 1600);
+  EXPECT_EQ(Only().state(), v1::CLOSED);
+  EXPECT_EQ(store.quarantine.size(), 22u);
+  EXPECT_EQ(engine->Approve(id).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(engine->Approve(12345).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(IncidentEngineTest, AbortContinuesTheRunAsItIs) {
+  Start({.poison = {1000}});
+  Detect();
+  world->Feed(engine.get(), kRun, 2, 901, 950);
+  const int64_t id = Only().id();
+  ASSERT_TRUE(engine->Abort(id, "operator takes over").ok());
+  const v1::Incident inc = Only();
+  EXPECT_EQ(inc.state(), v1::ABORTED);
+  EXPECT_THAT(inc.note(), HasSubstr("operator takes over"));
+  EXPECT_THAT(ctl.continue_calls, ElementsAre(absl::StrCat("incident-", id, "/abort")));
+  EXPECT_TRUE(engine->Abort(id, "again").ok());  // idempotent
+  EXPECT_EQ(ctl.continue_calls.size(), 1u);
+  EXPECT_EQ(engine->Approve(id).code(), absl::StatusCode::kFailedPrecondition);
+  // The rest of the probe generation changes nothing.
+  world->Pump(engine.get(), kRun, 1600);
+  EXPECT_EQ(ctl.executed.size(), 1u);
+  EXPECT_EQ(Only().state(), v1::ABORTED);
+  EXPECT_TRUE(engine->Active().empty());
+}
+
+TEST_F(IncidentEngineTest, AbortOfAClosedIncidentIsRefused) {
+  Start({.transient = true});
+  RunProtocol();
+  EXPECT_EQ(engine->Abort(Only().id(), "late").code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// --- Bisect and transplant ----------------------------------------------------------------------
+
+TEST_F(IncidentEngineTest, BisectFindsTheCulpritInLogTwoOfTheWindowProbes) {
+  view.policy.mutable_probe()->set_bisect(true);
+  // The culprit is not the onset's own batch.
+  Start({.poison = {1003}});
+  RunProtocol();
+  const v1::Incident inc = Only();
+  EXPECT_EQ(inc.verdict(), v1::DATA);
+  EXPECT_EQ(inc.state(), v1::CLOSED);
+  int bisects = 0;
+  for (const auto& p : inc.probes()) bisects += p.kind() == "bisect";
+  // W = 11 → at most ⌈log2 11⌉ = 4 probes.
+  EXPECT_GE(bisects, 3);
+  EXPECT_LE(bisects, 4);
+  EXPECT_THAT(inc.note(), HasSubstr("culprit batch at data position 1003"));
+  EXPECT_THAT(inc.note(), HasSubstr("web:10030"));
+  EXPECT_DOUBLE_EQ(inc.confidence(), 0.95);
+  // The fix rewinds once more with the verified hole, then continues.
+  EXPECT_EQ(inc.probes(inc.probes_size() - 1).kind(), "fix");
+  EXPECT_EQ(inc.probes(inc.probes_size() - 1).outcome(), "clean");
+  int culprit_entries = 0;
+  for (const auto& q : store.quarantine) culprit_entries += absl::StrContains(q.reason(), "culprit");
+  EXPECT_EQ(culprit_entries, 2);
+  EXPECT_EQ(store.quarantine.size(), 22u);
+  ExpectEachRequestOnce();
+}
+
+TEST_F(IncidentEngineTest, BisectFindsAnOnsetCulpritToo) {
+  view.policy.mutable_probe()->set_bisect(true);
+  Start({.poison = {1000}});
+  RunProtocol();
+  EXPECT_THAT(Only().note(), HasSubstr("culprit batch at data position 1000 (step 1000)"));
+}
+
+TEST_F(IncidentEngineTest, TransplantRecordsDataTimesState) {
+  view.policy.mutable_probe()->set_bisect(true);
+  view.policy.mutable_probe()->set_transplant(true);
+  // The poisoned batch spikes the much earlier model too: the data alone.
+  Start({.poison = {1000}});
+  RunProtocol();
+  const v1::Incident inc = Only();
+  EXPECT_EQ(inc.verdict(), v1::DATA);
+  bool saw = false;
+  for (const auto& p : inc.probes()) {
+    if (p.kind() != "transplant") continue;
+    saw = true;
+    EXPECT_EQ(p.checkpoint_step(), 300);  // ≥ 500 steps before the probe checkpoint
+    EXPECT_EQ(p.outcome(), "spiked");
+  }
+  EXPECT_TRUE(saw);
+  EXPECT_THAT(inc.note(), HasSubstr("transplant: the culprit batch spikes the step-300 model"));
+  EXPECT_EQ(inc.state(), v1::CLOSED);
+}
+
+// --- One incident at a time ---------------------------------------------------------------------
+
+TEST_F(IncidentEngineTest, DetectionsDuringAProbeAreIgnored) {
+  Start({.poison = {1000}});
+  Detect();
+  world->Feed(engine.get(), kRun, 2, 901, 1000);
+  // The replay's own spike: it belongs to the probe.
+  ASSERT_TRUE(engine->OnDetection(kRun, Spike(1000, 2)).ok());
+  ASSERT_TRUE(engine->OnDetection(kRun, Spike(1000, 3)).ok());
+  EXPECT_EQ(store.incidents.size(), 1u);
+  world->Pump(engine.get(), kRun, 1600);
+  EXPECT_EQ(Only().verdict(), v1::DATA);
+  // A stale timeline's detection after the close is ignored as well...
+  ASSERT_TRUE(engine->OnDetection(kRun, Spike(1010, 1)).ok());
+  EXPECT_EQ(store.incidents.size(), 1u);
+  // ...while one on the generation that trains now opens a new incident.
+  ASSERT_TRUE(engine->OnDetection(kRun, Spike(1500, 3)).ok());
+  EXPECT_EQ(store.incidents.size(), 2u);
+}
+
+// --- Recovery ------------------------------------------------------------------------------------
+
+TEST_F(IncidentEngineTest, RecoveryResumesAProbeFromTheEventLog) {
+  Start({.poison = {1000}});
+  Detect();
+  // The replay finishes and the skip probe runs halfway; then kill -9.
+  world->Pump(engine.get(), kRun, 1050);
+  ASSERT_EQ(ctl.executed.size(), 2u);
+  ASSERT_EQ(Only().state(), v1::SKIPPING);
+  const int calls_before = ctl.rewind_calls;
+  engine.reset();
+
+  engine = NewEngine();
+  ASSERT_TRUE(engine->Recover().ok());
+  ASSERT_EQ(engine->Active().size(), 1u);
+  EXPECT_EQ(engine->Active()[0].state(), v1::SKIPPING);
+  EXPECT_TRUE(engine->ProbeRunning(kRun));
+  // The log shows the probe started: the engine does not even ask again.
+  EXPECT_EQ(ctl.rewind_calls, calls_before);
+  // The workers re-deliver what they sent before the crash, then go on.
+  world->next_step[3] = 901;
+  world->Pump(engine.get(), kRun, 1600);
+
+  const v1::Incident inc = Only();
+  EXPECT_EQ(inc.verdict(), v1::DATA);
+  EXPECT_EQ(inc.state(), v1::CLOSED);
+  EXPECT_THAT(Kinds(inc), ElementsAre("replay:spiked", "skip:clean"));
+  EXPECT_EQ(ctl.executed.size(), 2u);
+  EXPECT_EQ(ctl.rewind_calls, 2);
+  EXPECT_EQ(ctl.UniqueContinues().size(), ctl.continue_calls.size());
+  EXPECT_EQ(store.quarantine.size(), 22u);
+  ExpectEachRequestOnce();
+}
+
+TEST_F(IncidentEngineTest, RecoveryReissuesARewindThatWasNotConfirmed) {
+  Start({.poison = {1000}});
+  // The controller executes the replay, then the daemon dies before it
+  // logs "probe_started".
+  store.fail_append_kind = "probe_started";
+  EXPECT_FALSE(engine->OnDetection(kRun, Spike()).ok());
+  ASSERT_EQ(ctl.executed.size(), 1u);
+  engine.reset();
+
+  engine = NewEngine();
+  ASSERT_TRUE(engine->Recover().ok());
+  // Asked again with the same request id; the controller recognized it.
+  EXPECT_EQ(ctl.rewind_calls, 2);
+  EXPECT_EQ(ctl.executed.size(), 1u);
+  EXPECT_EQ(Only().state(), v1::REPLAYING);
+  world->Pump(engine.get(), kRun, 1600);
+  const v1::Incident inc = Only();
+  EXPECT_EQ(inc.verdict(), v1::DATA);
+  EXPECT_EQ(inc.state(), v1::CLOSED);
+  EXPECT_EQ(ctl.executed.size(), 2u);
+  ExpectEachRequestOnce();
+}
+
+TEST_F(IncidentEngineTest, RecoveryMidLadderReachesTheSameVerdict) {
+  // Reference run without a crash.
+  Start({.fragile_until_rung = 2});
+  RunProtocol();
+  const v1::Incident reference = Only();
+  ASSERT_EQ(reference.verdict(), v1::FRAGILITY);
+
+  // Same world, crash during rung 1 (generation 4).
+  ctl = FakeController();
+  store = FakeStore();
+  view.steps.erase(view.steps.upper_bound(1), view.steps.end());
+  Start({.fragile_until_rung = 2});
+  Detect();
+  world->cap[4] = 960;
+  world->Pump(engine.get(), kRun, 1600);
+  ASSERT_EQ(ctl.current_generation, 4);
+  engine.reset();
+  engine = NewEngine();
+  ASSERT_TRUE(engine->Recover().ok());
+  world->cap.clear();
+  world->Pump(engine.get(), kRun, 1600);
+  const v1::Incident inc = Only();
+  EXPECT_EQ(inc.verdict(), reference.verdict());
+  EXPECT_EQ(Kinds(inc), Kinds(reference));
+  EXPECT_EQ(inc.cost().steps_reexecuted(), reference.cost().steps_reexecuted());
+  ExpectEachRequestOnce();
+}
+
+TEST_F(IncidentEngineTest, RecoveryMidVerificationFinishesTheVerification) {
+  Start({.transient = true});
+  Detect();
+  // The replay is continued; verification (through step 1210) is cut at 1100.
+  world->cap[2] = 1100;
+  world->Pump(engine.get(), kRun, 1600);
+  ASSERT_EQ(Only().state(), v1::VERIFYING);
+  engine.reset();
+  engine = NewEngine();
+  ASSERT_TRUE(engine->Recover().ok());
+  EXPECT_EQ(engine->Active().size(), 1u);
+  world->cap.clear();
+  world->Pump(engine.get(), kRun, 1600);
+  const v1::Incident inc = Only();
+  EXPECT_EQ(inc.verdict(), v1::TRANSIENT);
+  EXPECT_EQ(inc.state(), v1::CLOSED);
+  EXPECT_TRUE(HasEvent(inc, "verified"));
+  EXPECT_EQ(ctl.continue_calls.size(), 1u);
+  EXPECT_EQ(ctl.rewind_calls, 1);
+}
+
+TEST_F(IncidentEngineTest, RecoveryOfAProposalStillWaitsForApproval) {
+  view.policy.set_mode(v1::MODE_PROPOSE);
+  Start({.poison = {1000}});
+  Detect();
+  const int64_t id = Only().id();
+  engine.reset();
+  engine = NewEngine();
+  ASSERT_TRUE(engine->Recover().ok());
+  EXPECT_EQ(ctl.rewind_calls, 0);
+  EXPECT_EQ(engine->Get(id)->state(), v1::AWAITING_APPROVAL);
+  ASSERT_TRUE(engine->Approve(id).ok());
+  EXPECT_EQ(ctl.executed.size(), 1u);
+}
+
+}  // namespace
+}  // namespace spikeguard::incident

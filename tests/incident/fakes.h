@@ -1,0 +1,154 @@
+// fakes.h
+// -----------------------------------------------------------------------------
+// Scripted in-memory implementations of the incident engine's three
+// interfaces, plus a tiny simulated training world, so every branch of the
+// protocol runs without real time, processes or sockets.
+//
+// The world computes each step's loss from (generation, step, data position,
+// hparams) through a Scenario: poisoned data positions (DATA), a spike at a
+// step whatever the data unless the fix rung is strong enough (FRAGILITY), a
+// one-off spike in the original generation only (TRANSIENT), non-finite
+// values (NUMERICS), and replays whose loss bits differ (non-determinism).
+// World::Pump() plays the workers: it runs the controller's current
+// generation up to its horizon (or further once continued).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "daemon/incident/engine.h"
+#include "daemon/incident/policy.h"
+
+namespace spikeguard::incident::testing {
+
+// Records every command; idempotent by request id like the real controller.
+class FakeController final : public RunController {
+ public:
+  absl::StatusOr<int64_t> Rewind(const std::string& run, const RewindSpec& spec) override;
+  absl::Status Continue(const std::string& run, const std::string& request_id,
+                        const std::optional<spikeguard::v1::HParams>& hparams) override;
+  absl::Status Pause(const std::string& run, const std::string& request_id) override;
+
+  // Every call, repeats included.
+  int rewind_calls = 0;
+  std::vector<std::string> continue_calls;
+  std::vector<std::string> pause_calls;
+  // Rewinds executed once per request id, in order.
+  std::vector<RewindSpec> executed;
+  std::map<std::string, int64_t> generation_of;
+  std::map<int64_t, RewindSpec> spec_of;
+  // The workers' state.
+  int64_t current_generation = 1;
+  std::set<int64_t> continued;
+  bool paused = false;
+  // Fails the next Rewind with this status (then clears it).
+  absl::Status fail_next_rewind;
+
+  std::set<std::string> UniqueContinues() const {
+    return {continue_calls.begin(), continue_calls.end()};
+  }
+};
+
+class FakeView final : public RunView {
+ public:
+  absl::StatusOr<std::vector<CheckpointInfo>> Checkpoints(const std::string& run) override;
+  absl::StatusOr<std::vector<StepObservation>> Steps(const std::string& run, int64_t generation,
+                                                     int64_t from, int64_t to) override;
+  absl::StatusOr<spikeguard::v1::DataPlan> Plan(const std::string& run, int64_t generation) override;
+  absl::StatusOr<std::vector<spikeguard::v1::DocumentRef>> Documents(const std::string& run,
+                                                                     int64_t generation,
+                                                                     int64_t from,
+                                                                     int64_t to) override;
+  uint32_t WorldSize(const std::string& run) override { return world_size; }
+  spikeguard::v1::Policy PolicyFor(const std::string& run) override { return policy; }
+
+  std::vector<CheckpointInfo> checkpoints;
+  std::map<int64_t, std::map<int64_t, StepObservation>> steps;
+  std::map<int64_t, spikeguard::v1::DataPlan> plans;
+  uint32_t world_size = 8;
+  spikeguard::v1::Policy policy;
+  // Two documents per data position: ids 10·p and 10·p + 1.
+  bool has_manifest = true;
+};
+
+class FakeStore final : public IncidentStore {
+ public:
+  absl::StatusOr<int64_t> CreateIncident(const std::string& run,
+                                         const spikeguard::v1::Incident& incident) override;
+  absl::Status SaveIncident(const spikeguard::v1::Incident& incident) override;
+  absl::StatusOr<int64_t> AppendEvent(int64_t incident_id, const std::string& kind,
+                                      const std::string& payload) override;
+  absl::StatusOr<std::vector<StoredEvent>> Events(int64_t incident_id) override;
+  absl::StatusOr<std::vector<spikeguard::v1::Incident>> OpenIncidents() override;
+  absl::StatusOr<std::vector<spikeguard::v1::Incident>> RunIncidents(
+      const std::string& run) override;
+  absl::Status Quarantine(const spikeguard::v1::QuarantineEntry& entry) override;
+
+  std::map<int64_t, spikeguard::v1::Incident> incidents;
+  std::map<int64_t, std::vector<StoredEvent>> events;
+  std::vector<spikeguard::v1::QuarantineEntry> quarantine;
+  int64_t next_id = 1;
+  int64_t next_seq = 1;
+  // AppendEvent of this kind fails once (a crash right before it).
+  std::string fail_append_kind;
+};
+
+struct Scenario {
+  int64_t onset = 1000;
+  // Data positions whose batch spikes the loss (DATA).
+  std::set<int64_t> poison = {};
+  // ...unless the generation runs with an lr scale (data × state).
+  bool poison_needs_full_lr = false;
+  // A spike at `onset` in every generation whose fix rung is below this
+  // (FRAGILITY); 0 = none.
+  int fragile_until_rung = 0;
+  // A one-off spike at `onset` in generation 1 only (TRANSIENT).
+  bool transient = false;
+  // Non-finite loss at `onset` in every generation (NUMERICS).
+  bool nonfinite = false;
+  int nonfinite_layer = 3;
+  // Replays' losses differ in the last bits (non-determinism).
+  bool nondeterministic = false;
+  // Spike the grad norm instead of the loss.
+  bool grad_spike = false;
+  // A spike at this step in every generation but the original (0 = none):
+  // the fix does not hold.
+  int64_t late_spike_step = 0;
+};
+
+class World {
+ public:
+  World(FakeController* controller, FakeView* view, Scenario scenario)
+      : controller_(controller), view_(view), scenario_(scenario) {}
+
+  // The original generation 1, steps [0, last], straight into the view.
+  void SeedOriginal(int64_t last);
+  StepObservation Make(int64_t generation, int64_t step) const;
+  // Runs the workers: feeds `engine` the steps of the current generation up
+  // to its horizon (up to `max_step` once continued), following rewinds,
+  // until nothing moves. Returns the number of steps fed.
+  int Pump(IncidentEngine* engine, const std::string& run, int64_t max_step);
+  // Feeds steps [from, to] of one generation (no following).
+  void Feed(IncidentEngine* engine, const std::string& run, int64_t generation, int64_t from,
+            int64_t to);
+
+  std::map<int64_t, int64_t> next_step;
+  // Per-generation last step the workers may run (a crash point in tests).
+  std::map<int64_t, int64_t> cap;
+
+ private:
+  int Rung(int64_t generation) const;
+
+  FakeController* controller_;
+  FakeView* view_;
+  Scenario scenario_;
+};
+
+// The position the plan feeds at step `index`.
+int64_t PositionAt(const spikeguard::v1::DataPlan& plan, int64_t index);
+
+}  // namespace spikeguard::incident::testing

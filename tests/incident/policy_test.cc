@@ -1,0 +1,140 @@
+#include "daemon/incident/policy.h"
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace spikeguard::incident {
+namespace {
+
+namespace v1 = spikeguard::v1;
+using ::testing::HasSubstr;
+
+std::string TempPath(const std::string& name) {
+  const char* dir = std::getenv("TMPDIR");
+  return std::string(dir ? dir : "/tmp") + "/spikeguard_policy_test_" + name;
+}
+
+TEST(PolicyDefaultsTest, IsSafeAndValid) {
+  const v1::Policy p = DefaultPolicy();
+  // A supervisor must be told to touch a run.
+  EXPECT_EQ(p.mode(), v1::MODE_OBSERVE);
+  EXPECT_EQ(p.loss_spike().window(), 128);
+  EXPECT_EQ(p.loss_spike().min_samples(), 64);
+  EXPECT_DOUBLE_EQ(p.loss_spike().z_threshold(), 6.0);
+  EXPECT_DOUBLE_EQ(p.loss_spike().relative_floor(), 0.05);
+  // Healthy grad norms have 2-5x outliers: a grad-norm spike must reach 8x.
+  EXPECT_DOUBLE_EQ(p.grad_norm_spike().relative_floor(), 7.0);
+  EXPECT_EQ(p.probe().min_steps_before_onset(), 100);
+  EXPECT_EQ(p.probe().max_steps_before_onset(), 500);
+  EXPECT_EQ(p.probe().skip_horizon(), 200);
+  EXPECT_FALSE(p.probe().bisect());
+  EXPECT_EQ(p.budget().max_probes(), 8);
+  EXPECT_EQ(p.escalation().data_incidents(), 3);
+  EXPECT_EQ(p.escalation().window_steps(), 5000);
+  EXPECT_DOUBLE_EQ(p.fix().lr_factor(), 0.7);
+  EXPECT_DOUBLE_EQ(p.fix().tight_clip_norm(), 0.5);
+  EXPECT_DOUBLE_EQ(p.fix().beta2(), 0.95);
+  EXPECT_EQ(p.launch().heartbeat_timeout_ms(), 30000);
+  EXPECT_TRUE(ValidatePolicy(p).ok()) << ValidatePolicy(p);
+}
+
+TEST(PolicyMergeTest, SetFieldsWinAndZeroMeansUnset) {
+  v1::Policy o;
+  o.set_mode(v1::MODE_AUTO);
+  o.mutable_probe()->set_skip_horizon(400);
+  o.mutable_probe()->set_bisect(true);
+  o.mutable_loss_spike()->set_z_threshold(7.0);
+  const v1::Policy merged = MergePolicy(DefaultPolicy(), o);
+  EXPECT_EQ(merged.mode(), v1::MODE_AUTO);
+  EXPECT_EQ(merged.probe().skip_horizon(), 400);
+  EXPECT_TRUE(merged.probe().bisect());
+  EXPECT_DOUBLE_EQ(merged.loss_spike().z_threshold(), 7.0);
+  // Untouched knobs keep the base values.
+  EXPECT_EQ(merged.loss_spike().window(), 128);
+  EXPECT_EQ(merged.probe().skip_before(), 5);
+  EXPECT_EQ(merged.budget().max_probes(), 8);
+  EXPECT_DOUBLE_EQ(merged.fix().eps(), 1e-8);
+  // An empty override changes nothing.
+  EXPECT_EQ(MergePolicy(DefaultPolicy(), v1::Policy()).DebugString(),
+            DefaultPolicy().DebugString());
+}
+
+TEST(PolicyLoadFileTest, ReadsTextFormat) {
+  const std::string path = TempPath("ok.txtpb");
+  {
+    std::ofstream out(path);
+    out << "# demo policy\nmode: MODE_AUTO\nprobe { skip_horizon: 300 bisect: true }\n"
+           "budget { max_probes: 12 }\n";
+  }
+  auto p = LoadPolicyFile(path);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->mode(), v1::MODE_AUTO);
+  EXPECT_EQ(p->probe().skip_horizon(), 300);
+  EXPECT_EQ(p->budget().max_probes(), 12);
+  const v1::Policy merged = MergePolicy(DefaultPolicy(), *p);
+  EXPECT_TRUE(ValidatePolicy(merged).ok());
+  EXPECT_EQ(merged.probe().skip_before(), 5);
+  std::remove(path.c_str());
+}
+
+TEST(PolicyLoadFileTest, ParseErrorNamesTheLine) {
+  const std::string path = TempPath("bad.txtpb");
+  {
+    std::ofstream out(path);
+    out << "mode: MODE_AUTO\nprobe {\n  skip_horizon: \"lots\"\n}\n";
+  }
+  auto p = LoadPolicyFile(path);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(p.status().message()), HasSubstr("line 3"));
+  EXPECT_THAT(std::string(p.status().message()), HasSubstr(path));
+  std::remove(path.c_str());
+
+  auto unknown = ParsePolicyText("probe { skip_window: 3 }", "inline");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_THAT(std::string(unknown.status().message()), HasSubstr("skip_window"));
+}
+
+TEST(PolicyLoadFileTest, MissingFileIsNotFound) {
+  auto p = LoadPolicyFile(TempPath("does-not-exist.txtpb"));
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kNotFound);
+}
+
+struct BadCase {
+  std::string name;
+  std::string field;
+  void (*mutate)(v1::Policy*);
+};
+
+TEST(PolicyValidateTest, RejectsUnrunnablePoliciesNamingTheField) {
+  const BadCase cases[] = {
+      {"negative window", "loss_spike.window", [](v1::Policy* p) { p->mutable_loss_spike()->set_window(-3); }},
+      {"zero z", "grad_norm_spike.z_threshold",
+       [](v1::Policy* p) { p->mutable_grad_norm_spike()->set_z_threshold(0); }},
+      {"min_samples over window", "loss_spike.min_samples",
+       [](v1::Policy* p) { p->mutable_loss_spike()->set_min_samples(500); }},
+      {"min > max before onset", "probe.min_steps_before_onset",
+       [](v1::Policy* p) { p->mutable_probe()->set_min_steps_before_onset(900); }},
+      {"negative skip", "probe.skip_before", [](v1::Policy* p) { p->mutable_probe()->set_skip_before(-1); }},
+      {"no probes", "budget.max_probes", [](v1::Policy* p) { p->mutable_budget()->set_max_probes(0); }},
+      {"lr factor above 1", "fix.lr_factor", [](v1::Policy* p) { p->mutable_fix()->set_lr_factor(1.5); }},
+      {"beta2 of 1", "fix.beta2", [](v1::Policy* p) { p->mutable_fix()->set_beta2(1.0); }},
+      {"critical below warn", "precursor.attn_logit_critical",
+       [](v1::Policy* p) { p->mutable_precursor()->set_attn_logit_critical(10); }},
+  };
+  for (const BadCase& c : cases) {
+    v1::Policy p = DefaultPolicy();
+    c.mutate(&p);
+    const absl::Status s = ValidatePolicy(p);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.name;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(c.field)) << c.name;
+  }
+}
+
+}  // namespace
+}  // namespace spikeguard::incident

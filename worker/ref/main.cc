@@ -1,0 +1,230 @@
+// spikeguard-worker: the reference worker.
+//
+//   spikeguard-worker corpus build --out DIR --domain NAME=PATH [--domain ...]
+//   spikeguard-worker corpus synth --out DIR --seed S [--poison KIND@POSITION ...]
+//   spikeguard-worker train --corpus DIR [--checkpoint-dir DIR] [--config FILE]
+//       [--set key=value ...] [--no-daemon --telemetry-out FILE]
+//       [--addr HOST:PORT --run NAME --rank R --world-size N --generation G]
+//       [--plan 0-600,610-] [--resume newest|PATH] [--fault bitflip:step=S]
+//       [--stop-after STEP] [--linger-s SECONDS]
+//
+// Exit codes: 0 done; 1 failure; 2 usage; 3 rejected by spikeguardd.
+#include <unistd.h>
+
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "base/logging.h"
+#include "storage/corpus/corpus_tools.h"
+#include "storage/corpus/data_order.h"
+#include "worker/ref/reference_worker.h"
+
+namespace {
+
+constexpr char kUsage[] =
+    "usage:\n"
+    "  spikeguard-worker corpus build --out DIR --domain NAME=PATH [--domain NAME=PATH ...]\n"
+    "  spikeguard-worker corpus synth --out DIR --seed S [--poison KIND@POSITION ...]\n"
+    "      poison kinds: ngram, junk, highbytes, duplicate\n"
+    "  spikeguard-worker train --corpus DIR [--checkpoint-dir DIR] [--config FILE]\n"
+    "      [--set key=value ...] [--no-daemon] [--telemetry-out FILE]\n"
+    "      [--addr HOST:PORT --run NAME --rank R --world-size N --generation G]\n"
+    "      [--plan RANGES] [--resume newest|PATH] [--fault bitflip:step=S]\n"
+    "      [--stop-after STEP] [--linger-s SECONDS]\n"
+    "exit codes: 0 done, 1 failure, 2 usage, 3 rejected by spikeguardd\n";
+
+struct Args {
+  std::vector<std::string> positional;
+  std::multimap<std::string, std::string> flags;
+  std::string error;
+
+  bool Has(const std::string& k) const { return flags.count(k) > 0; }
+  // The last occurrence wins, as with most command lines.
+  std::string Get(const std::string& k, const std::string& def = "") const {
+    auto [begin, end] = flags.equal_range(k);
+    if (begin == end) return def;
+    return std::prev(end)->second;
+  }
+  std::vector<std::string> All(const std::string& k) const {
+    std::vector<std::string> out;
+    for (auto [it, end] = flags.equal_range(k); it != end; ++it) out.push_back(it->second);
+    return out;
+  }
+};
+
+// Flags that take no value.
+bool IsSwitch(const std::string& name) { return name == "no-daemon" || name == "help"; }
+
+Args Parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (absl::StartsWith(arg, "--")) {
+      std::string name = arg.substr(2), value;
+      if (auto eq = name.find('='); eq != std::string::npos) {
+        value = name.substr(eq + 1);
+        name = name.substr(0, eq);
+      } else if (!IsSwitch(name)) {
+        if (i + 1 >= argc) {
+          a.error = "--" + name + " needs a value";
+          return a;
+        }
+        value = argv[++i];
+      } else {
+        value = "true";
+      }
+      a.flags.emplace(name, value);
+    } else if (arg == "-h") {
+      a.flags.emplace("help", "true");
+    } else {
+      a.positional.push_back(arg);
+    }
+  }
+  return a;
+}
+
+int Usage(const std::string& why) {
+  std::cerr << "spikeguard-worker: " << why << "\n" << kUsage;
+  return 2;
+}
+
+int Fail(const absl::Status& s) {
+  std::cerr << "spikeguard-worker: " << s.message() << "\n";
+  return absl::IsFailedPrecondition(s) && absl::StrContains(s.message(), "rejected") ? 3 : 1;
+}
+
+int CorpusBuild(const Args& a) {
+  if (!a.Has("out") || !a.Has("domain")) return Usage("corpus build needs --out and --domain");
+  std::map<std::string, std::string> domains;
+  for (const auto& d : a.All("domain")) {
+    std::pair<std::string, std::string> kv = absl::StrSplit(d, absl::MaxSplits('=', 1));
+    if (kv.first.empty() || kv.second.empty()) return Usage("--domain wants NAME=PATH, got '" + d + "'");
+    domains[kv.first] = kv.second;
+  }
+  auto meta = spikeguard::storage::BuildCorpus(a.Get("out"), domains);
+  if (!meta.ok()) return Fail(meta.status());
+  for (const auto& d : meta->domains) {
+    std::cout << "domain " << d.name << ": " << d.documents << " documents, " << d.tokens
+              << " tokens\n";
+  }
+  std::cout << "fingerprint " << meta->fingerprint << "\n";
+  return 0;
+}
+
+int CorpusSynth(const Args& a) {
+  if (!a.Has("out")) return Usage("corpus synth needs --out");
+  uint64_t seed = 1;
+  if (a.Has("seed") && !absl::SimpleAtoi(a.Get("seed"), &seed)) return Usage("--seed: not a number");
+  std::vector<std::string> poison_texts;
+  for (const auto& p : a.All("poison")) {
+    for (auto part : absl::StrSplit(p, ',', absl::SkipEmpty())) poison_texts.emplace_back(part);
+  }
+  auto poisons = spikeguard::storage::ParsePoisons(poison_texts);
+  if (!poisons.ok()) return Usage(std::string(poisons.status().message()));
+  spikeguard::storage::SynthOptions options;
+  if (a.Has("positions") && !absl::SimpleAtoi(a.Get("positions"), &options.positions)) {
+    return Usage("--positions: not a number");
+  }
+  auto meta = spikeguard::storage::SynthesizeCorpus(a.Get("out"), seed, *poisons, options);
+  if (!meta.ok()) return Fail(meta.status());
+  for (const auto& d : meta->domains) {
+    std::cout << "domain " << d.name << ": " << d.documents << " documents, " << d.tokens
+              << " tokens, weight " << d.weight << "\n";
+  }
+  for (const auto& p : meta->poisons) {
+    std::cout << "poison " << spikeguard::storage::PoisonKindName(p.kind) << " at position "
+              << p.position << ":";
+    for (const auto& doc : p.documents) std::cout << " " << doc.domain << ":" << doc.document;
+    std::cout << "\n";
+  }
+  std::cout << "fingerprint " << meta->fingerprint << "\n";
+  return 0;
+}
+
+int Train(const Args& a) {
+  using spikeguard::worker::ReferenceWorker;
+  ReferenceWorker::Options o;
+  if (!a.Has("corpus")) return Usage("train needs --corpus");
+  o.corpus_dir = a.Get("corpus");
+  o.checkpoint_dir = a.Get("checkpoint-dir");
+  if (a.Has("config")) {
+    if (auto s = spikeguard::worker::ApplyConfigFile(a.Get("config"), &o.config); !s.ok()) {
+      return Usage(std::string(s.message()));
+    }
+  }
+  for (const auto& kv : a.All("set")) {
+    if (auto s = spikeguard::worker::ApplyConfigAssignment(kv, &o.config); !s.ok()) {
+      return Usage(std::string(s.message()));
+    }
+  }
+  if (a.Has("steps") && !absl::SimpleAtoi(a.Get("steps"), &o.config.steps)) {
+    return Usage("--steps: not a number");
+  }
+  o.telemetry_jsonl = a.Get("telemetry-out");
+  o.use_daemon = !a.Has("no-daemon");
+  if (o.use_daemon) {
+    if (!a.Has("run")) return Usage("train needs --run (or --no-daemon)");
+    o.client.address = a.Get("addr", "127.0.0.1:7070");
+    o.client.run = a.Get("run");
+    if (!absl::SimpleAtoi(a.Get("rank", "0"), &o.client.rank) ||
+        !absl::SimpleAtoi(a.Get("world-size", "1"), &o.client.world_size)) {
+      return Usage("--rank/--world-size: not a number");
+    }
+    char host[256] = {0};
+    gethostname(host, sizeof(host) - 1);
+    o.client.host = host;
+  }
+  if (!absl::SimpleAtoi(a.Get("generation", "0"), &o.generation)) {
+    return Usage("--generation: not a number");
+  }
+  o.plan = a.Get("plan");
+  o.resume_from = a.Get("resume");
+  if (a.Has("fault")) {
+    const std::string f = a.Get("fault");
+    if (!absl::StartsWith(f, "bitflip:step=") ||
+        !absl::SimpleAtoi(f.substr(std::string("bitflip:step=").size()), &o.bitflip_step)) {
+      return Usage("--fault wants bitflip:step=S, got '" + f + "'");
+    }
+  }
+  if (a.Has("stop-after") && !absl::SimpleAtoi(a.Get("stop-after"), &o.stop_after_step)) {
+    return Usage("--stop-after: not a number");
+  }
+  double linger = 0;
+  if (a.Has("linger-s") && !absl::SimpleAtod(a.Get("linger-s"), &linger)) {
+    return Usage("--linger-s: not a number");
+  }
+  o.linger = absl::Seconds(linger);
+  if (o.config.checkpoint_every > 0 && o.checkpoint_dir.empty()) o.config.checkpoint_every = 0;
+
+  auto worker = ReferenceWorker::Create(o);
+  if (!worker.ok()) return Fail(worker.status());
+  SG_LOG(INFO) << "training " << o.config.model.Fingerprint() << " from step "
+               << (*worker)->next_step() << " to " << o.config.steps << ", generation "
+               << (*worker)->generation() << ", plan " << (*worker)->manifest().plan.ToString();
+  if (auto s = (*worker)->Run(); !s.ok()) return Fail(s);
+  std::cout << "done: step " << (*worker)->next_step() << ", param hash " << std::hex
+            << (*worker)->ParamHash() << std::dec << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a = Parse(argc, argv);
+  if (!a.error.empty()) return Usage(a.error);
+  if (a.Has("help")) {
+    std::cout << kUsage;
+    return 0;
+  }
+  if (a.positional.empty()) return Usage("no command");
+  const std::string cmd = a.positional[0];
+  if (cmd == "corpus" && a.positional.size() == 2 && a.positional[1] == "build") return CorpusBuild(a);
+  if (cmd == "corpus" && a.positional.size() == 2 && a.positional[1] == "synth") return CorpusSynth(a);
+  if (cmd == "train" && a.positional.size() == 1) return Train(a);
+  return Usage("unknown command '" + cmd + "'");
+}

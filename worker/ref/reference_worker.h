@@ -1,0 +1,121 @@
+// reference_worker.h
+// -----------------------------------------------------------------------------
+// The reference trainer behind `spikeguard-worker train`: a small byte-level
+// GPT (kernels/) trained on a corpus of Megatron indexed datasets in the order
+// a manifest and data plan define (storage/corpus), checkpointing atomically
+// every K steps (storage/checkpoint), and reporting the full telemetry of
+// every step to spikeguardd through the client library, or to a JSONL file
+// (one StepReport per line) when it runs standalone.
+//
+// It obeys the daemon's commands: PAUSE, CONTINUE, STOP, SET_HPARAMS and
+// REWIND (load the checkpoint, adopt the new generation and data plan, run to
+// `stop_after_step` if given, report, and wait for the next command). Each
+// command id is executed at most once.
+//
+//   ReferenceWorker::Options o;
+//   o.corpus_dir = "/data/synth";
+//   o.checkpoint_dir = "/runs/r1/ckpt";
+//   o.telemetry_jsonl = "/runs/r1/telemetry.jsonl";
+//   SG_ASSIGN_OR_RETURN(auto worker, ReferenceWorker::Create(o));
+//   SG_RETURN_IF_ERROR(worker->Run());
+//
+// Determinism: on CPU a run resumed from a checkpoint produces the same loss
+// hashes and parameters, bit for bit, as the uninterrupted run.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/trainer.h"
+#include "spikeguard/v1/telemetry.pb.h"
+#include "spikeguard/v1/worker.pb.h"
+#include "storage/checkpoint/checkpoint.h"
+#include "storage/corpus/corpus.h"
+#include "storage/corpus/data_order.h"
+#include "worker/client/worker_client.h"
+#include "worker/ref/worker_config.h"
+
+namespace spikeguard::worker {
+
+class ReferenceWorker {
+ public:
+  struct Options {
+    WorkerConfig config;
+    std::string corpus_dir;
+    std::string checkpoint_dir;
+    // Standalone telemetry: one StepReport (proto JSON) per line. "" = none.
+    std::string telemetry_jsonl;
+    // Report to spikeguardd through the client library.
+    bool use_daemon = false;
+    WorkerClient::Options client;
+    int64_t generation = 0;
+    // DataPlan text ("0-600,610-"); "" = the checkpoint's plan, else [0, inf).
+    std::string plan;
+    // Checkpoint to start from: a path, "newest" (newest valid one in
+    // checkpoint_dir, fresh start when there is none), or "" (fresh start).
+    std::string resume_from;
+    // Flip one gradient bit at this step, in generation 0 only (a transient
+    // hardware fault that a replay does not reproduce).
+    int64_t bitflip_step = -1;
+    // Stop after this step (inclusive): standalone, return; with a daemon,
+    // report and wait for a command. -1 = none.
+    int64_t stop_after_step = -1;
+    bool telemetry = true;
+    // With a daemon: after the last step, wait this long for commands (a
+    // rewind restarts training) before exiting.
+    absl::Duration linger = absl::ZeroDuration();
+  };
+
+  static absl::StatusOr<std::unique_ptr<ReferenceWorker>> Create(Options options);
+  ~ReferenceWorker();
+
+  // Trains until config.steps are done or a STOP arrives. FAILED_PRECONDITION
+  // when the daemon rejected the worker.
+  absl::Status Run();
+
+  // The next step to train.
+  int64_t next_step() const { return step_; }
+  int64_t generation() const { return generation_; }
+  uint64_t ParamHash() const { return trainer_->ParamHash(); }
+  const storage::Manifest& manifest() const { return order_->manifest(); }
+  kernels::Trainer& trainer() { return *trainer_; }
+
+  // One step of training with telemetry, as reported.
+  absl::StatusOr<spikeguard::v1::StepReport> TrainStep();
+  // Saves a checkpoint of the current state (steps completed = next_step()).
+  absl::StatusOr<storage::CheckpointFileInfo> SaveCheckpoint();
+  // Loads a checkpoint file; resets step, hparams and (unless plan_override
+  // is set) the data plan.
+  absl::Status LoadCheckpoint(const std::string& path, const std::string& plan_override);
+
+ private:
+  explicit ReferenceWorker(Options options) : options_(std::move(options)) {}
+  absl::Status Init();
+  absl::Status SetPlan(const storage::DataPlan& plan);
+  // Handles a command; sets *stop when the worker must end.
+  absl::Status HandleCommand(const spikeguard::v1::Command& command, bool* stop);
+  // Blocks for commands until one lets training go on (or stop).
+  absl::Status WaitForGo(bool* stop);
+  void Emit(const spikeguard::v1::StepReport& report);
+
+  Options options_;
+  std::unique_ptr<storage::Corpus> corpus_;
+  std::unique_ptr<storage::DataOrder> order_;
+  std::unique_ptr<kernels::Trainer> trainer_;
+  std::unique_ptr<storage::CheckpointDir> checkpoints_;
+  std::unique_ptr<WorkerClient> client_;
+  std::ofstream jsonl_;
+  int64_t step_ = 0;
+  int64_t generation_ = 0;
+  int64_t stop_after_ = -1;
+  bool paused_ = false;
+  std::set<std::string> executed_commands_;
+};
+
+}  // namespace spikeguard::worker
