@@ -10,14 +10,49 @@ namespace {
 
 namespace v1 = spikeguard::v1;
 
-detect::SpikeDetector::Options DetectorOptions(const v1::SpikeDetectorPolicy& p) {
-  detect::SpikeDetector::Options o;
+detect::SpikeDetector::Options DetectorOptions(const v1::SpikeDetectorPolicy& p,
+                                               detect::SpikeDetector::Options o) {
   if (p.window() > 0) o.window = p.window();
   if (p.min_samples() > 0) o.min_samples = p.min_samples();
   if (p.z_threshold() > 0) o.z_threshold = p.z_threshold();
   if (p.relative_floor() > 0) o.relative_floor = p.relative_floor();
   if (p.recovery_steps() > 0) o.recovery_steps = p.recovery_steps();
   return o;
+}
+
+detect::RunMonitor::Options MonitorOptions(const v1::Policy& policy) {
+  detect::RunMonitor::Options o;
+  o.loss = DetectorOptions(policy.loss_spike(), o.loss);
+  o.grad_norm = DetectorOptions(policy.grad_norm_spike(), o.grad_norm);
+  const auto& p = policy.precursor();
+  if (p.trend_window() > 0) o.precursor.trend_window = p.trend_window();
+  if (p.trend_z_threshold() > 0) o.precursor.trend_z_threshold = p.trend_z_threshold();
+  if (p.attn_logit_warn() > 0) o.precursor.attn_logit_warn = p.attn_logit_warn();
+  if (p.attn_logit_critical() > 0) o.precursor.attn_logit_critical = p.attn_logit_critical();
+  if (p.persistence_steps() > 0) o.precursor.persistence_steps = p.persistence_steps();
+  return o;
+}
+
+detect::StepSample ToSample(const v1::StepRecord& r) {
+  detect::StepSample s;
+  s.step = r.step();
+  s.loss = r.loss();
+  s.grad_norm = r.grad_norm();
+  s.lse_mean = r.lse_mean();
+  s.lse_max = r.lse_max();
+  s.clipped = r.clipped();
+  s.nonfinite = r.nonfinite_count();
+  for (const auto& l : r.layers()) {
+    if (l.layer() >= 4096) continue;
+    if (s.layers.size() <= l.layer()) s.layers.resize(l.layer() + 1);
+    auto& out = s.layers[l.layer()];
+    out.max_attn_logit = l.max_attn_logit();
+    out.grad_norm = l.grad_norm();
+    out.update_ratio = l.update_ratio();
+    out.act_rms = l.act_rms();
+    out.param_norm = l.param_norm();
+  }
+  return s;
 }
 
 }  // namespace
@@ -84,9 +119,7 @@ void Supervisor::ResetMonitor(const std::string& run, int64_t generation, int64_
                               Monitor* m) {
   const v1::Policy policy = view_.PolicyFor(run);
   m->generation = generation;
-  m->loss = std::make_unique<detect::SpikeDetector>(DetectorOptions(policy.loss_spike()));
-  m->grad = std::make_unique<detect::SpikeDetector>(DetectorOptions(policy.grad_norm_spike()));
-  m->nonfinite_reported = false;
+  m->detectors = std::make_unique<detect::RunMonitor>(MonitorOptions(policy));
 
   // Where this generation starts, and where it came from.
   int64_t gen_start = 0, parent = -1;
@@ -125,47 +158,55 @@ void Supervisor::ResetMonitor(const std::string& run, int64_t generation, int64_
       history.insert(history.end(), own->begin(), own->end());
     }
   }
-  for (const auto& r : history) {
-    m->loss->Observe(r.step(), r.loss());
-    m->grad->Observe(r.step(), r.grad_norm());
-  }
+  for (const auto& r : history) (void)m->detectors->Observe(ToSample(r));
 }
 
 void Supervisor::Observe(const std::string& run, Monitor* m, const v1::StepRecord& r) {
-  std::vector<incident::Detection> detections;
-  const bool nonfinite = r.nonfinite_count() > 0 || !std::isfinite(r.loss()) ||
-                         !std::isfinite(r.grad_norm());
-  if (nonfinite && !m->nonfinite_reported) {
-    m->nonfinite_reported = true;
-    incident::Detection d;
-    d.kind = incident::Detection::Kind::kNonFinite;
-    d.generation = r.generation();
-    d.onset_step = d.peak_step = r.step();
-    d.peak_value = r.loss();
-    const auto obs = ToObservation(r);
-    if (obs.first_nonfinite_layer >= 0) {
-      d.localized_signal = "non-finite";
-      d.localized_layer = obs.first_nonfinite_layer;
+  for (const detect::MonitorEvent& e : m->detectors->Observe(ToSample(r))) {
+    if (e.kind == detect::MonitorEvent::kPrecursor) {
+      SG_LOG(INFO) << "run " << run << " generation " << r.generation() << ": precursor "
+                   << e.signal << (e.layer >= 0 ? absl::StrCat(" layer ", e.layer) : "")
+                   << " since step " << e.onset_step << " (value " << e.value << ", baseline "
+                   << e.baseline << ")";
+      continue;
     }
-    detections.push_back(d);
-  }
-  auto event = [&](const std::optional<detect::SpikeEvent>& e, incident::Detection::Kind kind) {
-    if (!e || e->state != detect::SpikeEvent::kOnset) return;
+    if (!e.opens_incident()) continue;
     incident::Detection d;
-    d.kind = kind;
+    switch (e.kind) {
+      case detect::MonitorEvent::kNonFinite:
+        d.kind = incident::Detection::Kind::kNonFinite;
+        break;
+      case detect::MonitorEvent::kSpikeOnset:
+        d.kind = e.signal == "grad_norm" ? incident::Detection::Kind::kGradNormSpike
+                                         : incident::Detection::Kind::kLossSpike;
+        break;
+      default:  // a slow divergence opens as a loss event
+        d.kind = incident::Detection::Kind::kLossSpike;
+    }
     d.generation = r.generation();
-    d.onset_step = e->onset_step;
-    d.peak_step = e->peak_step;
-    d.peak_value = e->peak_value;
-    d.baseline = e->baseline;
-    detections.push_back(d);
-  };
-  event(m->grad->Observe(r.step(), r.grad_norm()), incident::Detection::Kind::kGradNormSpike);
-  event(m->loss->Observe(r.step(), r.loss()), incident::Detection::Kind::kLossSpike);
-  for (const auto& d : detections) {
-    SG_LOG(INFO) << "run " << run << " generation " << d.generation << ": detection at step "
-                 << d.onset_step << " (kind " << static_cast<int>(d.kind) << ", value "
-                 << d.peak_value << ", baseline " << d.baseline << ")";
+    d.onset_step = e.onset_step;
+    d.peak_step = std::max(e.peak_step, e.onset_step);
+    d.peak_value = e.value;
+    d.baseline = e.baseline;
+    if (e.precursor_start && *e.precursor_start < e.onset_step) {
+      d.precursor_onset_step = *e.precursor_start;
+      d.precursor = e.precursor_signal;
+    }
+    if (!e.localization.order.empty()) {
+      d.localized_signal = e.localization.order.front().signal;
+      d.localized_layer = e.localization.order.front().layer;
+      d.localization_order = e.localization.Names();
+    } else if (e.kind == detect::MonitorEvent::kNonFinite && e.layer >= 0) {
+      d.localized_signal = "non-finite";
+      d.localized_layer = e.layer;
+    }
+    SG_LOG(INFO) << "run " << run << " generation " << d.generation << ": "
+                 << detect::MonitorEventKindName(e.kind) << " of " << e.signal << " at step "
+                 << d.onset_step << " (value " << d.peak_value << ", baseline " << d.baseline
+                 << (d.precursor_onset_step ? absl::StrCat(", precursor ", d.precursor, " since ",
+                                                           *d.precursor_onset_step)
+                                            : std::string())
+                 << ")";
     if (absl::Status s = engine_->OnDetection(run, d); !s.ok()) {
       SG_LOG(ERROR) << "run " << run << ": incident engine refused a detection: " << s;
     }

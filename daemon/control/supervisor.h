@@ -24,7 +24,7 @@
 #include "daemon/control/catalog_adapters.h"
 #include "daemon/control/run_control.h"
 #include "daemon/control/stream_hub.h"
-#include "daemon/detect/spike_detector.h"
+#include "daemon/detect/run_monitor.h"
 #include "daemon/incident/engine.h"
 #include "storage/catalog/catalog.h"
 
@@ -68,9 +68,7 @@ class Supervisor {
   struct Monitor {
     int64_t generation = -1;
     int64_t next_step = -1;  // delivery cursor
-    std::unique_ptr<detect::SpikeDetector> loss;
-    std::unique_ptr<detect::SpikeDetector> grad;
-    bool nonfinite_reported = false;
+    std::unique_ptr<detect::RunMonitor> detectors;
   };
 
   void Deliver(const std::string& run, int64_t generation, int64_t up_to)

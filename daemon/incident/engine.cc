@@ -904,9 +904,9 @@ struct IncidentEngine::State {
 
   absl::Status ChooseCheckpoint(Inc& s) {
     const v1::ProbePolicy& probe = s.policy.probe();
-    const int64_t onset = s.opened.has_precursor()
-                              ? std::min(s.onset(), s.opened.precursor_onset_step())
-                              : s.onset();
+    int64_t onset = s.opened.has_precursor()
+                        ? std::min(s.onset(), s.opened.precursor_onset_step())
+                        : s.onset();
     SG_ASSIGN_OR_RETURN(std::vector<CheckpointInfo> all, view->Checkpoints(s.run()));
     std::optional<CheckpointInfo> in_window, older;
     auto better = [&](const std::optional<CheckpointInfo>& cur, const CheckpointInfo& c) {
@@ -915,21 +915,36 @@ struct IncidentEngine::State {
       // Same step: prefer the watched generation's own checkpoint.
       return c.generation == s.opened.generation() && cur->generation != c.generation;
     };
-    for (const CheckpointInfo& c : all) {
-      if (!c.complete || c.generation > s.opened.generation() || c.step >= onset) continue;
-      if (c.step >= onset - probe.max_steps_before_onset() &&
-          c.step <= onset - probe.min_steps_before_onset() && better(in_window, c)) {
-        in_window = c;
+    auto scan = [&](int64_t before) {
+      in_window.reset();
+      older.reset();
+      for (const CheckpointInfo& c : all) {
+        if (!c.complete || c.generation > s.opened.generation() || c.step >= before) continue;
+        if (c.step >= before - probe.max_steps_before_onset() &&
+            c.step <= before - probe.min_steps_before_onset() && better(in_window, c)) {
+          in_window = c;
+        }
+        if (better(older, c)) older = c;
       }
-      if (better(older, c)) older = c;
+    };
+    scan(onset);
+    std::string precursor_note;
+    if (!in_window && !older && onset < s.onset()) {
+      // A precursor that started before the first checkpoint cannot move the
+      // rewind point; fall back to the spike's own onset.
+      precursor_note = absl::StrCat("no checkpoint before the precursor onset (step ", onset,
+                                    "); probing from before the spike onset instead");
+      onset = s.onset();
+      scan(onset);
     }
-    std::string note;
+    std::string note = precursor_note;
     CheckpointInfo chosen;
     if (in_window) {
       chosen = *in_window;
     } else if (older) {
       chosen = *older;
-      note = absl::StrCat("no complete checkpoint ", probe.min_steps_before_onset(), "–",
+      if (!note.empty()) note += "; ";
+      note += absl::StrCat("no complete checkpoint ", probe.min_steps_before_onset(), "–",
                           probe.max_steps_before_onset(), " steps before the onset (step ", onset,
                           "); using the nearest older one, step ", chosen.step, " (",
                           onset - chosen.step, " steps before)");
