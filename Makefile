@@ -26,8 +26,9 @@ test: build
 demo: build
 	./deploy/demo.sh $(BUILD)
 
+# Every benchmark, with a markdown summary in $(BUILD)/bench-results/SUMMARY.md.
 bench: build
-	ctest --test-dir $(BUILD) --output-on-failure --label-regex bench --timeout 3600
+	./tests/bench/run_all.sh $(BUILD) $(BUILD)/bench-results
 
 clean:
 	rm -rf $(BUILD)

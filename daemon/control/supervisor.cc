@@ -4,26 +4,18 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
+#include "daemon/detect/trace_io.h"
+#include "daemon/incident/policy.h"
 
 namespace spikeguard::daemon {
 namespace {
 
 namespace v1 = spikeguard::v1;
 
-detect::SpikeDetector::Options DetectorOptions(const v1::SpikeDetectorPolicy& p,
-                                               detect::SpikeDetector::Options o) {
-  if (p.window() > 0) o.window = p.window();
-  if (p.min_samples() > 0) o.min_samples = p.min_samples();
-  if (p.z_threshold() > 0) o.z_threshold = p.z_threshold();
-  if (p.relative_floor() > 0) o.relative_floor = p.relative_floor();
-  if (p.recovery_steps() > 0) o.recovery_steps = p.recovery_steps();
-  return o;
-}
-
 detect::RunMonitor::Options MonitorOptions(const v1::Policy& policy) {
   detect::RunMonitor::Options o;
-  o.loss = DetectorOptions(policy.loss_spike(), o.loss);
-  o.grad_norm = DetectorOptions(policy.grad_norm_spike(), o.grad_norm);
+  o.loss = incident::SpikeOptions(policy.loss_spike(), o.loss);
+  o.grad_norm = incident::SpikeOptions(policy.grad_norm_spike(), o.grad_norm);
   const auto& p = policy.precursor();
   if (p.trend_window() > 0) o.precursor.trend_window = p.trend_window();
   if (p.trend_z_threshold() > 0) o.precursor.trend_z_threshold = p.trend_z_threshold();
@@ -33,27 +25,7 @@ detect::RunMonitor::Options MonitorOptions(const v1::Policy& policy) {
   return o;
 }
 
-detect::StepSample ToSample(const v1::StepRecord& r) {
-  detect::StepSample s;
-  s.step = r.step();
-  s.loss = r.loss();
-  s.grad_norm = r.grad_norm();
-  s.lse_mean = r.lse_mean();
-  s.lse_max = r.lse_max();
-  s.clipped = r.clipped();
-  s.nonfinite = r.nonfinite_count();
-  for (const auto& l : r.layers()) {
-    if (l.layer() >= 4096) continue;
-    if (s.layers.size() <= l.layer()) s.layers.resize(l.layer() + 1);
-    auto& out = s.layers[l.layer()];
-    out.max_attn_logit = l.max_attn_logit();
-    out.grad_norm = l.grad_norm();
-    out.update_ratio = l.update_ratio();
-    out.act_rms = l.act_rms();
-    out.param_norm = l.param_norm();
-  }
-  return s;
-}
+detect::StepSample ToSample(const v1::StepRecord& r) { return detect::FromStepMessage(r); }
 
 }  // namespace
 

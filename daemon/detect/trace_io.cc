@@ -35,26 +35,7 @@ absl::Status WriteFile(const std::string& path, const std::string& text) {
 
 }  // namespace
 
-StepSample FromStepReport(const v1::StepReport& r) {
-  StepSample s;
-  s.step = r.step();
-  s.loss = r.loss();
-  s.grad_norm = r.grad_norm();
-  s.lse_mean = r.lse_mean();
-  s.lse_max = r.lse_max();
-  s.clipped = r.clipped();
-  s.nonfinite = r.nonfinite_count();
-  for (const v1::LayerStats& l : r.layers()) {
-    if (l.layer() >= s.layers.size()) s.layers.resize(l.layer() + 1);
-    LayerSample& x = s.layers[l.layer()];
-    x.max_attn_logit = l.max_attn_logit();
-    x.grad_norm = l.grad_norm();
-    x.update_ratio = l.update_ratio();
-    x.act_rms = l.act_rms();
-    x.param_norm = l.param_norm();
-  }
-  return s;
-}
+StepSample FromStepReport(const v1::StepReport& r) { return FromStepMessage(r); }
 
 v1::StepReport ToStepReport(const StepSample& s) {
   v1::StepReport r;

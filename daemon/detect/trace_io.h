@@ -33,6 +33,30 @@
 
 namespace spikeguard::detect {
 
+// From any message with StepReport's scalar and per-layer fields
+// (StepReport, the daemon's merged StepRecord).
+template <typename StepMessage>
+StepSample FromStepMessage(const StepMessage& r) {
+  StepSample s;
+  s.step = r.step();
+  s.loss = r.loss();
+  s.grad_norm = r.grad_norm();
+  s.lse_mean = r.lse_mean();
+  s.lse_max = r.lse_max();
+  s.clipped = r.clipped();
+  s.nonfinite = r.nonfinite_count();
+  for (const auto& l : r.layers()) {
+    if (l.layer() >= (1u << 16)) continue;  // not a layer index a model has
+    if (l.layer() >= s.layers.size()) s.layers.resize(l.layer() + 1);
+    LayerSample& x = s.layers[l.layer()];
+    x.max_attn_logit = l.max_attn_logit();
+    x.grad_norm = l.grad_norm();
+    x.update_ratio = l.update_ratio();
+    x.act_rms = l.act_rms();
+    x.param_norm = l.param_norm();
+  }
+  return s;
+}
 StepSample FromStepReport(const spikeguard::v1::StepReport& r);
 spikeguard::v1::StepReport ToStepReport(const StepSample& s);
 

@@ -1,5 +1,7 @@
 #include "daemon/incident/engine.h"
 
+#include "daemon/incident/policy.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -62,13 +64,7 @@ enum class Stage {
 };
 
 detect::SpikeDetector::Options DetectorOptions(const v1::SpikeDetectorPolicy& p) {
-  detect::SpikeDetector::Options o;
-  if (p.window() > 0) o.window = p.window();
-  if (p.min_samples() > 0) o.min_samples = p.min_samples();
-  if (p.z_threshold() > 0) o.z_threshold = p.z_threshold();
-  if (p.relative_floor() > 0) o.relative_floor = p.relative_floor();
-  if (p.recovery_steps() > 0) o.recovery_steps = p.recovery_steps();
-  return o;
+  return SpikeOptions(p);
 }
 
 lg::CheckpointRecord ToRecord(const CheckpointInfo& c) {

@@ -313,4 +313,14 @@ absl::Status ValidatePolicy(const v1::Policy& p) {
   return absl::OkStatus();
 }
 
+detect::SpikeDetector::Options SpikeOptions(const v1::SpikeDetectorPolicy& p,
+                                            detect::SpikeDetector::Options o) {
+  if (p.window() > 0) o.window = p.window();
+  if (p.min_samples() > 0) o.min_samples = p.min_samples();
+  if (p.z_threshold() > 0) o.z_threshold = p.z_threshold();
+  if (p.relative_floor() > 0) o.relative_floor = p.relative_floor();
+  if (p.recovery_steps() > 0) o.recovery_steps = p.recovery_steps();
+  return o;
+}
+
 }  // namespace spikeguard::incident

@@ -21,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "daemon/detect/spike_detector.h"
 #include "spikeguard/v1/policy.pb.h"
 
 namespace spikeguard::incident {
@@ -50,5 +51,10 @@ absl::StatusOr<spikeguard::v1::Policy> ParsePolicyText(const std::string& text,
 // before onset > max, negative horizons or budgets, factors outside (0, 1],
 // β2 outside (0, 1). Validate the merged policy, not an override.
 absl::Status ValidatePolicy(const spikeguard::v1::Policy& policy);
+
+// The spike rule's options as a policy section sets them; fields left at 0
+// keep `base`'s values.
+detect::SpikeDetector::Options SpikeOptions(const spikeguard::v1::SpikeDetectorPolicy& p,
+                                            detect::SpikeDetector::Options base = {});
 
 }  // namespace spikeguard::incident

@@ -134,11 +134,11 @@ summary="$out/SUMMARY.md"
   echo
   echo "## 2. Daemon: ingest, detection latency, memory, catalog growth"
   echo
-  demote "$out/ingest_bench.md" | sed -E '1{/^## Daemon figures/d}'
+  demote "$out/ingest_bench.md" | sed -E '1{/^## Daemon figures/{N;d}}'
   echo
   echo "## 3. Diagnosis cost"
   echo
-  demote "$out/diagnosis_bench.md" | sed -E '1{/^## Diagnosis cost/d}'
+  demote "$out/diagnosis_bench.md" | sed -E '1{/^## Diagnosis cost/{N;d}}'
   echo
   echo "## 4. Reference worker: step time with telemetry on/off, tokens/s"
   echo

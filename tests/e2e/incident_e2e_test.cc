@@ -214,6 +214,46 @@ TEST_F(IncidentE2E, Fp16OverflowIsDiagnosedAsNumerics) {
   PrintFigures("numerics", i);
 }
 
+TEST_F(IncidentE2E, FragilityIsFixedByLowerLrAndTheRunFinishesClean) {
+  MakeCorpus({});
+  Launch("fragile", "fragility", {"--steps", "1500"});
+  auto list = WaitIncidents("fragile", [](const auto& l) {
+    return l.incidents_size() > 0 && Closed(l.incidents(0));
+  }, absl::Minutes(12));
+  ASSERT_GE(list.incidents_size(), 1);
+  const v1::Incident i = Show(list.incidents(0).id());
+  EXPECT_EQ(i.verdict(), v1::FRAGILITY) << i.ShortDebugString();
+  ASSERT_GE(i.probes_size(), 3);
+  EXPECT_EQ(i.probes(0).kind(), "replay");
+  EXPECT_EQ(i.probes(0).outcome(), "spiked");
+  EXPECT_EQ(i.probes(1).kind(), "skip");
+  EXPECT_EQ(i.probes(1).outcome(), "spiked");
+  const v1::Probe& fix = i.probes(i.probes_size() - 1);
+  EXPECT_EQ(fix.kind(), "fix");
+  EXPECT_EQ(fix.outcome(), "clean");
+  // Rung 1 of the ladder: peak lr x 0.7 from the probe checkpoint, verified.
+  bool rung1_verified = false;
+  for (const auto& e : i.events()) {
+    rung1_verified |= e.detail().find("fix rung 1") != std::string::npos &&
+                      e.detail().find("0.7") != std::string::npos &&
+                      e.detail().find("verified") != std::string::npos;
+  }
+  EXPECT_TRUE(rung1_verified) << i.ShortDebugString();
+  // The run then trains to its end in the fixed generation without a spike.
+  v1::Run run;
+  for (int k = 0; k < 600; ++k) {
+    run.Clear();
+    ASSERT_TRUE(cluster_.SpikectlJson({"runs", "show", "fragile"}, "run", &run));
+    if (run.last_step() >= 1499) break;
+    absl::SleepFor(absl::Milliseconds(500));
+  }
+  EXPECT_GE(run.last_step(), 1499);
+  v1::ListIncidentsResponse after;
+  ASSERT_TRUE(cluster_.SpikectlJson({"incidents", "list", "--run", "fragile"}, "after", &after));
+  EXPECT_EQ(after.incidents_size(), 1) << after.ShortDebugString();
+  PrintFigures("fragility", i);
+}
+
 TEST_F(IncidentE2E, CleanRunHasNoIncident) {
   MakeCorpus({});
   Launch("clean", "clean", {"--linger-s", "0"});

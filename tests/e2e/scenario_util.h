@@ -47,6 +47,8 @@ struct RunSpec {
   int64_t bitflip_step = -1;
   int64_t steps = -1;  // -1: the scenario's
   std::vector<std::string> set;
+  // Applied after the checkpoint is loaded (SET_HPARAMS), e.g. 0.7.
+  double lr_scale = 1.0;
 };
 
 // Runs the worker to completion; returns its telemetry.
@@ -68,6 +70,11 @@ inline std::vector<spikeguard::v1::StepReport> RunWorker(const RunSpec& spec,
   auto w = worker::ReferenceWorker::Create(o);
   EXPECT_TRUE(w.ok()) << w.status();
   if (!w.ok()) return {};
+  if (spec.lr_scale != 1.0) {
+    kernels::HParamOverrides hp = (*w)->trainer().hparams();
+    hp.lr_scale = spec.lr_scale;
+    (*w)->trainer().SetHParams(hp);
+  }
   auto run = (*w)->Run();
   EXPECT_TRUE(run.ok()) << run;
   if (param_hash) *param_hash = (*w)->ParamHash();
@@ -80,11 +87,14 @@ struct Judgement {
   int64_t first_nonfinite_step = -1;
 };
 
-// The spike rule of DESIGN §6 over loss and pre-clip grad norm.
+// The spike rule of DESIGN §6 over loss and pre-clip grad norm, with the
+// daemon's default floors (loss 5 % above its median, grad norm 8x).
 inline Judgement Judge(const std::vector<spikeguard::v1::StepReport>& reports) {
   Judgement j;
   detect::SpikeDetector loss(detect::SpikeDetector::Options{});
-  detect::SpikeDetector grad(detect::SpikeDetector::Options{});
+  detect::SpikeDetector::Options grad_options;
+  grad_options.relative_floor = 7.0;
+  detect::SpikeDetector grad(grad_options);
   for (const auto& r : reports) {
     if (j.first_nonfinite_step < 0 && (r.nonfinite_count() > 0 || !std::isfinite(r.loss()))) {
       j.first_nonfinite_step = r.step();

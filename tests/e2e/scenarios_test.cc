@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iostream>
+#include <limits>
 
 #include "gmock/gmock.h"
 #include "storage/corpus/corpus_tools.h"
@@ -163,6 +164,67 @@ TEST_F(ScenarioTest, Fp16OverflowIsNonFiniteAndReproducible) {
   std::cout << "[figures] numerics: first non-finite at step " << first << " ("
             << At(gen0, first).nonfinite_count() << " values), reproduced from step " << from
             << "\n";
+}
+
+TEST_F(ScenarioTest, FragilityLogitsGrowThenSpikeSkipDoesNotHelpLowerLrDoes) {
+  RunSpec original{.scenario = "fragility", .corpus = MakeCorpus(),
+                   .checkpoint_dir = dir_.File("ckpt"), .telemetry = dir_.File("gen0.jsonl"),
+                   .steps = 1300};
+  auto gen0 = RunWorker(original);
+  ASSERT_EQ(gen0.size(), 1300u);
+  Judgement j0 = Judge(gen0);
+  ASSERT_FALSE(j0.loss_onsets.empty() && j0.grad_onsets.empty()) << "no spike in 1300 steps";
+  int64_t onset = std::numeric_limits<int64_t>::max();
+  if (!j0.loss_onsets.empty()) onset = j0.loss_onsets[0].onset_step;
+  if (!j0.grad_onsets.empty()) onset = std::min(onset, j0.grad_onsets[0].onset_step);
+  EXPECT_GE(onset, 800) << "the spike should come after a long precursor";
+  auto max_logit = [](const v1::StepReport& r) {
+    double m = 0;
+    for (const auto& l : r.layers()) m = std::max(m, l.max_attn_logit());
+    return m;
+  };
+  // The precursor: max attention logits past the 1e3 warning level for
+  // hundreds of steps, still climbing into the spike.
+  EXPECT_GT(max_logit(At(gen0, onset - 400)), 1e3);
+  EXPECT_GT(max_logit(At(gen0, onset - 1)), 3.0 * max_logit(At(gen0, onset - 600)));
+  std::cout << "[figures] fragility: first spike at step " << onset << "; max attention logit";
+  for (int64_t s = 100; s < 1300; s += 200) std::cout << " " << s << ":" << max_logit(At(gen0, s));
+  std::cout << "\n";
+
+  // Rewind to the checkpoint 100-200 steps before the onset.
+  const int64_t from = ((onset - 100) / 100) * 100;
+  const int64_t horizon = onset + 250;
+  auto joined_with = [&](const std::vector<v1::StepReport>& probe) {
+    std::vector<v1::StepReport> joined;
+    for (const auto& r : gen0) if (r.step() < from) joined.push_back(r);
+    joined.insert(joined.end(), probe.begin(), probe.end());
+    return Judge(joined);
+  };
+  // Skipping the batches around the spike does not prevent one.
+  RunSpec skip = original;
+  skip.telemetry = dir_.File("gen1.jsonl");
+  skip.generation = 1;
+  skip.resume_from = Ckpt(0, from);
+  skip.plan = absl::StrFormat("0-%d,%d-", onset - 2, onset + 3);
+  skip.steps = horizon;
+  Judgement j1 = joined_with(RunWorker(skip));
+  EXPECT_FALSE(j1.loss_onsets.empty() && j1.grad_onsets.empty())
+      << "the skip removed the spike: this scenario should be fragility, not data";
+  // Peak lr x 0.7 from the same checkpoint trains through.
+  RunSpec lower = original;
+  lower.telemetry = dir_.File("gen2.jsonl");
+  lower.generation = 2;
+  lower.resume_from = Ckpt(0, from);
+  lower.steps = horizon;
+  lower.lr_scale = 0.7;
+  auto gen2 = RunWorker(lower);
+  Judgement j2 = joined_with(gen2);
+  EXPECT_TRUE(j2.loss_onsets.empty()) << "loss spike at " << j2.loss_onsets[0].onset_step;
+  EXPECT_TRUE(j2.grad_onsets.empty()) << "grad-norm spike at " << j2.grad_onsets[0].onset_step;
+  std::cout << "[figures] fragility: skip probe spiked at "
+            << (j1.loss_onsets.empty() ? j1.grad_onsets[0].onset_step : j1.loss_onsets[0].onset_step)
+            << "; lr x 0.7 from step " << from << " clean through step " << horizon
+            << " (loss " << gen2.back().loss() << ")\n";
 }
 
 TEST_F(ScenarioTest, CleanRunHasNoSpike) {

@@ -6,7 +6,7 @@
 //       [--set key=value ...] [--no-daemon --telemetry-out FILE]
 //       [--addr HOST:PORT --run NAME --rank R --world-size N --generation G]
 //       [--plan 0-600,610-] [--resume newest|PATH] [--fault bitflip:step=S]
-//       [--stop-after STEP] [--linger-s SECONDS]
+//       [--stop-after STEP] [--linger-s SECONDS] [--lr-scale X]
 //
 // Exit codes: 0 done; 1 failure; 2 usage; 3 rejected by spikeguardd.
 #include <unistd.h>
@@ -35,7 +35,7 @@ constexpr char kUsage[] =
     "      [--set key=value ...] [--no-daemon] [--telemetry-out FILE]\n"
     "      [--addr HOST:PORT --run NAME --rank R --world-size N --generation G]\n"
     "      [--plan RANGES] [--resume newest|PATH] [--fault bitflip:step=S]\n"
-    "      [--stop-after STEP] [--linger-s SECONDS]\n"
+    "      [--stop-after STEP] [--linger-s SECONDS] [--lr-scale X]\n"
     "exit codes: 0 done, 1 failure, 2 usage, 3 rejected by spikeguardd\n";
 
 struct Args {
@@ -190,6 +190,13 @@ int Train(const Args& a) {
         !absl::SimpleAtoi(f.substr(std::string("bitflip:step=").size()), &o.bitflip_step)) {
       return Usage("--fault wants bitflip:step=S, got '" + f + "'");
     }
+  }
+  if (a.Has("lr-scale")) {
+    double scale = 0;
+    if (!absl::SimpleAtod(a.Get("lr-scale"), &scale) || !(scale > 0)) {
+      return Usage("--lr-scale: not a positive number");
+    }
+    o.lr_scale = scale;
   }
   if (a.Has("stop-after") && !absl::SimpleAtoi(a.Get("stop-after"), &o.stop_after_step)) {
     return Usage("--stop-after: not a number");

@@ -93,6 +93,11 @@ absl::Status ReferenceWorker::Init() {
     SG_RETURN_IF_ERROR(SetPlan(plan));
   }
 
+  if (options_.lr_scale) {
+    kernels::HParamOverrides hp = trainer_->hparams();
+    hp.lr_scale = *options_.lr_scale;
+    trainer_->SetHParams(hp);
+  }
   if (!options_.telemetry_jsonl.empty()) {
     jsonl_.open(options_.telemetry_jsonl, std::ios::out | std::ios::app);
     if (!jsonl_) {

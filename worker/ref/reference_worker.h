@@ -67,6 +67,9 @@ class ReferenceWorker {
     // report and wait for a command. -1 = none.
     int64_t stop_after_step = -1;
     bool telemetry = true;
+    // Peak-lr scale applied after the checkpoint is loaded (what SET_HPARAMS
+    // would do); unset = keep the checkpoint's.
+    std::optional<double> lr_scale;
     // With a daemon: after the last step, wait this long for commands (a
     // rewind restarts training) before exiting.
     absl::Duration linger = absl::ZeroDuration();

@@ -324,14 +324,12 @@ class IncidentWatch {
 
 struct Options {
   std::string out_dir;
-  int64_t reports = 24'000;        // per ingest configuration
+  int64_t reports = 32'000;        // per ingest configuration
   int latency_samples = 200;
-  int64_t memory_steps = 100'000;
-  int64_t catalog_steps = 1'000;
+  int64_t memory_steps = 200'000;
+  int64_t catalog_steps = 2'000;
   int batch_reports = 256;
 };
-
-std::string Fmt(double v, const char* f = "%.0f") { return absl::StrFormat(f, v); }
 
 }  // namespace
 
