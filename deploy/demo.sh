@@ -36,10 +36,10 @@ for _ in $(seq 1 250); do [ -s "$PORT_FILE" ] && break; sleep 0.02; done
 ADDR="127.0.0.1:$(cat "$PORT_FILE")"
 SPIKECTL=("$BUILD/cli/spikectl" "--addr=$ADDR")
 
-echo "== 3. policy: probe horizons sized for a small demo run"
+echo "== 3. policy: probe horizons sized for a small demo run; bisect the skip window to the culprit batch"
 cat > "$DEMO/policy.textproto" <<'PB'
 probe { min_steps_before_onset: 50 max_steps_before_onset: 500 replay_steps_past_onset: 5
-        skip_before: 2 skip_after: 2 skip_horizon: 100 }
+        skip_before: 2 skip_after: 2 skip_horizon: 100 bisect: true }
 fix { verify_steps: 100 }
 PB
 "${SPIKECTL[@]}" policy set --file "$DEMO/policy.textproto" >/dev/null
