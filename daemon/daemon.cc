@@ -35,6 +35,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options) {
   auto catalog = storage::Catalog::Open(catalog_options);
   if (!catalog.ok()) return catalog.status();
   d->catalog_ = std::move(*catalog);
+  if (options.default_policy) {
+    if (absl::Status s = d->catalog_->PutPolicy("", *options.default_policy); !s.ok()) return s;
+  }
   d->state_ = std::make_unique<DaemonState>(d->catalog_.get(), options.clock, options.limits,
                                             d->catalog_path_);
   d->supervisor_ = std::make_unique<Supervisor>(d->catalog_.get(), &d->state_->hub, options.clock);

@@ -15,7 +15,10 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
+
+#include "spikeguard/v1/policy.pb.h"
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -49,6 +52,8 @@ class Daemon {
     // Where launched workers dial the daemon; default 127.0.0.1:PORT.
     std::string advertise_address;
     Limits limits;
+    // Installed as the daemon-wide default policy ("" scope) at startup.
+    std::optional<spikeguard::v1::Policy> default_policy;
     Clock* clock = Clock::Real();
   };
 

@@ -13,12 +13,16 @@
 #include "base/flag_dashes.h"
 #include "base/logging.h"
 #include "daemon/daemon.h"
+#include "daemon/incident/policy.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070", "HOST:PORT to serve on (port 0: pick one)");
 ABSL_FLAG(std::string, data_dir, "./spikeguard-data", "directory of the catalog and daemon files");
 ABSL_FLAG(std::string, catalog, "", "catalog path (default DATA_DIR/catalog.db)");
 ABSL_FLAG(std::string, port_file, "", "write the bound port to this file once serving");
 ABSL_FLAG(int64_t, max_message_bytes, 16 << 20, "largest message accepted");
+ABSL_FLAG(std::string, policy, "",
+          "textproto Policy installed as the daemon-wide default at startup (runs' own "
+          "policies and `spikectl policy set` still apply on top)");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("spikeguardd --listen=HOST:PORT --data-dir=DIR");
@@ -40,6 +44,19 @@ int main(int argc, char** argv) {
   options.data_dir = absl::GetFlag(FLAGS_data_dir);
   options.catalog_path = absl::GetFlag(FLAGS_catalog);
   options.limits.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  if (const std::string path = absl::GetFlag(FLAGS_policy); !path.empty()) {
+    auto policy = spikeguard::incident::LoadPolicyFile(path);
+    if (!policy.ok()) {
+      std::cerr << "spikeguardd: --policy: " << policy.status().message() << "\n";
+      return 2;
+    }
+    auto merged = spikeguard::incident::MergePolicy(spikeguard::incident::DefaultPolicy(), *policy);
+    if (auto s = spikeguard::incident::ValidatePolicy(merged); !s.ok()) {
+      std::cerr << "spikeguardd: --policy " << path << ": " << s.message() << "\n";
+      return 2;
+    }
+    options.default_policy = *policy;
+  }
   auto daemon = spikeguard::daemon::Daemon::Start(options);
   if (!daemon.ok()) {
     std::cerr << "spikeguardd: " << daemon.status().message() << "\n";

@@ -26,13 +26,14 @@ class Cluster {
   const std::string& addr() const { return addr_; }
   std::string data_dir() const { return dir_.File("data"); }
 
-  std::unique_ptr<Process> StartDaemon(const std::string& tag) {
+  std::unique_ptr<Process> StartDaemon(const std::string& tag,
+                                       const std::vector<std::string>& extra = {}) {
     const std::string port_file = dir_.File("port");
     std::remove(port_file.c_str());
-    auto p = std::make_unique<Process>(
-        std::vector<std::string>{SPIKEGUARDD, "--listen=" + addr_, "--data-dir=" + data_dir(),
-                                 "--port-file=" + port_file},
-        dir_.File("daemon-" + tag));
+    std::vector<std::string> argv = {SPIKEGUARDD, "--listen=" + addr_, "--data-dir=" + data_dir(),
+                                     "--port-file=" + port_file};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    auto p = std::make_unique<Process>(argv, dir_.File("daemon-" + tag));
     for (int i = 0; i < 500 && ReadFile(port_file).empty(); ++i) {
       if (!p->running()) break;
       absl::SleepFor(absl::Milliseconds(20));

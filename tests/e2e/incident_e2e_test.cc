@@ -81,7 +81,7 @@ class IncidentE2E : public ::testing::Test {
   // Starts the daemon, sets the policy and launches the run.
   void Launch(const std::string& run, const std::string& scenario,
               const std::vector<std::string>& extra_args, const std::string& policy = kPolicy) {
-    daemon_ = cluster_.StartDaemon("first");
+    daemon_ = cluster_.StartDaemon("first", daemon_args_);
     {
       std::ofstream f(dir_.File("policy.textproto"));
       f << policy;
@@ -150,7 +150,26 @@ class IncidentE2E : public ::testing::Test {
   TempDir dir_;
   Cluster cluster_{dir_};
   std::unique_ptr<Process> daemon_;
+  std::vector<std::string> daemon_args_;
 };
+
+// Pids of the processes whose command line mentions every needle.
+std::vector<int> PidsMentioning(const std::vector<std::string>& needles) {
+  std::vector<int> pids;
+  DIR* proc = opendir("/proc");
+  if (proc == nullptr) return pids;
+  while (dirent* e = readdir(proc)) {
+    const int pid = std::atoi(e->d_name);
+    if (pid <= 0 || pid == getpid()) continue;
+    std::string cmdline = ReadFile(absl::StrCat("/proc/", pid, "/cmdline"));
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    bool all = !cmdline.empty();
+    for (const auto& n : needles) all = all && cmdline.find(n) != std::string::npos;
+    if (all) pids.push_back(pid);
+  }
+  closedir(proc);
+  return pids;
+}
 
 TEST_F(IncidentE2E, DataPoisonIsDiagnosedAsDataWithItsDocuments) {
   const auto poison_docs = MakeCorpus({"highbytes@300"});
@@ -254,6 +273,43 @@ TEST_F(IncidentE2E, FragilityIsFixedByLowerLrAndTheRunFinishesClean) {
   PrintFigures("fragility", i);
 }
 
+TEST_F(IncidentE2E, LauncherRestartsACrashedWorkerFromItsNewestCheckpoint) {
+  MakeCorpus({});
+  {
+    std::ofstream f(dir_.File("daemon-policy.textproto"));
+    f << "mode: MODE_OBSERVE\nlaunch { heartbeat_timeout_ms: 20000 max_restarts: 2 }\n";
+  }
+  daemon_args_ = {"--policy", dir_.File("daemon-policy.textproto")};
+  Launch("relaunch", "small", {"--steps", "600", "--linger-s", "0"});
+  v1::Run run;
+  for (int k = 0; k < 600 && run.last_step() < 250; ++k) {
+    run.Clear();
+    ASSERT_TRUE(cluster_.SpikectlJson({"runs", "show", "relaunch"}, "run", &run));
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  ASSERT_GE(run.last_step(), 250);
+  auto pids = PidsMentioning({dir_.path(), " train "});
+  ASSERT_EQ(pids.size(), 1u);
+  kill(pids[0], SIGKILL);
+  for (int k = 0; k < 900; ++k) {
+    run.Clear();
+    ASSERT_TRUE(cluster_.SpikectlJson({"runs", "show", "relaunch"}, "run", &run));
+    if (run.state() == "finished" || run.state() == "failed") break;
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  EXPECT_EQ(run.state(), "finished") << WorkerLog("relaunch").substr(0, 3000);
+  EXPECT_GE(run.last_step(), 599);
+  // The second process resumed from a checkpoint, not from step 0.
+  EXPECT_THAT(WorkerLog("relaunch"), HasSubstr("loaded checkpoint"));
+  EXPECT_THAT(ReadFile(dir_.File("daemon-first.err")), HasSubstr("rank 0 restarted"));
+  // Every step is stored once, re-executed steps deduplicated.
+  v1::QueryTelemetryResponse telemetry;
+  ASSERT_TRUE(cluster_.SpikectlJson({"telemetry", "--run", "relaunch", "--limit", "1000"}, "t",
+                                    &telemetry));
+  ASSERT_EQ(telemetry.records_size(), 600);
+  for (const auto& r : telemetry.records()) ASSERT_EQ(r.ranks_reported(), 1u) << r.step();
+}
+
 TEST_F(IncidentE2E, CleanRunHasNoIncident) {
   MakeCorpus({});
   Launch("clean", "clean", {"--linger-s", "0"});
@@ -296,6 +352,10 @@ TEST_F(IncidentE2E, KillNineDuringReplayResumesFromTheEventLog) {
   WaitIncidents("crash", [](const auto& l) {
     return l.incidents_size() > 0 && l.incidents(0).state() == v1::REPLAYING;
   }, absl::Minutes(4));
+  // A manual rewind while the probe runs is refused with the reason.
+  RunResult manual = cluster_.Spikectl({"rewind", "--run", "crash", "--to-step", "100"}, "manual");
+  EXPECT_EQ(manual.code, 1);
+  EXPECT_THAT(manual.err, HasSubstr("probe"));
   daemon_->Kill(SIGKILL);
   absl::SleepFor(absl::Milliseconds(300));
   daemon_ = cluster_.StartDaemon("second");
