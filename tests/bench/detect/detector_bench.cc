@@ -10,7 +10,10 @@
 // the precursor figures, and writes them to DIR/detector_bench.json and
 // DIR/detector_bench.md. The matching rule is in daemon/detect/scoring.h.
 // A benchmark prints figures; it fails only when it cannot run.
+#include <dirent.h>
 #include <sys/stat.h>
+
+#include <algorithm>
 
 #include <chrono>
 #include <cmath>
@@ -50,7 +53,7 @@ std::string ScenarioOf(const std::string& trace_name) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string out_dir, traces_dir;
+  std::string out_dir, traces_dir, extra_dir;
   uint64_t seed = 1;
   double scale = 1.0;
   MatchRule rule;
@@ -66,6 +69,8 @@ int main(int argc, char** argv) {
     bool ok = true;
     if (a == "--out") {
       out_dir = value("--out");
+    } else if (a == "--extra-traces") {
+      extra_dir = value("--extra-traces");
     } else if (a == "--write-traces") {
       traces_dir = value("--write-traces");
     } else if (a == "--seed") {
@@ -81,13 +86,39 @@ int main(int argc, char** argv) {
     }
     if (!ok) {
       std::cerr << "usage: detector_bench --out DIR [--seed N] [--scale X] [--lead-window N] "
-                   "[--post-peak N] [--write-traces DIR]\n";
+                   "[--post-peak N] [--write-traces DIR] [--extra-traces DIR]\n";
       return 2;
     }
   }
 
   const auto t0 = std::chrono::steady_clock::now();
-  const std::vector<LabeledTrace> corpus = BenchmarkCorpus(seed, scale);
+  std::vector<LabeledTrace> corpus = BenchmarkCorpus(seed, scale);
+  // Labeled traces from files (NAME.jsonl + NAME.labels.json), e.g. the
+  // reference worker's real spikes written by worker_traces.sh.
+  int extra = 0;
+  if (!extra_dir.empty()) {
+    std::vector<std::string> names;
+    if (DIR* d = opendir(extra_dir.c_str())) {
+      while (dirent* e = readdir(d)) {
+        const std::string f = e->d_name;
+        if (f.size() > 6 && f.substr(f.size() - 6) == ".jsonl") names.push_back(f.substr(0, f.size() - 6));
+      }
+      closedir(d);
+    }
+    std::sort(names.begin(), names.end());
+    for (const std::string& n : names) {
+      const std::string prefix = absl::StrCat(extra_dir, "/", n);
+      auto steps = ReadTraceJsonl(prefix + ".jsonl");
+      auto labels = ReadLabels(prefix + ".labels.json");
+      if (!steps.ok() || !labels.ok()) {
+        std::cerr << "detector_bench: " << prefix << ": "
+                  << (steps.ok() ? labels.status() : steps.status()) << "\n";
+        return 1;
+      }
+      corpus.push_back(LabeledTrace{n, std::move(*steps), std::move(*labels)});
+      ++extra;
+    }
+  }
   int64_t total_steps = 0;
   int total_labels = 0;
   for (const auto& t : corpus) {
@@ -131,15 +162,16 @@ int main(int argc, char** argv) {
   }
 
   std::string md = absl::StrFormat(
-      "## Detector quality (synthetic labeled traces)\n\n"
-      "%d traces, %d steps, %d event labels (spikes, divergences, non-finite bursts); seed %d.\n"
+      "## Detector quality (labeled traces)\n\n"
+      "%d traces (%d from the reference worker), %d steps, %d event labels (spikes, "
+      "divergences, non-finite bursts); synthetic seed %d.\n"
       "An alarm is a true positive when it falls in [onset − %d, peak + %d] of a label; later "
       "alarms up to the label's end + %d are duplicates; every other alarm is a false alarm. "
       "Lead = peak − alarm step (positive: before the peak).\n\n"
       "| detector | precision | recall | F1 | false alarms / 10k steps | median lead (steps) | "
       "detected | false alarms | µs/step |\n"
       "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
-      static_cast<int>(corpus.size()), total_steps, total_labels, seed, rule.lead_window,
+      static_cast<int>(corpus.size()), extra, total_steps, total_labels, seed, rule.lead_window,
       rule.post_peak, rule.post_peak);
   for (const DetectorScore& s : scores) {
     absl::StrAppend(&md, absl::StrFormat("| %s | %.3f | %.3f | %.3f | %.2f | %s | %d/%d | %d | %.2f |\n",
