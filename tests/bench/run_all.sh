@@ -32,7 +32,8 @@ if [[ ! -f "$build/CMakeCache.txt" ]]; then
   log "configuring $build"
   cmake -S "$repo" -B "$build" -G Ninja >"$out/configure.log"
 fi
-targets=(detector_bench spikeguard_kernels_bench ingest_bench diagnosis_bench spikeguard-worker)
+targets=(detector_bench spikeguard_kernels_bench ingest_bench diagnosis_bench spikeguard-worker
+  spikeguard-tracegen)
 log "building ${targets[*]} (-j$jobs)"
 cmake --build "$build" -j "$jobs" --target "${targets[@]}" >"$out/build.log" 2>&1 || {
   tail -50 "$out/build.log" >&2
@@ -62,7 +63,7 @@ run() {  # NAME CMD... : runs, tees the output to $out/NAME.log
 
 run kernels_bench "$(exe spikeguard_kernels_bench)"
 run worker_traces "$repo/tests/bench/detect/worker_traces.sh" "$(exe spikeguard-worker)" \
-  "$repo/tests/e2e/scenarios" "$out/worker-traces"
+  "$repo/tests/e2e/scenarios" "$out/worker-traces" "$(exe spikeguard-tracegen)"
 run detector_bench "$(exe detector_bench)" --out "$out" --extra-traces "$out/worker-traces"
 run ingest_bench "$(exe ingest_bench)" --out "$out"
 run diagnosis_bench "$(exe diagnosis_bench)" --out "$out"

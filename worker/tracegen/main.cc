@@ -7,6 +7,7 @@
 // Exit codes: 0 every report acknowledged; 1 failure; 2 usage; 3 rejected by
 // the daemon (unknown run, stale generation, invalid hello).
 #include <atomic>
+#include <fstream>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -19,6 +20,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "google/protobuf/util/json_util.h"
 #include "grpcpp/create_channel.h"
 #include "spikeguard/v1/supervisor.grpc.pb.h"
 #include "worker/client/worker_client.h"
@@ -38,6 +40,9 @@ ABSL_FLAG(int, batch, 32, "reports per batch");
 ABSL_FLAG(double, steps_per_second, 0, "pace per rank (0: as fast as acknowledged)");
 ABSL_FLAG(int64_t, checkpoint_every, 0, "send a CheckpointSaved notice every K steps (rank 0)");
 ABSL_FLAG(bool, create_run, false, "create the run first if it does not exist");
+ABSL_FLAG(std::string, out, "",
+          "write rank 0's reports as a JSONL trace (one StepReport per line) instead of "
+          "streaming to a daemon, plus OUT.labels.json with the spikes placed");
 ABSL_FLAG(int, flush_timeout_s, 300, "how long to wait for the last acknowledgements");
 
 namespace {
@@ -66,8 +71,9 @@ int main(int argc, char** argv) {
   const std::string run = absl::GetFlag(FLAGS_run);
   const int ranks = absl::GetFlag(FLAGS_ranks);
   const int64_t steps = absl::GetFlag(FLAGS_steps);
-  if (run.empty() || ranks <= 0 || steps < 0 || absl::GetFlag(FLAGS_layers) < 0) {
-    std::cerr << "spikeguard-tracegen: --run is required; --ranks must be > 0, --steps and "
+  if ((run.empty() && absl::GetFlag(FLAGS_out).empty()) || ranks <= 0 || steps < 0 ||
+      absl::GetFlag(FLAGS_layers) < 0) {
+    std::cerr << "spikeguard-tracegen: --run (or --out) is required; --ranks must be > 0, --steps and "
                  "--layers >= 0\n";
     return 2;
   }
@@ -79,6 +85,39 @@ int main(int argc, char** argv) {
     return 2;
   }
   const spikeguard::worker::TraceModel model(spec);
+
+  if (const std::string out = absl::GetFlag(FLAGS_out); !out.empty()) {
+    // A labeled trace file, the format of spikeguard-worker --no-daemon and
+    // spikeguard-detect --trace.
+    std::ofstream f(out);
+    google::protobuf::util::JsonPrintOptions opts;
+    opts.preserve_proto_field_names = true;
+    opts.always_print_primitive_fields = true;
+    const int64_t first = absl::GetFlag(FLAGS_start_step);
+    for (int64_t step = first; step < first + steps; ++step) {
+      std::string line;
+      (void)google::protobuf::util::MessageToJsonString(model.Report(0, step), &line, opts);
+      f << line << '\n';
+    }
+    std::ofstream labels(out.substr(0, out.rfind(".jsonl")) + ".labels.json");
+    labels << "{\"trace\":\"tracegen-" << spec.seed << "\",\"steps\":" << steps << ",\"labels\":[";
+    bool comma = false;
+    for (int64_t peak : spec.spikes) {
+      // The loss rises one step before its peak; the grad norm blows up
+      // over the five steps before it (the precursor).
+      labels << (comma ? "," : "") << "{\"kind\":\"spike\",\"signal\":\"loss\",\"onset\":"
+             << peak - 1 << ",\"peak\":" << peak << ",\"end\":" << peak + 20 << "}";
+      comma = true;
+    }
+    for (int64_t nan : spec.nan_steps) {
+      labels << (comma ? "," : "") << "{\"kind\":\"nonfinite\",\"signal\":\"loss\",\"onset\":"
+             << nan << ",\"peak\":" << nan << ",\"end\":" << nan << "}";
+      comma = true;
+    }
+    labels << "]}\n";
+    std::cout << "spikeguard-tracegen: wrote " << steps << " steps to " << out << "\n";
+    return f.good() ? 0 : 1;
+  }
 
   if (absl::GetFlag(FLAGS_create_run)) {
     auto channel = grpc::CreateChannel(absl::GetFlag(FLAGS_addr), grpc::InsecureChannelCredentials());

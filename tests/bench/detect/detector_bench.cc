@@ -163,7 +163,8 @@ int main(int argc, char** argv) {
 
   std::string md = absl::StrFormat(
       "## Detector quality (labeled traces)\n\n"
-      "%d traces (%d from the reference worker), %d steps, %d event labels (spikes, "
+      "%d traces (%d read from files: the reference worker's and spikeguard-tracegen's), %d "
+      "steps, %d event labels (spikes, "
       "divergences, non-finite bursts); synthetic seed %d.\n"
       "An alarm is a true positive when it falls in [onset − %d, peak + %d] of a label; later "
       "alarms up to the label's end + %d are duplicates; every other alarm is a false alarm. "

@@ -2,9 +2,11 @@
 # Labeled traces from the reference worker (real spikes from real mechanisms)
 # for the detector benchmark: poisoned batches at known positions with two
 # corpus seeds, a transient bit flip, and a clean run.
-# Usage: worker_traces.sh WORKER SCENARIO_DIR OUT_DIR
+# Also two parametric runs from spikeguard-tracegen (spikes with grad-norm
+# blow-ups and attention-logit precursors, a NaN step) when TRACEGEN is given.
+# Usage: worker_traces.sh WORKER SCENARIO_DIR OUT_DIR [TRACEGEN]
 set -euo pipefail
-worker="$1"; scen="$2"; out="$3"
+worker="$1"; scen="$2"; out="$3"; tracegen="${4:-}"
 mkdir -p "$out"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
@@ -31,4 +33,10 @@ printf '{"trace":"worker_transient-s7","steps":600,"labels":[%s]}\n' \
 "$worker" train --corpus "$tmp/clean" --no-daemon --config "$scen/clean.conf" \
   --telemetry-out "$out/worker_clean-s7.jsonl" >/dev/null 2>&1
 printf '{"trace":"worker_clean-s7","steps":2000,"labels":[]}\n' >"$out/worker_clean-s7.labels.json"
-echo "worker traces in $out"
+if [[ -n "$tracegen" ]]; then
+  "$tracegen" --out "$out/tracegen_spikes-s3.jsonl" --steps 5000 --layers 4 --seed 3 \
+    --spike-at 1200,2600,4100 >/dev/null
+  "$tracegen" --out "$out/tracegen_nan-s5.jsonl" --steps 3000 --layers 4 --seed 5 \
+    --spike-at 1800 --nan-at 2500 >/dev/null
+fi
+echo "labeled traces in $out"
