@@ -385,6 +385,22 @@ int RunsList(Session& s, const ParsedArgs& args) {
   return kExitOk;
 }
 
+// Calls one unary RPC with `request` and prints the response with `format`
+// (table) or as JSON; the exit code of spikectl.
+template <typename Response, typename Request, typename Format>
+int CallAndEmit(Session& s,
+                grpc::Status (Stub::*rpc)(grpc::ClientContext*, const Request&, Response*),
+                const Request& request, Format format) {
+  Response response;
+  if (!s.Call([&](Stub* stub, grpc::ClientContext* ctx) {
+        return (stub->*rpc)(ctx, request, &response);
+      })) {
+    return kExitFailed;
+  }
+  s.Emit(response, format(response));
+  return kExitOk;
+}
+
 int RunsCreate(Session& s, const ParsedArgs& args) {
   v1::CreateRunRequest request;
   request.set_name(args.positional[0]);
@@ -406,40 +422,19 @@ int RunsCreate(Session& s, const ParsedArgs& args) {
     SPIKECTL_USAGE_IF_ERROR(s, ReadTextProto("--spec", *spec, request.mutable_spec()));
     request.set_launch(true);
   }
-  v1::Run response;
-  if (!s.Call([&](Stub* stub, grpc::ClientContext* ctx) {
-        return stub->CreateRun(ctx, request, &response);
-      })) {
-    return kExitFailed;
-  }
-  s.Emit(response, FormatRun(response));
-  return kExitOk;
+  return CallAndEmit<v1::Run>(s, &Stub::CreateRun, request, FormatRun);
 }
 
 int RunsShow(Session& s, const ParsedArgs& args) {
   v1::GetRunRequest request;
   request.set_name(args.positional[0]);
-  v1::Run response;
-  if (!s.Call([&](Stub* stub, grpc::ClientContext* ctx) {
-        return stub->GetRun(ctx, request, &response);
-      })) {
-    return kExitFailed;
-  }
-  s.Emit(response, FormatRun(response));
-  return kExitOk;
+  return CallAndEmit<v1::Run>(s, &Stub::GetRun, request, FormatRun);
 }
 
 int CheckpointsList(Session& s, const ParsedArgs& args) {
   v1::ListCheckpointsRequest request;
   request.set_run(*args.Get("run"));
-  v1::ListCheckpointsResponse response;
-  if (!s.Call([&](Stub* stub, grpc::ClientContext* ctx) {
-        return stub->ListCheckpoints(ctx, request, &response);
-      })) {
-    return kExitFailed;
-  }
-  s.Emit(response, FormatCheckpoints(response));
-  return kExitOk;
+  return CallAndEmit<v1::ListCheckpointsResponse>(s, &Stub::ListCheckpoints, request, FormatCheckpoints);
 }
 
 int Telemetry(Session& s, const ParsedArgs& args) {
@@ -495,28 +490,14 @@ int IncidentsList(Session& s, const ParsedArgs& args) {
         s, parsed, ParseEnumFlag<v1::Verdict>("verdict", *verdict, v1::Verdict_descriptor()));
     request.set_verdict(parsed);
   }
-  v1::ListIncidentsResponse response;
-  if (!s.Call([&](Stub* stub, grpc::ClientContext* ctx) {
-        return stub->ListIncidents(ctx, request, &response);
-      })) {
-    return kExitFailed;
-  }
-  s.Emit(response, FormatIncidentList(response));
-  return kExitOk;
+  return CallAndEmit<v1::ListIncidentsResponse>(s, &Stub::ListIncidents, request, FormatIncidentList);
 }
 
 int IncidentsShow(Session& s, const ParsedArgs& args) {
   v1::GetIncidentRequest request;
   SPIKECTL_ASSIGN_OR_USAGE(s, id, ParseInt64("ID", args.positional[0]));
   request.set_id(id);
-  v1::Incident response;
-  if (!s.Call([&](Stub* stub, grpc::ClientContext* ctx) {
-        return stub->GetIncident(ctx, request, &response);
-      })) {
-    return kExitFailed;
-  }
-  s.Emit(response, FormatIncident(response));
-  return kExitOk;
+  return CallAndEmit<v1::Incident>(s, &Stub::GetIncident, request, FormatIncident);
 }
 
 int IncidentsWatch(Session& s, const ParsedArgs& args) {
@@ -550,6 +531,21 @@ absl::StatusOr<v1::SkipWindow> ParseSkipWindow(absl::string_view text) {
   return window;
 }
 
+// Calls one action RPC and reports whether the daemon accepted it.
+template <typename Request>
+int CallAction(Session& s,
+               grpc::Status (Stub::*rpc)(grpc::ClientContext*, const Request&,
+                                         v1::ActionResponse*),
+               const Request& request) {
+  v1::ActionResponse response;
+  if (!s.Call([&](Stub* stub, grpc::ClientContext* ctx) {
+        return (stub->*rpc)(ctx, request, &response);
+      })) {
+    return kExitFailed;
+  }
+  return s.EmitAction(response);
+}
+
 int Rewind(Session& s, const ParsedArgs& args) {
   v1::RewindRequest request;
   request.set_run(*args.Get("run"));
@@ -562,13 +558,7 @@ int Rewind(Session& s, const ParsedArgs& args) {
   SPIKECTL_ASSIGN_OR_USAGE(s, stop_after, OptionalInt(args, "stop-after"));
   if (stop_after.has_value()) request.set_stop_after_step(*stop_after);
   request.set_request_id(NewRequestId());
-  v1::ActionResponse response;
-  if (!s.Call([&](Stub* stub, grpc::ClientContext* ctx) {
-        return stub->Rewind(ctx, request, &response);
-      })) {
-    return kExitFailed;
-  }
-  return s.EmitAction(response);
+  return CallAction(s, &Stub::Rewind, request);
 }
 
 int Replay(Session& s, const ParsedArgs& args) {
@@ -579,13 +569,7 @@ int Replay(Session& s, const ParsedArgs& args) {
   SPIKECTL_ASSIGN_OR_USAGE(s, stop_after, OptionalInt(args, "stop-after"));
   if (stop_after.has_value()) request.set_stop_after_step(*stop_after);
   request.set_request_id(NewRequestId());
-  v1::ActionResponse response;
-  if (!s.Call([&](Stub* stub, grpc::ClientContext* ctx) {
-        return stub->Replay(ctx, request, &response);
-      })) {
-    return kExitFailed;
-  }
-  return s.EmitAction(response);
+  return CallAction(s, &Stub::Replay, request);
 }
 
 int Skip(Session& s, const ParsedArgs& args) {
@@ -597,50 +581,26 @@ int Skip(Session& s, const ParsedArgs& args) {
   request.set_from_step(from);
   request.set_to_step(to);
   request.set_request_id(NewRequestId());
-  v1::ActionResponse response;
-  if (!s.Call([&](Stub* stub, grpc::ClientContext* ctx) {
-        return stub->Skip(ctx, request, &response);
-      })) {
-    return kExitFailed;
-  }
-  return s.EmitAction(response);
+  return CallAction(s, &Stub::Skip, request);
 }
 
 int Pause(Session& s, const ParsedArgs& args) {
   v1::PauseRequest request;
   request.set_run(*args.Get("run"));
-  v1::ActionResponse response;
-  if (!s.Call([&](Stub* stub, grpc::ClientContext* ctx) {
-        return stub->Pause(ctx, request, &response);
-      })) {
-    return kExitFailed;
-  }
-  return s.EmitAction(response);
+  return CallAction(s, &Stub::Pause, request);
 }
 
 int Resume(Session& s, const ParsedArgs& args) {
   v1::ResumeRequest request;
   request.set_run(*args.Get("run"));
-  v1::ActionResponse response;
-  if (!s.Call([&](Stub* stub, grpc::ClientContext* ctx) {
-        return stub->Resume(ctx, request, &response);
-      })) {
-    return kExitFailed;
-  }
-  return s.EmitAction(response);
+  return CallAction(s, &Stub::Resume, request);
 }
 
 int Approve(Session& s, const ParsedArgs& args) {
   v1::ApproveRequest request;
   SPIKECTL_ASSIGN_OR_USAGE(s, id, ParseInt64("ID", args.positional[0]));
   request.set_incident_id(id);
-  v1::ActionResponse response;
-  if (!s.Call([&](Stub* stub, grpc::ClientContext* ctx) {
-        return stub->Approve(ctx, request, &response);
-      })) {
-    return kExitFailed;
-  }
-  return s.EmitAction(response);
+  return CallAction(s, &Stub::Approve, request);
 }
 
 int Abort(Session& s, const ParsedArgs& args) {
@@ -648,40 +608,20 @@ int Abort(Session& s, const ParsedArgs& args) {
   SPIKECTL_ASSIGN_OR_USAGE(s, id, ParseInt64("ID", args.positional[0]));
   request.set_incident_id(id);
   if (auto reason = args.Get("reason")) request.set_reason(*reason);
-  v1::ActionResponse response;
-  if (!s.Call([&](Stub* stub, grpc::ClientContext* ctx) {
-        return stub->Abort(ctx, request, &response);
-      })) {
-    return kExitFailed;
-  }
-  return s.EmitAction(response);
+  return CallAction(s, &Stub::Abort, request);
 }
 
 int PolicyGet(Session& s, const ParsedArgs& args) {
   v1::GetPolicyRequest request;
   if (auto run = args.Get("run")) request.set_run(*run);
-  v1::Policy response;
-  if (!s.Call([&](Stub* stub, grpc::ClientContext* ctx) {
-        return stub->GetPolicy(ctx, request, &response);
-      })) {
-    return kExitFailed;
-  }
-  s.Emit(response, FormatPolicy(response));
-  return kExitOk;
+  return CallAndEmit<v1::Policy>(s, &Stub::GetPolicy, request, FormatPolicy);
 }
 
 int PolicySet(Session& s, const ParsedArgs& args) {
   v1::SetPolicyRequest request;
   if (auto run = args.Get("run")) request.set_run(*run);
   SPIKECTL_USAGE_IF_ERROR(s, ReadTextProto("--file", *args.Get("file"), request.mutable_policy()));
-  v1::Policy response;
-  if (!s.Call([&](Stub* stub, grpc::ClientContext* ctx) {
-        return stub->SetPolicy(ctx, request, &response);
-      })) {
-    return kExitFailed;
-  }
-  s.Emit(response, FormatPolicy(response));
-  return kExitOk;
+  return CallAndEmit<v1::Policy>(s, &Stub::SetPolicy, request, FormatPolicy);
 }
 
 int Manifest(Session& s, const ParsedArgs& args) {
@@ -694,27 +634,13 @@ int Manifest(Session& s, const ParsedArgs& args) {
   request.set_to_step(to);
   SPIKECTL_ASSIGN_OR_USAGE(s, gen, OptionalInt(args, "gen"));
   if (gen.has_value()) request.set_generation(*gen);
-  v1::ResolveManifestResponse response;
-  if (!s.Call([&](Stub* stub, grpc::ClientContext* ctx) {
-        return stub->ResolveManifest(ctx, request, &response);
-      })) {
-    return kExitFailed;
-  }
-  s.Emit(response, FormatManifest(response));
-  return kExitOk;
+  return CallAndEmit<v1::ResolveManifestResponse>(s, &Stub::ResolveManifest, request, FormatManifest);
 }
 
 int QuarantineList(Session& s, const ParsedArgs& args) {
   v1::ListQuarantineRequest request;
   request.set_run(*args.Get("run"));
-  v1::ListQuarantineResponse response;
-  if (!s.Call([&](Stub* stub, grpc::ClientContext* ctx) {
-        return stub->ListQuarantine(ctx, request, &response);
-      })) {
-    return kExitFailed;
-  }
-  s.Emit(response, FormatQuarantine(response));
-  return kExitOk;
+  return CallAndEmit<v1::ListQuarantineResponse>(s, &Stub::ListQuarantine, request, FormatQuarantine);
 }
 
 #undef SPIKECTL_USAGE_IF_ERROR

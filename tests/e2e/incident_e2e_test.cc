@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "spikeguard/v1/supervisor.pb.h"
 #include "tests/e2e/cluster.h"
+#include "tests/e2e/probe_policy.h"
 
 namespace spikeguard::testing {
 namespace {
@@ -36,17 +37,7 @@ void KillProcessesMentioning(const std::string& needle) {
   closedir(proc);
 }
 
-constexpr char kPolicy[] = R"pb(
-  probe {
-    min_steps_before_onset: 50
-    max_steps_before_onset: 500
-    replay_steps_past_onset: 5
-    skip_before: 2
-    skip_after: 2
-    skip_horizon: 100
-  }
-  fix { verify_steps: 100 }
-)pb";
+constexpr const char* kPolicy = kE2EProbePolicy;
 
 class IncidentE2E : public ::testing::Test {
  protected:

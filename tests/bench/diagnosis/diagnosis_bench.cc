@@ -37,6 +37,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "spikeguard/v1/supervisor.pb.h"
 #include "tests/e2e/process.h"
+#include "tests/e2e/probe_policy.h"
 
 namespace {
 
@@ -48,19 +49,7 @@ using spikeguard::testing::RunCommand;
 using spikeguard::testing::RunResult;
 using spikeguard::testing::TempDir;
 
-// The probe policy of the incident e2e tests: checkpoints every 50–100
-// steps in these scenarios, a short skip horizon and fix verification.
-constexpr char kPolicy[] = R"pb(
-  probe {
-    min_steps_before_onset: 50
-    max_steps_before_onset: 500
-    replay_steps_past_onset: 5
-    skip_before: 2
-    skip_after: 2
-    skip_horizon: 100
-  }
-  fix { verify_steps: 100 }
-)pb";
+constexpr const char* kPolicy = spikeguard::testing::kE2EProbePolicy;
 
 struct Scenario {
   std::string name;
