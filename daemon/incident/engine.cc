@@ -456,6 +456,10 @@ void Apply(Inc& s, int64_t seq, const std::string& kind, const lg::EventPayload&
       s.fix_requested = true;
     }
     if (a.kind() == "rewind" && a.rung() > s.rung) s.rung = a.rung();
+    // The rung that held becomes the incident's fix.
+    if (a.kind() == "continue" && s.rung > 0 && s.inc.verdict() == v1::FRAGILITY) {
+      s.inc.set_fix(a.reason());
+    }
     if (a.kind() == "rewind" && a.probe_kind() == kSkip) {
       s.window_lo = a.hole_begin();
       s.window_hi = a.hole_end();

@@ -249,6 +249,7 @@ TEST_F(IncidentE2E, FragilityIsFixedByLowerLrAndTheRunFinishesClean) {
                       e.detail().find("verified") != std::string::npos;
   }
   EXPECT_TRUE(rung1_verified) << i.ShortDebugString();
+  EXPECT_THAT(i.fix(), HasSubstr("fix rung 1"));
   // The run then trains to its end in the fixed generation without a spike.
   v1::Run run;
   for (int k = 0; k < 600; ++k) {
