@@ -14,12 +14,6 @@ void StreamHub::Remove(uint64_t id) {
   streams_.erase(id);
 }
 
-void StreamHub::SetGeneration(uint64_t id, int64_t generation) {
-  absl::MutexLock lock(&mu_);
-  auto it = streams_.find(id);
-  if (it != streams_.end()) it->second.generation = generation;
-}
-
 int StreamHub::SendToRun(const std::string& run, const spikeguard::v1::ControllerMessage& message) {
   std::vector<WriteFn> targets;
   {
@@ -32,24 +26,6 @@ int StreamHub::SendToRun(const std::string& run, const spikeguard::v1::Controlle
   int sent = 0;
   for (auto& write : targets) sent += write(message) ? 1 : 0;
   return sent;
-}
-
-bool StreamHub::SendTo(uint64_t id, const spikeguard::v1::ControllerMessage& message) {
-  WriteFn write;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = streams_.find(id);
-    if (it == streams_.end()) return false;
-    write = it->second.write;
-  }
-  return write(message);
-}
-
-int StreamHub::LiveStreams(const std::string& run) const {
-  absl::MutexLock lock(&mu_);
-  int n = 0;
-  for (const auto& [id, e] : streams_) n += e.run == run ? 1 : 0;
-  return n;
 }
 
 }  // namespace spikeguard::daemon

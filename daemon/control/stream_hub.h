@@ -29,12 +29,8 @@ class StreamHub {
 
   uint64_t Add(const std::string& run, uint32_t rank, int64_t generation, WriteFn write);
   void Remove(uint64_t id);
-  void SetGeneration(uint64_t id, int64_t generation);
   // Writes `message` to every live stream of `run`; returns how many took it.
   int SendToRun(const std::string& run, const spikeguard::v1::ControllerMessage& message);
-  // Writes to one stream.
-  bool SendTo(uint64_t id, const spikeguard::v1::ControllerMessage& message);
-  int LiveStreams(const std::string& run) const;
 
  private:
   struct Entry {
@@ -43,7 +39,7 @@ class StreamHub {
     int64_t generation = 0;
     WriteFn write;
   };
-  mutable absl::Mutex mu_;
+  absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, Entry> streams_ ABSL_GUARDED_BY(mu_);
 };

@@ -31,7 +31,6 @@ detect::StepSample ToSample(const v1::StepRecord& r) { return detect::FromStepMe
 
 Supervisor::Supervisor(storage::Catalog* catalog, StreamHub* hub, Clock* clock)
     : catalog_(catalog),
-      hub_(hub),
       clock_(clock),
       control_(catalog, hub, clock),
       view_(catalog),
@@ -103,22 +102,18 @@ void Supervisor::ResetMonitor(const std::string& run, int64_t generation, int64_
       }
     }
   }
-  // After a daemon restart with an incident open, hand the engine the whole
-  // generation again (it is idempotent per step) so a probe's judgement does
-  // not miss the steps that arrived before the crash.
-  const bool replay_all = engine_ && !engine_->Active().empty() &&
-                          std::any_of(engine_->Active().begin(), engine_->Active().end(),
-                                      [&](const v1::Incident& i) { return i.run() == run; });
-  m->next_step = replay_all ? gen_start : first_step;
+  // After a daemon restart the engine reads an open probe's earlier steps
+  // back from the catalog itself; delivery starts with this batch.
+  m->next_step = first_step;
 
   // Warm the detectors with history: this generation's steps before the
   // cursor, preceded by the parent's steps before the rewind point.
   const int window = policy.loss_spike().window() > 0 ? policy.loss_spike().window() : 128;
   std::vector<v1::StepRecord> history;
-  if (parent >= 0 && m->next_step - gen_start < window) {
+  if (parent >= 0 && gen_start > 0 && m->next_step - gen_start < window) {
     if (auto p = catalog_->QueryTelemetry(run, parent, std::max<int64_t>(0, gen_start - window),
                                           gen_start - 1, window);
-        p.ok() && gen_start > 0) {
+        p.ok()) {
       history = *p;
     }
   }
@@ -185,7 +180,8 @@ void Supervisor::Observe(const std::string& run, Monitor* m, const v1::StepRecor
   }
 }
 
-void Supervisor::Deliver(const std::string& run, int64_t generation, int64_t up_to) {
+void Supervisor::Deliver(const std::string& run, int64_t generation, uint32_t world,
+                         int64_t up_to) {
   Monitor& m = monitors_[run];
   if (m.next_step > up_to) return;
   auto records = catalog_->QueryTelemetry(run, generation, m.next_step, up_to,
@@ -194,7 +190,6 @@ void Supervisor::Deliver(const std::string& run, int64_t generation, int64_t up_
     SG_LOG(ERROR) << "run " << run << ": telemetry for detection: " << records.status();
     return;
   }
-  const uint32_t world = view_.WorldSize(run);
   for (const auto& r : *records) {
     if (r.ranks_reported() < world) break;  // wait for the slowest rank
     if (absl::Status s = engine_->OnStep(run, ToObservation(r)); !s.ok()) {
@@ -205,14 +200,14 @@ void Supervisor::Deliver(const std::string& run, int64_t generation, int64_t up_
   }
 }
 
-void Supervisor::OnCommitted(const std::string& run, int64_t generation, int64_t first,
-                             int64_t last) {
+void Supervisor::OnCommitted(const std::string& run, int64_t generation, uint32_t world_size,
+                             int64_t first, int64_t last) {
   absl::MutexLock lock(&mu_);
   if (!engine_) return;
   Monitor& m = monitors_[run];
   if (generation < m.generation) return;  // a stale timeline
   if (generation > m.generation) ResetMonitor(run, generation, first, &m);
-  Deliver(run, generation, last);
+  Deliver(run, generation, std::max<uint32_t>(1, world_size), last);
 }
 
 absl::Status Supervisor::Approve(int64_t id) {

@@ -42,9 +42,10 @@ class Supervisor {
   RunControl* control() { return &control_; }
   CatalogRunView* view() { return &view_; }
 
-  // A batch of `rank` covering steps [first, last] of `generation` was
-  // committed.
-  void OnCommitted(const std::string& run, int64_t generation, int64_t first, int64_t last);
+  // A batch covering steps [first, last] of `generation` was committed; a
+  // step's record is complete once `world_size` ranks reported it.
+  void OnCommitted(const std::string& run, int64_t generation, uint32_t world_size, int64_t first,
+                   int64_t last);
 
   // Operators.
   absl::Status Approve(int64_t id);
@@ -71,7 +72,7 @@ class Supervisor {
     std::unique_ptr<detect::RunMonitor> detectors;
   };
 
-  void Deliver(const std::string& run, int64_t generation, int64_t up_to)
+  void Deliver(const std::string& run, int64_t generation, uint32_t world, int64_t up_to)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ResetMonitor(const std::string& run, int64_t generation, int64_t first_step, Monitor* m)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -81,7 +82,6 @@ class Supervisor {
   void TickLoop();
 
   storage::Catalog* const catalog_;
-  StreamHub* const hub_;
   Clock* const clock_;
   RunControl control_;
   CatalogRunView view_;

@@ -23,13 +23,6 @@ void RunRegistry::Disconnect(const std::string& run, uint32_t rank, uint64_t str
   rit->second.connected = false;
 }
 
-void RunRegistry::SetGeneration(const std::string& run, uint32_t rank, int64_t generation) {
-  absl::MutexLock lock(&mu_);
-  Rank& r = runs_[run][rank];
-  if (r.generation != generation) r.window.clear();
-  r.generation = generation;
-}
-
 void RunRegistry::Touch(const std::string& run, uint32_t rank, int64_t step) {
   absl::MutexLock lock(&mu_);
   Rank& r = runs_[run][rank];

@@ -38,7 +38,6 @@ class RunRegistry {
                    const std::string& host);
   // Marks the rank disconnected unless a newer stream took over.
   void Disconnect(const std::string& run, uint32_t rank, uint64_t stream_id);
-  void SetGeneration(const std::string& run, uint32_t rank, int64_t generation);
   // Heartbeat: last seen = now, and the step the worker is at.
   void Touch(const std::string& run, uint32_t rank, int64_t step);
   // Keeps the newest `window` reports of the rank.

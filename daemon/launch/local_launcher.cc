@@ -235,15 +235,6 @@ void LocalLauncher::MonitorLoop() {
   }
 }
 
-int LocalLauncher::Restarts(const std::string& run) {
-  absl::MutexLock lock(&mu_);
-  auto it = runs_.find(run);
-  if (it == runs_.end()) return 0;
-  int n = 0;
-  for (const auto& r : it->second.ranks) n += r.restarts;
-  return n;
-}
-
 void LocalLauncher::StopAll(absl::Duration grace) {
   std::vector<pid_t> pids;
   {

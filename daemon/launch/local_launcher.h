@@ -50,7 +50,6 @@ class LocalLauncher {
   absl::Status Launch(const std::string& run);
   // SIGTERM to every child, SIGKILL after `grace`.
   void StopAll(absl::Duration grace);
-  int Restarts(const std::string& run);
 
   // Expands the spec's command for one rank (exposed for tests).
   static std::vector<std::string> Expand(const std::vector<std::string>& command,

@@ -24,7 +24,6 @@ struct Counters {
   std::atomic<int64_t> reports_duplicate{0};
   std::atomic<int64_t> reports_rejected{0};
   std::atomic<int64_t> reports_dropped{0};
-  std::atomic<int64_t> batches_committed{0};
 };
 
 class Supervisor;

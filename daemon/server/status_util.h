@@ -1,6 +1,6 @@
 // status_util.h
 // -----------------------------------------------------------------------------
-// The one mapping between absl::Status and grpc::Status. Codes keep their
+// The one mapping from absl::Status to grpc::Status. Codes keep their
 // meaning (Abseil's rule): UNAVAILABLE = retry the same call, ABORTED = retry
 // at a higher level, FAILED_PRECONDITION = do not retry until state changes.
 #pragma once
@@ -13,11 +13,6 @@ namespace spikeguard::daemon {
 inline grpc::Status ToGrpcStatus(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
-
-inline absl::Status FromGrpcStatus(const grpc::Status& s) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
 }  // namespace spikeguard::daemon

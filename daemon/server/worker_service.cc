@@ -171,12 +171,12 @@ grpc::Status WorkerServiceImpl::Attach(
           }
           state_->registry.AddReports(run_name, rank, reports);
           if (state_->supervisor != nullptr && ingested->accepted > 0) {
-            state_->supervisor->OnCommitted(run_name, generation, reports.front().step(),
+            state_->supervisor->OnCommitted(run_name, generation, hello.world_size(),
+                                            reports.front().step(),
                                             reports.back().step());
           }
           state_->counters.reports_accepted.fetch_add(ingested->accepted);
           state_->counters.reports_duplicate.fetch_add(ingested->duplicates);
-          state_->counters.batches_committed.fetch_add(1);
           ack->set_accepted(ingested->accepted);
           ack->set_duplicates(ingested->duplicates);
           if (ingested->duplicates > 0) {

@@ -22,21 +22,6 @@ namespace {
 namespace v1 = spikeguard::v1;
 using ::testing::HasSubstr;
 
-// Kills every process whose command line mentions `needle` (the workers a
-// SIGKILLed daemon left behind).
-void KillProcessesMentioning(const std::string& needle) {
-  DIR* proc = opendir("/proc");
-  if (proc == nullptr) return;
-  while (dirent* e = readdir(proc)) {
-    const int pid = std::atoi(e->d_name);
-    if (pid <= 0 || pid == getpid()) continue;
-    std::string cmdline = ReadFile(absl::StrCat("/proc/", pid, "/cmdline"));
-    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
-    if (cmdline.find(needle) != std::string::npos) kill(pid, SIGKILL);
-  }
-  closedir(proc);
-}
-
 constexpr const char* kPolicy = kE2EProbePolicy;
 
 class IncidentE2E : public ::testing::Test {
@@ -144,23 +129,6 @@ class IncidentE2E : public ::testing::Test {
   std::vector<std::string> daemon_args_;
 };
 
-// Pids of the processes whose command line mentions every needle.
-std::vector<int> PidsMentioning(const std::vector<std::string>& needles) {
-  std::vector<int> pids;
-  DIR* proc = opendir("/proc");
-  if (proc == nullptr) return pids;
-  while (dirent* e = readdir(proc)) {
-    const int pid = std::atoi(e->d_name);
-    if (pid <= 0 || pid == getpid()) continue;
-    std::string cmdline = ReadFile(absl::StrCat("/proc/", pid, "/cmdline"));
-    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
-    bool all = !cmdline.empty();
-    for (const auto& n : needles) all = all && cmdline.find(n) != std::string::npos;
-    if (all) pids.push_back(pid);
-  }
-  closedir(proc);
-  return pids;
-}
 
 TEST_F(IncidentE2E, DataPoisonIsDiagnosedAsDataWithItsDocuments) {
   const auto poison_docs = MakeCorpus({"highbytes@300"});

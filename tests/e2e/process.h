@@ -20,6 +20,10 @@
 #include <thread>
 #include <vector>
 
+#include <dirent.h>
+
+#include <algorithm>
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -137,6 +141,29 @@ class Process {
   bool exited_ = false;
   int code_ = -1;
 };
+
+// Pids of the processes (not this one) whose command line mentions every
+// needle, e.g. the workers a SIGKILLed daemon left behind in a test's temp dir.
+inline std::vector<int> PidsMentioning(const std::vector<std::string>& needles) {
+  std::vector<int> pids;
+  DIR* proc = opendir("/proc");
+  if (proc == nullptr) return pids;
+  while (dirent* e = readdir(proc)) {
+    const int pid = std::atoi(e->d_name);
+    if (pid <= 0 || pid == getpid()) continue;
+    std::string cmdline = ReadFile("/proc/" + std::to_string(pid) + "/cmdline");
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    bool all = !cmdline.empty();
+    for (const auto& n : needles) all = all && cmdline.find(n) != std::string::npos;
+    if (all) pids.push_back(pid);
+  }
+  closedir(proc);
+  return pids;
+}
+
+inline void KillProcessesMentioning(const std::string& needle) {
+  for (int pid : PidsMentioning({needle})) ::kill(pid, SIGKILL);
+}
 
 // Runs a command to completion and returns (exit code, stdout, stderr).
 struct RunResult {

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "daemon/detect/spike_detector.h"
+#include "daemon/incident/policy.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "spikeguard/v1/telemetry.pb.h"
@@ -87,14 +88,13 @@ struct Judgement {
   int64_t first_nonfinite_step = -1;
 };
 
-// The spike rule of DESIGN §6 over loss and pre-clip grad norm, with the
-// daemon's default floors (loss 5 % above its median, grad norm 8x).
+// The spike rule of DESIGN §6 over loss and pre-clip grad norm, as the
+// daemon's default policy sets it.
 inline Judgement Judge(const std::vector<spikeguard::v1::StepReport>& reports) {
   Judgement j;
-  detect::SpikeDetector loss(detect::SpikeDetector::Options{});
-  detect::SpikeDetector::Options grad_options;
-  grad_options.relative_floor = 7.0;
-  detect::SpikeDetector grad(grad_options);
+  const spikeguard::v1::Policy policy = incident::DefaultPolicy();
+  detect::SpikeDetector loss(incident::SpikeOptions(policy.loss_spike()));
+  detect::SpikeDetector grad(incident::SpikeOptions(policy.grad_norm_spike()));
   for (const auto& r : reports) {
     if (j.first_nonfinite_step < 0 && (r.nonfinite_count() > 0 || !std::isfinite(r.loss()))) {
       j.first_nonfinite_step = r.step();

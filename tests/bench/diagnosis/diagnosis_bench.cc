@@ -43,6 +43,7 @@ namespace {
 
 namespace v1 = spikeguard::v1;
 using spikeguard::testing::FreePort;
+using spikeguard::testing::KillProcessesMentioning;
 using spikeguard::testing::Process;
 using spikeguard::testing::ReadFile;
 using spikeguard::testing::RunCommand;
@@ -70,21 +71,6 @@ const std::vector<Scenario>& Scenarios() {
        "emulated fp16 range overflows as the lr warms up"},
   };
   return *s;
-}
-
-// Kills the processes whose command line mentions `needle` — the scenario's
-// own temp dir, so only workers this benchmark's daemon launched.
-void KillProcessesMentioning(const std::string& needle) {
-  DIR* proc = opendir("/proc");
-  if (proc == nullptr) return;
-  while (dirent* e = readdir(proc)) {
-    const int pid = std::atoi(e->d_name);
-    if (pid <= 0 || pid == getpid()) continue;
-    std::string cmdline = ReadFile(absl::StrCat("/proc/", pid, "/cmdline"));
-    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
-    if (cmdline.find(needle) != std::string::npos) kill(pid, SIGKILL);
-  }
-  closedir(proc);
 }
 
 struct Outcome {
