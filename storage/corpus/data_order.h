@@ -140,7 +140,11 @@ class DataOrder {
 
   // Where every sample of batch `position` comes from.
   absl::StatusOr<BatchRef> Resolve(int64_t position) const;
-  // The distinct documents of batch `position`, sorted.
+  // The distinct documents of batch `position`, sorted: every document that
+  // contributes at least one token to one of its samples, including one that
+  // began in an earlier batch (or epoch) and one that continues into the next
+  // batch. A document spanning several samples or batches is listed at every
+  // position it reaches, once per position.
   absl::StatusOr<std::vector<DocumentId>> DocumentsAt(int64_t position) const;
   // The tokens of batch `position`.
   absl::StatusOr<Batch> Materialize(int64_t position) const;
