@@ -25,10 +25,12 @@ constexpr char kInsertRunSql[] =
     "last_step, spec) VALUES (?, ?, ?, ?, 0, ?, ?, ?)";
 constexpr char kSelectRunSql[] =
     "SELECT id, name, created_unix_ms, mode, world_size, current_generation, state, last_step, "
-    "spec FROM runs WHERE name = ?";
+    "spec, data_order, total_steps FROM runs WHERE name = ?";
 constexpr char kListRunsSql[] =
     "SELECT id, name, created_unix_ms, mode, world_size, current_generation, state, last_step, "
-    "spec FROM runs ORDER BY id";
+    "spec, data_order, total_steps FROM runs ORDER BY id";
+constexpr char kUpdateRunDataOrderSql[] =
+    "UPDATE runs SET data_order = ?, total_steps = ? WHERE name = ?";
 constexpr char kUpdateRunStateSql[] = "UPDATE runs SET state = ? WHERE name = ?";
 constexpr char kUpdateRunProgressSql[] = "UPDATE runs SET last_step = ? WHERE name = ?";
 constexpr char kSetCurrentGenerationSql[] =
@@ -63,6 +65,8 @@ constexpr char kSelectCheckpointsSql[] =
     "WHERE run_id = ?1 AND (?2 IS NULL OR step = ?2) ORDER BY step, uri";
 constexpr char kPinCheckpointSql[] =
     "UPDATE checkpoints SET pinned = ? WHERE run_id = ? AND step = ?";
+constexpr char kDeleteCheckpointSql[] =
+    "DELETE FROM checkpoints WHERE run_id = ? AND step = ? AND uri = ?";
 constexpr char kInsertManifestSql[] =
     "INSERT INTO manifests (run_id, version, dataset_fingerprint, seed, global_batch_size, "
     "sequence_length, record) VALUES (?, ?, ?, ?, ?, ?, ?) "
@@ -184,6 +188,11 @@ absl::StatusOr<v1::Run> ReadRunRow(const Statement& row) {
   run.set_last_step(row.ColumnInt64(7));
   SG_ASSIGN_OR_RETURN(*run.mutable_spec(),
                       Parse<v1::RunSpec>(row.ColumnBlob(8), absl::StrCat("run spec of ", run.name())));
+  if (const std::string order = row.ColumnBlob(9); !order.empty()) {
+    SG_ASSIGN_OR_RETURN(*run.mutable_data_order(),
+                        Parse<v1::DataOrder>(order, absl::StrCat("data order of ", run.name())));
+  }
+  run.set_total_steps(row.ColumnInt64(10));
   return run;
 }
 
@@ -447,6 +456,19 @@ absl::Status Catalog::UpdateRunProgress(std::string_view name, int64_t last_step
   return absl::OkStatus();
 }
 
+absl::Status Catalog::SetRunDataOrder(std::string_view name, const v1::DataOrder& order,
+                                      int64_t total_steps) {
+  if (total_steps < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("total_steps: ", total_steps, " is negative"));
+  }
+  absl::MutexLock lock(&mu_);
+  SG_ASSIGN_OR_RETURN(Statement update, db_->Prepare(kUpdateRunDataOrderSql));
+  update.BindBlob(1, Serialize(order)).BindInt64(2, total_steps).BindText(3, name);
+  SG_RETURN_IF_ERROR(update.Run());
+  if (db_->Changes() == 0) return absl::NotFoundError(RunNotFound(name));
+  return absl::OkStatus();
+}
+
 // --- Generations ---------------------------------------------------------------------
 
 absl::StatusOr<v1::Generation> Catalog::CreateGeneration(std::string_view run,
@@ -536,6 +558,16 @@ absl::StatusOr<v1::Checkpoint> Catalog::PinCheckpoint(std::string_view run, int6
                       SelectCheckpointsLocked(run_id, run, step));
   SG_RETURN_IF_ERROR(txn.Commit());
   return std::move(at_step.front());
+}
+
+absl::StatusOr<bool> Catalog::DeleteCheckpoint(std::string_view run, int64_t step,
+                                               std::string_view uri) {
+  absl::MutexLock lock(&mu_);
+  SG_ASSIGN_OR_RETURN(int64_t run_id, RunIdLocked(run));
+  SG_ASSIGN_OR_RETURN(Statement del, db_->Prepare(kDeleteCheckpointSql));
+  del.BindInt64(1, run_id).BindInt64(2, step).BindText(3, uri);
+  SG_RETURN_IF_ERROR(del.Run());
+  return db_->Changes() > 0;
 }
 
 // --- Manifests ---------------------------------------------------------------------------

@@ -143,6 +143,12 @@ class Catalog {
   // state: "created", "running", "paused", "stopped", "finished", "failed".
   absl::Status SetRunState(std::string_view name, std::string_view state);
   absl::Status UpdateRunProgress(std::string_view name, int64_t last_step);
+  // Records the data order the run's workers train with and the steps their
+  // schedule runs (0 = unknown), as reported in their hello; GetRun and
+  // ListRuns return them in `data_order` and `total_steps`. Replaces what
+  // was recorded before.
+  absl::Status SetRunDataOrder(std::string_view name, const v1::DataOrder& order,
+                               int64_t total_steps);
 
   // --- Generations ----------------------------------------------------------
   // g.generation <= 0 assigns the next number. The parent must exist. Also
@@ -160,6 +166,12 @@ class Catalog {
   absl::StatusOr<std::vector<v1::Checkpoint>> ListCheckpoints(std::string_view run);
   // Pins/unpins every checkpoint of the run at `step`; returns the first.
   absl::StatusOr<v1::Checkpoint> PinCheckpoint(std::string_view run, int64_t step, bool pinned);
+  // Forgets the checkpoint (run, step, uri) whose file is gone (the worker's
+  // retention deleted it), pinned or not: ListCheckpoints no longer returns
+  // it. True when it was known; false (not an error) when it was not, so a
+  // resent deletion notice is harmless. A later UpsertCheckpoint of the same
+  // key registers it afresh.
+  absl::StatusOr<bool> DeleteCheckpoint(std::string_view run, int64_t step, std::string_view uri);
 
   // --- Manifests ------------------------------------------------------------
   // Immutable once written: the same content again is OK, different content

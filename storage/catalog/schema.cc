@@ -167,6 +167,14 @@ CREATE TABLE policies (
 );
 )sql";
 
+// Version 3: the data order the run's workers reported in their hello
+// (serialized v1::DataOrder, empty = none reported) and the steps their
+// schedule runs (0 = unknown).
+constexpr char kSchemaV3Sql[] = R"sql(
+ALTER TABLE runs ADD COLUMN data_order BLOB NOT NULL DEFAULT x'';
+ALTER TABLE runs ADD COLUMN total_steps INTEGER NOT NULL DEFAULT 0;
+)sql";
+
 // One migration step: `sql` then user_version = `to`, atomically.
 absl::Status Step(Database& db, const char* sql, int to) {
   SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&db));
@@ -195,6 +203,9 @@ absl::Status MigrateSchema(Database& db) {
       [[fallthrough]];
     case 1:
       SG_RETURN_IF_ERROR(Step(db, kSchemaV2Sql, 2));
+      [[fallthrough]];
+    case 2:
+      SG_RETURN_IF_ERROR(Step(db, kSchemaV3Sql, 3));
       [[fallthrough]];
     case kSchemaVersion:
       break;

@@ -399,20 +399,42 @@ absl::StatusOr<Checkpoint> CheckpointDir::LoadNewestValid(absl::string_view expe
       absl::StrCat("no valid checkpoint in ", dir_, " (", all.size(), " listed)", skipped));
 }
 
-absl::Status CheckpointDir::Retain(int keep_last) {
+absl::Status CheckpointDir::Retain(int keep_last) { return Retain(keep_last, {}).status(); }
+
+absl::StatusOr<std::vector<CheckpointFileInfo>> CheckpointDir::Retain(
+    int keep_last, const std::set<std::string>& pinned) {
   if (keep_last < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("keep_last must be at least 1, got ", keep_last));
   }
+  auto normal = [](const std::string& path) {
+    std::error_code ec;
+    std::filesystem::path p = std::filesystem::absolute(path, ec);
+    if (ec) p = path;
+    return p.lexically_normal().string();
+  };
+  std::set<std::string> pinned_paths;
+  for (const std::string& p : pinned) pinned_paths.insert(normal(p));
   SG_RETURN_IF_ERROR(CleanTemporaries().status());
   SG_ASSIGN_OR_RETURN(std::vector<CheckpointFileInfo> all, List());
-  if (all.size() <= static_cast<size_t>(keep_last)) return absl::OkStatus();
-  for (size_t i = 0; i + keep_last < all.size(); ++i) {
-    if (::unlink(all[i].path.c_str()) != 0 && errno != ENOENT) {
-      return ErrnoStatus("cannot delete old checkpoint", all[i].path);
+  std::vector<CheckpointFileInfo> deleted;
+  int kept_unpinned = 0;
+  // Newest first: the first `keep_last` unpinned ones stay.
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    if (pinned_paths.count(normal(it->path)) > 0) continue;
+    if (kept_unpinned < keep_last) {
+      ++kept_unpinned;
+      continue;
     }
+    if (::unlink(it->path.c_str()) != 0) {
+      if (errno == ENOENT) continue;
+      return ErrnoStatus("cannot delete old checkpoint", it->path);
+    }
+    deleted.push_back(*it);
   }
-  return FsyncDir(dir_);
+  std::reverse(deleted.begin(), deleted.end());
+  if (!deleted.empty()) SG_RETURN_IF_ERROR(FsyncDir(dir_));
+  return deleted;
 }
 
 absl::StatusOr<int> CheckpointDir::CleanTemporaries() {

@@ -50,6 +50,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include "absl/strings/string_view.h"
 #include <vector>
@@ -144,6 +145,14 @@ class CheckpointDir {
   // Deletes all but the newest `keep_last` complete checkpoints (and any crash
   // leftovers). keep_last must be >= 1.
   absl::Status Retain(int keep_last);
+  // The same, except that a checkpoint whose path is in `pinned` is never
+  // deleted and does not count towards `keep_last`: what stays is every
+  // pinned checkpoint plus the newest `keep_last` unpinned ones. Paths are
+  // compared after making them absolute and lexically normal, so
+  // "dir/./x.sgck" pins "dir/x.sgck". Returns the checkpoints it deleted,
+  // oldest first.
+  absl::StatusOr<std::vector<CheckpointFileInfo>> Retain(int keep_last,
+                                                         const std::set<std::string>& pinned);
 
   // Deletes temp files left by an interrupted write; returns how many.
   absl::StatusOr<int> CleanTemporaries();

@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
 #include "storage/catalog/merge.h"
 #include "tests/storage/catalog/temp_dir.h"
@@ -188,6 +189,80 @@ TEST_F(CatalogTest, CheckpointUpsertCompletesAndKeepsThePin) {
   EXPECT_EQ((*list)[0].step(), 500);
   EXPECT_EQ((*list)[1].step(), 1000);
   EXPECT_EQ(catalog_->PinCheckpoint("r", 77, true).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(CatalogTest, DeletedCheckpointIsNoLongerListedEvenWhenPinned) {
+  MakeRun("r");
+  for (int64_t step : {100, 200, 300}) {
+    v1::Checkpoint c;
+    c.set_run("r");
+    c.set_step(step);
+    c.set_uri("file:///ckpt/" + std::to_string(step));
+    c.set_complete(true);
+    ASSERT_TRUE(catalog_->UpsertCheckpoint(c).ok());
+  }
+  ASSERT_TRUE(catalog_->PinCheckpoint("r", 100, true).ok());
+  // The file is gone whatever the pin said: the catalog must not offer it.
+  auto deleted = catalog_->DeleteCheckpoint("r", 100, "file:///ckpt/100");
+  ASSERT_TRUE(deleted.ok()) << deleted.status();
+  EXPECT_TRUE(*deleted);
+  ASSERT_TRUE(catalog_->DeleteCheckpoint("r", 200, "file:///ckpt/200").ok());
+  // A resent notice, or one for a checkpoint never registered, is harmless.
+  auto again = catalog_->DeleteCheckpoint("r", 100, "file:///ckpt/100");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(*again);
+  // Only the exact (step, uri) goes.
+  ASSERT_TRUE(catalog_->DeleteCheckpoint("r", 300, "file:///elsewhere/300").ok());
+  auto list = catalog_->ListCheckpoints("r");
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 1u);
+  EXPECT_EQ((*list)[0].step(), 300);
+  EXPECT_EQ(catalog_->DeleteCheckpoint("ghost", 1, "file:///x").status().code(),
+            absl::StatusCode::kNotFound);
+
+  // Written again later (same key), it is registered afresh, unpinned.
+  v1::Checkpoint again_written;
+  again_written.set_run("r");
+  again_written.set_step(100);
+  again_written.set_uri("file:///ckpt/100");
+  auto back = catalog_->UpsertCheckpoint(again_written);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_FALSE(back->pinned());
+  EXPECT_EQ(catalog_->ListCheckpoints("r")->size(), 2u);
+}
+
+TEST_F(CatalogTest, RunRecordsTheWorkersDataOrder) {
+  MakeRun("r");
+  auto fresh = catalog_->GetRun("r");
+  ASSERT_TRUE(fresh.ok());
+  EXPECT_FALSE(fresh->has_data_order());
+  EXPECT_EQ(fresh->total_steps(), 0);
+
+  v1::DataOrder order;
+  order.set_dataset_fingerprint("xxh64:0123");
+  order.set_seed(99);
+  order.set_global_batch_size(8);
+  order.set_sequence_length(32);
+  (*order.mutable_blend())["web"] = 0.75;
+  (*order.mutable_blend())["code"] = 0.25;
+  ASSERT_TRUE(catalog_->SetRunDataOrder("r", order, 500).ok());
+  auto run = catalog_->GetRun("r");
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(run->data_order(), order))
+      << run->data_order().DebugString();
+  EXPECT_EQ(run->data_order().blend().at("web"), 0.75);
+  EXPECT_EQ(run->total_steps(), 500);
+  auto runs = catalog_->ListRuns();
+  ASSERT_TRUE(runs.ok());
+  ASSERT_EQ(runs->size(), 1u);
+  EXPECT_EQ((*runs)[0].data_order().seed(), 99u);
+
+  order.set_seed(7);
+  ASSERT_TRUE(catalog_->SetRunDataOrder("r", order, 0).ok());
+  EXPECT_EQ(catalog_->GetRun("r")->data_order().seed(), 7u);
+  EXPECT_EQ(catalog_->GetRun("r")->total_steps(), 0);
+  EXPECT_EQ(catalog_->SetRunDataOrder("ghost", order, 1).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(catalog_->SetRunDataOrder("r", order, -1).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(CatalogTest, CheckpointOfUnknownRunIsRefused) {

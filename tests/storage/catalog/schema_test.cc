@@ -85,7 +85,9 @@ TEST(Schema, VersionOneFileMigratesToTheCurrentSchemaKeepingItsData) {
     ASSERT_TRUE((*catalog)->CreateRun(run).ok());
   }
   // Turn the file into what a version-1 binary left behind.
-  RawExec(path, "DROP TABLE policies; PRAGMA user_version = 1;");
+  RawExec(path,
+          "DROP TABLE policies; ALTER TABLE runs DROP COLUMN data_order; "
+          "ALTER TABLE runs DROP COLUMN total_steps; PRAGMA user_version = 1;");
   auto catalog = Catalog::Open({.path = path});
   ASSERT_TRUE(catalog.ok()) << catalog.status();
   auto run = (*catalog)->GetRun("old-run");
@@ -98,6 +100,35 @@ TEST(Schema, VersionOneFileMigratesToTheCurrentSchemaKeepingItsData) {
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->mode(), v1::MODE_AUTO);
   EXPECT_TRUE(absl::IsNotFound((*catalog)->GetPolicy("other").status()));
+}
+
+TEST(Schema, VersionTwoFileGainsTheRunsDataOrder) {
+  TempDir dir;
+  const std::string path = dir.File("catalog.db");
+  {
+    auto catalog = Catalog::Open({.path = path});
+    ASSERT_TRUE(catalog.ok()) << catalog.status();
+    v1::Run run;
+    run.set_name("old-run");
+    run.set_world_size(4);
+    ASSERT_TRUE((*catalog)->CreateRun(run).ok());
+  }
+  // What a version-2 binary left behind: runs without the two columns.
+  RawExec(path,
+          "ALTER TABLE runs DROP COLUMN data_order; ALTER TABLE runs DROP COLUMN total_steps; "
+          "PRAGMA user_version = 2;");
+  auto catalog = Catalog::Open({.path = path});
+  ASSERT_TRUE(catalog.ok()) << catalog.status();
+  auto run = (*catalog)->GetRun("old-run");
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->world_size(), 4u);
+  EXPECT_FALSE(run->has_data_order());
+  EXPECT_EQ(run->total_steps(), 0);
+  v1::DataOrder order;
+  order.set_seed(99);
+  ASSERT_TRUE((*catalog)->SetRunDataOrder("old-run", order, 300).ok());
+  EXPECT_EQ((*catalog)->GetRun("old-run")->data_order().seed(), 99u);
+  EXPECT_EQ((*catalog)->GetRun("old-run")->total_steps(), 300);
 }
 
 TEST(Schema, InMemoryDatabaseMigratesToo) {

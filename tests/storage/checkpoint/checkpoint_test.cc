@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -208,6 +209,45 @@ TEST(CheckpointDirTest, RetainKeepsTheLastN) {
   EXPECT_FALSE(fs::exists(dir + "/.ckpt-g000001-s000000000600.sgck.tmp.1"));
   EXPECT_TRUE(fs::exists(dir + "/notes.txt"));
   EXPECT_EQ(ckpts.Retain(0).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CheckpointDirTest, RetainNeverDeletesAPinnedCheckpoint) {
+  std::string dir = FreshDir();
+  CheckpointDir ckpts(dir);
+  for (int step : {100, 200, 300, 400, 500}) ASSERT_TRUE(ckpts.Write(Sample(1, step)).ok());
+  // An open incident rewinds to step 200; the pin names it the way the
+  // daemon does (a path with a redundant component).
+  const std::set<std::string> pinned = {dir + "/./" +
+                                        fs::path(ckpts.PathFor(1, 200)).filename().string()};
+  auto deleted = ckpts.Retain(1, pinned);
+  ASSERT_TRUE(deleted.ok()) << deleted.status();
+  ASSERT_EQ(deleted->size(), 3u);
+  EXPECT_EQ((*deleted)[0].step, 100);
+  EXPECT_EQ((*deleted)[1].step, 300);
+  EXPECT_EQ((*deleted)[2].step, 400);
+  EXPECT_EQ((*deleted)[0].path, ckpts.PathFor(1, 100));
+  auto list = ckpts.List();
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 2u);
+  EXPECT_EQ((*list)[0].step, 200);  // pinned, older than keep_last allows
+  EXPECT_EQ((*list)[1].step, 500);  // the newest unpinned one
+  EXPECT_TRUE(ReadCheckpoint(ckpts.PathFor(1, 200), "gpt-4L-128d:abc").ok());
+
+  // A pinned newest checkpoint does not count towards keep_last.
+  ASSERT_TRUE(ckpts.Write(Sample(1, 600)).ok());
+  deleted = ckpts.Retain(1, {ckpts.PathFor(1, 600), ckpts.PathFor(1, 200)});
+  ASSERT_TRUE(deleted.ok()) << deleted.status();
+  EXPECT_TRUE(deleted->empty());
+  EXPECT_EQ(ckpts.List()->size(), 3u);
+
+  // Unpinned, it goes like any other; nothing left to delete is no error.
+  deleted = ckpts.Retain(1, {});
+  ASSERT_TRUE(deleted.ok());
+  ASSERT_EQ(deleted->size(), 2u);
+  EXPECT_EQ((*deleted)[0].step, 200);
+  EXPECT_EQ((*deleted)[1].step, 500);
+  EXPECT_TRUE(ckpts.Retain(1, {})->empty());
+  EXPECT_EQ(ckpts.Retain(0, pinned).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(CheckpointDirTest, MissingDirectoryListsNothing) {
