@@ -34,6 +34,10 @@ class PrecursorDetector::Series {
 
   void Observe(int64_t step, double raw, std::vector<PrecursorWarning>* out) {
     if (!std::isfinite(raw) || (log_scale_ && raw <= 0)) return;
+    if (!any_) {
+      any_ = true;
+      first_step_ = step;
+    }
     if (level_alarm_) Level(step, raw, out);
     recent_.push_back(log_scale_ ? std::log(raw) : raw);
     const size_t smooth = static_cast<size_t>(std::max(1, o_->smooth));
@@ -43,7 +47,8 @@ class PrecursorDetector::Series {
     if (recent_.size() < smooth) return;
     scratch_.assign(recent_.begin(), recent_.end());
     const double y = MedianInPlace(scratch_);
-    hsteps_.push_back(step - static_cast<int64_t>((smooth - 1) / 2));
+    const int64_t ystep = step - static_cast<int64_t>((smooth - 1) / 2);
+    hsteps_.push_back(ystep);
     hvals_.push_back(y);
     const size_t lookback = static_cast<size_t>(std::max(o_->lookback, o_->trend_window + 1));
     while (hvals_.size() > lookback) {
@@ -53,6 +58,21 @@ class PrecursorDetector::Series {
     const size_t w = static_cast<size_t>(std::max(1, o_->trend_window));
     if (hvals_.size() <= w) return;
     const double d = hvals_.back() - hvals_[hvals_.size() - 1 - w];
+    const double min_change = log_scale_ ? o_->min_log_change : o_->min_clip_rate_change;
+    if (!settled_) {
+      // Warm-up: the series moves from its initial value; none of it is a
+      // baseline (see Options::onset_warmup_steps).
+      const int64_t min_warmup = o_->onset_warmup_steps > 0
+                                     ? o_->onset_warmup_steps
+                                     : 4 * static_cast<int64_t>(w);
+      const int64_t age = step - first_step_;
+      if (age < min_warmup) return;
+      if (std::abs(d) >= min_change && age < std::max(min_warmup, o_->trend_warmup_steps)) return;
+      settled_ = true;
+      settled_step_ = ystep;
+      level_ = y;
+      noise_ = 0;
+    }
     bool elevated = false;
     if (dbase_.size() >= static_cast<size_t>(std::max(2, o_->min_baseline))) {
       if (++since_refresh_ >= 8) {
@@ -61,9 +81,11 @@ class PrecursorDetector::Series {
       }
       const double floor = log_scale_ ? 1e-3 : 0.02;
       const double z = (d - stats_.median) / std::max(stats_.sigma, floor);
-      const double min_change = log_scale_ ? o_->min_log_change : o_->min_clip_rate_change;
       const bool over = z >= o_->trend_z_threshold && d - stats_.median >= min_change;
-      elevated = z >= 0.5 * o_->trend_z_threshold;
+      // Only a rise is elevated: a series that stops falling (a change of 0
+      // against a baseline of negative changes taken while it fell) must
+      // rejoin its baseline, not be kept out of it for good.
+      elevated = z >= 0.5 * o_->trend_z_threshold && d > 0;
       over_run_ = over ? over_run_ + 1 : 0;
       calm_run_ = elevated ? 0 : calm_run_ + 1;
       if (alarmed_ && calm_run_ >= static_cast<int>(w)) alarmed_ = false;
@@ -84,6 +106,13 @@ class PrecursorDetector::Series {
       while (dbase_.size() > static_cast<size_t>(std::max(2, o_->baseline_window))) {
         dbase_.pop_front();
       }
+      // The baseline level follows the calm series with a time constant of
+      // one trend window; its noise is the mean absolute step-to-step change
+      // of the smoothed values (a deviation from the lagging level would
+      // count a healthy drift as noise).
+      const double alpha = 1.0 / static_cast<double>(w);
+      noise_ += alpha * (std::abs(y - hvals_[hvals_.size() - 2]) - noise_);
+      level_ += alpha * (y - level_);
     }
   }
 
@@ -91,8 +120,9 @@ class PrecursorDetector::Series {
     SeriesHistory h;
     h.signal = signal_;
     h.layer = layer_;
-    h.steps.assign(hsteps_.begin(), hsteps_.end());
-    h.values.assign(hvals_.begin(), hvals_.end());
+    const size_t from = FirstSettled();
+    h.steps.assign(hsteps_.begin() + from, hsteps_.end());
+    h.values.assign(hvals_.begin() + from, hvals_.end());
     return h;
   }
 
@@ -107,48 +137,87 @@ class PrecursorDetector::Series {
     below_run_ = raw < o_->attn_logit_warn ? below_run_ + 1 : 0;
     if (below_run_ >= std::max(1, o_->trend_window)) level_raised_ = 0;
     const int persist = std::max(1, o_->persistence_steps);
-    auto raise = [&](PrecursorWarning::Kind kind, double threshold) {
+    auto raise = [&](PrecursorWarning::Kind kind, double threshold, int run) {
       PrecursorWarning pw;
       pw.kind = kind;
       pw.step = step;
       pw.value = raw;
       pw.score = raw / threshold;
-      // Steadily growing for the whole lookback: it started at least that early.
-      DateStart(hsteps_.empty() ? step : hsteps_.front(), &pw);
+      // Without a baseline to search back to, the first step over the
+      // threshold is all that is known.
+      DateStart(step - run + 1, &pw);
       out->push_back(pw);
     };
     if (warn_run_ >= persist && level_raised_ < 1) {
       level_raised_ = 1;
-      raise(PrecursorWarning::kLevelWarn, o_->attn_logit_warn);
+      raise(PrecursorWarning::kLevelWarn, o_->attn_logit_warn, warn_run_);
     }
     if (crit_run_ >= persist && level_raised_ < 2) {
       level_raised_ = 2;
-      raise(PrecursorWarning::kLevelCritical, o_->attn_logit_critical);
+      raise(PrecursorWarning::kLevelCritical, o_->attn_logit_critical, crit_run_);
     }
   }
 
-  // Fills signal, layer, start_step and baseline: the departure of the
-  // lookback window, or `fallback` when there is none to see.
+  // Index into hsteps_/hvals_ of the first point after the warm-up
+  // (hvals_.size() while the series is still warming up).
+  size_t FirstSettled() const {
+    if (!settled_) return hvals_.size();
+    return static_cast<size_t>(std::lower_bound(hsteps_.begin(), hsteps_.end(), settled_step_) -
+                               hsteps_.begin());
+  }
+
+  // Fills signal, layer, start_step and baseline. The start is where the
+  // current growth above the series' own baseline began, looking only at
+  // points after the warm-up:
+  //   1. walking back from the alarm, the last point that sat at the
+  //      baseline level (within max(start_noise_factor × noise, ¼ of the
+  //      minimum change)); the start is the point after it, or the first
+  //      point after the warm-up when the whole window is above it;
+  //   2. the change point of a broken-line fit (FindDeparture) over the same
+  //      points dates the start more precisely, and replaces (1) unless it
+  //      lies more than a trend window before it (then it belongs to an
+  //      earlier excursion the series came back from).
+  // `fallback` (≤ the alarm step) is used while the series is still warming
+  // up.
   void DateStart(int64_t fallback, PrecursorWarning* pw) const {
     pw->signal = signal_;
     pw->layer = layer_;
     pw->start_step = std::min(fallback, pw->step);
-    pw->baseline = hvals_.empty() ? pw->value : Raw(hvals_.front());
+    pw->baseline = settled_ ? Raw(level_) : pw->value;
+    const size_t from = FirstSettled();
+    size_t end = from;  // one past the last point at or before the alarm
+    while (end < hvals_.size() && hsteps_[end] <= pw->step) ++end;
+    if (end - from < 2) return;
+    const double min_change = log_scale_ ? o_->min_log_change : o_->min_clip_rate_change;
+    const double tol = std::max(o_->start_noise_factor * noise_, 0.25 * min_change);
+    size_t i = end;
+    while (i > from && hvals_[i - 1] > level_ + tol) --i;
+    // hvals_[i - 1] (if i > from) is the last point at the baseline.
+    int64_t start = i == end ? pw->step : hsteps_[i];
     DepartureOptions d;
-    d.min_rise = log_scale_ ? o_->min_log_change : o_->min_clip_rate_change;
+    d.min_rise = min_change;
     d.noise_factor = o_->start_noise_factor;
-    std::vector<int64_t> steps(hsteps_.begin(), hsteps_.end());
-    std::vector<double> values(hvals_.begin(), hvals_.end());
-    if (auto dep = FindDeparture(steps, values, d); dep && dep->step <= pw->step) {
-      pw->start_step = dep->step;
+    std::vector<int64_t> steps(hsteps_.begin() + from, hsteps_.begin() + end);
+    std::vector<double> values(hvals_.begin() + from, hvals_.begin() + end);
+    if (auto dep = FindDeparture(steps, values, d);
+        dep && dep->step <= pw->step && dep->step + std::max(1, o_->trend_window) >= start) {
+      start = dep->step;
       pw->baseline = Raw(dep->baseline);
     }
+    pw->start_step = start;
   }
 
   double Raw(double y) const { return log_scale_ ? std::exp(y) : y; }
 
   std::string signal_;
   int layer_;
+  // Warm-up and baseline level (see DateStart).
+  bool any_ = false;
+  int64_t first_step_ = 0;
+  bool settled_ = false;
+  int64_t settled_step_ = 0;
+  double level_ = 0;
+  double noise_ = 0;
   bool log_scale_;
   bool level_alarm_;
   const Options* o_;

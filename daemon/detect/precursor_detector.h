@@ -16,17 +16,31 @@
 // `min_clip_rate_change`), raises a warning. Changes are compared with the
 // series' own usual change, so a steady healthy drift (logits or activation
 // RMS growing slowly through training) is not an alarm; an acceleration is.
-// While a series is elevated its changes stay out of its baseline.
+// While a series is elevated (rising well beyond its usual change) its
+// changes stay out of its baseline; a series that merely stops falling is
+// not elevated, so its baseline catches up.
 //
 // Level alarm (max attention logit only, from the literature on attention
 // logit growth): ≥ `attn_logit_warn` (1e3) warns, ≥ `attn_logit_critical`
 // (1e4) is critical, each after `persistence_steps` consecutive steps.
 //
-// Every warning carries its start step: where the series left its own
-// baseline, found by looking back over the last `lookback` smoothed values
-// with FindDeparture (localize.h). That dates the incident's true onset
-// earlier than the loss does. A series warns once per episode; it re-arms
-// after `trend_window` calm steps. Trend alarms start at step
+// Warm-up. Every statistic moves fast from its initial value (the
+// reference worker's attention logits grow from ~0.1 at init over the first
+// steps and through the lr warm-up). That rise is not the instability: a
+// series' first `onset_warmup_steps` steps (default 4 × trend_window), and
+// after them any steps until its change over the trend window drops below
+// the minimum change (at most until `trend_warmup_steps`), are its warm-up.
+// Warm-up points never enter its baselines, its start dating or History().
+//
+// Every warning carries its start step: where the current growth above the
+// series' own baseline began. The baseline level is an average of the calm
+// (not elevated) smoothed values after the warm-up; from the alarm, the
+// dating walks back to the last point that sat at that level, and refines
+// it with FindDeparture (localize.h) over the post-warm-up lookback window.
+// That dates the incident's true onset earlier than the loss does, but
+// never inside the warm-up. A level alarm raised during the warm-up is dated
+// at the first step over its threshold. A series warns once per episode; it
+// re-arms after `trend_window` calm steps. Trend alarms start at step
 // `trend_warmup_steps`; level alarms at once.
 //
 //   PrecursorDetector p(PrecursorDetector::Options{});
@@ -97,6 +111,11 @@ class PrecursorDetector {
     // init), and a warning there would drag an incident's onset back to the
     // start of the run. Level alarms apply from step 0.
     int64_t trend_warmup_steps = 500;
+    // Minimum warm-up of each series, counted from its first value, before
+    // it may have a baseline; ≤ 0: 4 × trend_window. The warm-up lasts
+    // longer while the series still moves by the minimum change over a trend
+    // window, up to max(this, trend_warmup_steps).
+    int64_t onset_warmup_steps = 0;
   };
 
   explicit PrecursorDetector(Options options);

@@ -93,6 +93,151 @@ TEST(PrecursorDetectorTest, AttentionLogitRampIsDatedToItsStart) {
   }
 }
 
+// Max attention logit of a series that rises fast from ~0.1 at init to
+// `level` over the first ~50 steps (as the reference worker's logits do),
+// then sits there with noise, and grows by ×`growth` per step from `start`
+// on (start < 0: never).
+double WarmupThenGrowth(int64_t s, double level, int64_t start, double growth,
+                        std::mt19937_64& rng) {
+  std::normal_distribution<double> n(0, 1);
+  double v = 0.1 + (level - 0.1) * (1 - std::exp(-s / 12.0));
+  if (start >= 0 && s > start) v *= std::pow(growth, static_cast<double>(s - start));
+  return v * std::exp(0.05 * n(rng));
+}
+
+// The warm-up rise of the logits is not the precursor: the onset is where
+// the abnormal growth after it began (it used to be dated at step 2, the
+// first smoothed point, which no rewind checkpoint can precede).
+TEST(PrecursorDetectorTest, GrowthAfterWarmupRiseIsDatedToItsStartNotToTheWarmup) {
+  for (uint64_t seed = 1; seed <= 4; ++seed) {
+    PrecursorDetector p(PrecursorDetector::Options{});
+    std::mt19937_64 rng(seed);
+    const int64_t start = 600;
+    // ×500 over 400 steps.
+    const double g = std::pow(500.0, 1.0 / 400);
+    std::vector<PrecursorWarning> got;
+    for (int s = 0; s < 1200; ++s) {
+      StepSample x = Healthy(s, 4, rng);
+      x.layers[1].max_attn_logit = WarmupThenGrowth(s, 30, start, g, rng);
+      for (auto& w : p.Observe(x)) got.push_back(w);
+    }
+    ASSERT_FALSE(got.empty()) << seed;
+    EXPECT_EQ(got[0].kind, PrecursorWarning::kTrend) << seed;
+    int warn = 0, crit = 0;
+    for (const auto& w : got) {
+      EXPECT_EQ(w.signal, "max_attn_logit") << seed;
+      EXPECT_EQ(w.layer, 1) << seed;
+      EXPECT_GE(w.start_step, 100) << seed << " " << PrecursorKindName(w.kind);
+      EXPECT_NEAR(static_cast<double>(w.start_step), start, 15)
+          << seed << " " << PrecursorKindName(w.kind);
+      EXPECT_GT(w.step, start) << seed;
+      warn += w.kind == PrecursorWarning::kLevelWarn;
+      crit += w.kind == PrecursorWarning::kLevelCritical;
+    }
+    EXPECT_EQ(warn, 1) << seed;
+    EXPECT_EQ(crit, 1) << seed;
+  }
+}
+
+// Growth that crosses the level alarm before the trend alarms start (step
+// 500), with the warm-up rise still inside the lookback window.
+TEST(PrecursorDetectorTest, EarlyLevelAlarmIsDatedAfterTheWarmup) {
+  for (uint64_t seed = 1; seed <= 4; ++seed) {
+    PrecursorDetector p(PrecursorDetector::Options{});
+    std::mt19937_64 rng(seed);
+    const int64_t start = 250;
+    // ×1000 over 250 steps: 30 → 1e3 about 125 steps after the start.
+    const double g = std::pow(1000.0, 1.0 / 250);
+    std::vector<PrecursorWarning> got;
+    for (int s = 0; s < 480; ++s) {
+      StepSample x = Healthy(s, 2, rng);
+      x.layers[0].max_attn_logit = WarmupThenGrowth(s, 30, start, g, rng);
+      for (auto& w : p.Observe(x)) got.push_back(w);
+    }
+    ASSERT_FALSE(got.empty()) << seed;
+    EXPECT_EQ(got[0].kind, PrecursorWarning::kLevelWarn) << seed;
+    EXPECT_GE(got[0].value, 1e3);
+    EXPECT_GE(got[0].start_step, 100) << seed;
+    EXPECT_NEAR(static_cast<double>(got[0].start_step), start, 25) << seed;
+    EXPECT_LT(got[0].start_step, got[0].step - 50) << seed;
+  }
+}
+
+// The reference worker's fragility and numerics runs: the logits climb from
+// ~0.2 at init without ever sitting flat, through the lr warm-up, and pass
+// 1e3 near step 500. The level alarm used to be dated at step 2 (the first
+// point of its lookback: no change point in a steadily bending climb), where
+// no checkpoint exists; it is dated after the warm-up now.
+TEST(PrecursorDetectorTest, LogitsClimbingFromInitAreNotDatedToTheFirstSteps) {
+  for (uint64_t seed = 1; seed <= 4; ++seed) {
+    PrecursorDetector p(PrecursorDetector::Options{});
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<double> n(0, 1);
+    std::vector<PrecursorWarning> got;
+    for (int s = 0; s < 1000; ++s) {
+      StepSample x = Healthy(s, 4, rng);
+      // 0.2 → ~17 at step 100 → 1e3 at 500 → ~1e4 at 900.
+      x.layers[1].max_attn_logit =
+          0.2 * std::pow(5000.0, std::pow(s / 500.0, 0.4)) * std::exp(0.05 * n(rng));
+      for (auto& w : p.Observe(x)) got.push_back(w);
+    }
+    ASSERT_FALSE(got.empty()) << seed;
+    bool warned = false;
+    for (const auto& w : got) {
+      EXPECT_EQ(w.layer, 1) << seed << " " << w.signal;
+      EXPECT_GE(w.start_step, 100) << seed << " " << PrecursorKindName(w.kind);
+      EXPECT_LE(w.start_step, w.step);
+      if (w.kind == PrecursorWarning::kLevelWarn) {
+        warned = true;
+        EXPECT_NEAR(static_cast<double>(w.step), 500, 30) << seed;
+      }
+    }
+    EXPECT_TRUE(warned) << seed;
+  }
+}
+
+TEST(PrecursorDetectorTest, FlatSeriesAfterWarmupRiseRaisesNothing) {
+  for (uint64_t seed = 1; seed <= 4; ++seed) {
+    PrecursorDetector p(PrecursorDetector::Options{});
+    std::mt19937_64 rng(seed);
+    int warnings = 0;
+    for (int s = 0; s < 6000; ++s) {
+      StepSample x = Healthy(s, 4, rng);
+      for (int l = 0; l < 4; ++l) {
+        x.layers[l].max_attn_logit = WarmupThenGrowth(s, 20 + 10 * l, -1, 1, rng);
+      }
+      warnings += static_cast<int>(p.Observe(x).size());
+    }
+    EXPECT_EQ(warnings, 0) << seed;
+    // The history kept for localization starts after the warm-up.
+    for (const SeriesHistory& h : p.Histories()) {
+      if (!h.steps.empty()) {
+        EXPECT_GE(h.steps.front(), 100) << h.signal;
+      }
+    }
+  }
+}
+
+// Level alarms are absolute: logits already past 1e3 (or 1e4) at the end
+// of the warm-up still warn (critical), dated at the first step over.
+TEST(PrecursorDetectorTest, LevelAlarmsFireEvenWithoutABaseline) {
+  PrecursorDetector p(PrecursorDetector::Options{});
+  std::mt19937_64 rng(9);
+  std::vector<PrecursorWarning> got;
+  for (int s = 0; s < 300; ++s) {
+    StepSample x = Healthy(s, 1, rng);
+    x.layers[0].max_attn_logit = WarmupThenGrowth(s, 2e4, -1, 1, rng);
+    for (auto& w : p.Observe(x)) got.push_back(w);
+  }
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].kind, PrecursorWarning::kLevelWarn);
+  EXPECT_EQ(got[1].kind, PrecursorWarning::kLevelCritical);
+  for (const auto& w : got) {
+    EXPECT_EQ(w.start_step, w.step - 4) << PrecursorKindName(w.kind);
+    EXPECT_LT(w.step, 100);
+  }
+}
+
 TEST(PrecursorDetectorTest, LevelAlarmsNeedPersistence) {
   PrecursorDetector::Options o;
   o.persistence_steps = 5;

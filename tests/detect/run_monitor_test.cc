@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <random>
 
 #include "daemon/detect/trace_gen.h"
 #include "gtest/gtest.h"
@@ -116,6 +117,35 @@ TEST(RunMonitorTest, FragilityPrecursorDatesTheOnsetAndLocalizesTheLayer) {
       }
     }
     EXPECT_TRUE(dated) << t.name;
+  }
+}
+
+// Logits that climb from init through the warm-up (the reference worker's
+// fragility run) and a loss spike later: the incident's precursor onset is
+// the logits' level alarm near step 500, not the first steps of the run (it
+// used to be step 2, before any checkpoint, so the rewind checkpoint could
+// never be chosen by the precursor).
+TEST(RunMonitorTest, PrecursorOnsetOfAnIncidentIsNotInTheWarmup) {
+  for (uint64_t seed : {61, 62, 63}) {
+    LabeledTrace t = GenerateTrace({Scenario::kHealthy, seed, 1000, 4});
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<double> n(0, 1);
+    for (StepSample& s : t.steps) {
+      s.layers[2].max_attn_logit =
+          0.2 * std::pow(5000.0, std::pow(s.step / 500.0, 0.4)) * std::exp(0.05 * n(rng));
+      if (s.step == 900) s.loss *= 3;
+    }
+    const auto open = Opening(Monitor(t));
+    ASSERT_FALSE(open.empty()) << seed;
+    EXPECT_EQ(open[0].onset_step, 900) << seed;
+    ASSERT_TRUE(open[0].precursor_start.has_value()) << seed;
+    EXPECT_EQ(open[0].precursor_signal, "max_attn_logit");
+    EXPECT_EQ(open[0].precursor_layer, 2);
+    EXPECT_GE(*open[0].precursor_start, 400) << seed;
+    EXPECT_LE(*open[0].precursor_start, 520) << seed;
+    for (const auto& o : open[0].localization.order) {
+      EXPECT_GE(o.departure.step, 100) << o.signal << "@" << o.layer;
+    }
   }
 }
 
