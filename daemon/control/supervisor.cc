@@ -17,11 +17,21 @@ detect::RunMonitor::Options MonitorOptions(const v1::Policy& policy) {
   o.loss = incident::SpikeOptions(policy.loss_spike(), o.loss);
   o.grad_norm = incident::SpikeOptions(policy.grad_norm_spike(), o.grad_norm);
   const auto& p = policy.precursor();
-  if (p.trend_window() > 0) o.precursor.trend_window = p.trend_window();
-  if (p.trend_z_threshold() > 0) o.precursor.trend_z_threshold = p.trend_z_threshold();
-  if (p.attn_logit_warn() > 0) o.precursor.attn_logit_warn = p.attn_logit_warn();
-  if (p.attn_logit_critical() > 0) o.precursor.attn_logit_critical = p.attn_logit_critical();
-  if (p.persistence_steps() > 0) o.precursor.persistence_steps = p.persistence_steps();
+  // Knobs the policy sets replace the detector's defaults; values that
+  // ValidatePolicy rejects (none is meaningful at 0) keep them.
+  if (p.has_trend_window() && p.trend_window() > 0) o.precursor.trend_window = p.trend_window();
+  if (p.has_trend_z_threshold() && p.trend_z_threshold() > 0) {
+    o.precursor.trend_z_threshold = p.trend_z_threshold();
+  }
+  if (p.has_attn_logit_warn() && p.attn_logit_warn() > 0) {
+    o.precursor.attn_logit_warn = p.attn_logit_warn();
+  }
+  if (p.has_attn_logit_critical() && p.attn_logit_critical() > 0) {
+    o.precursor.attn_logit_critical = p.attn_logit_critical();
+  }
+  if (p.has_persistence_steps() && p.persistence_steps() > 0) {
+    o.precursor.persistence_steps = p.persistence_steps();
+  }
   return o;
 }
 

@@ -25,14 +25,6 @@ v1::SpikeDetectorPolicy DefaultSpike() {
   return p;
 }
 
-void MergeSpike(const v1::SpikeDetectorPolicy& o, v1::SpikeDetectorPolicy* b) {
-  if (o.window() != 0) b->set_window(o.window());
-  if (o.min_samples() != 0) b->set_min_samples(o.min_samples());
-  if (o.z_threshold() != 0) b->set_z_threshold(o.z_threshold());
-  if (o.relative_floor() != 0) b->set_relative_floor(o.relative_floor());
-  if (o.recovery_steps() != 0) b->set_recovery_steps(o.recovery_steps());
-}
-
 // Collects parser errors with their position instead of printing them.
 class ErrorCollector final : public google::protobuf::io::ErrorCollector {
  public:
@@ -112,10 +104,12 @@ v1::Policy DefaultPolicy() {
   probe->set_skip_before(5);
   probe->set_skip_after(5);
   probe->set_skip_horizon(200);
-  probe->set_bisect(false);
+  // Exact culprits: the skip window is bisected down to the batches that
+  // trigger the spike (two probes when the onset batch alone does).
+  probe->set_bisect(true);
   probe->set_transplant(false);
 
-  p.mutable_budget()->set_max_probes(8);
+  p.mutable_budget()->set_max_probes(12);
   p.mutable_budget()->set_max_reexecuted_steps(20000);
   p.mutable_escalation()->set_data_incidents(3);
   p.mutable_escalation()->set_window_steps(5000);
@@ -134,62 +128,12 @@ v1::Policy DefaultPolicy() {
 }
 
 v1::Policy MergePolicy(const v1::Policy& base, const v1::Policy& o) {
+  // Every knob has field presence, so the protobuf merge is the layering
+  // rule: a knob set in `o` (0 and false included) replaces base's, one left
+  // out does not; sections merge field by field; the mode (an enum without
+  // presence) is replaced unless MODE_UNSPECIFIED.
   v1::Policy p = base;
-  if (o.mode() != v1::MODE_UNSPECIFIED) p.set_mode(o.mode());
-  MergeSpike(o.loss_spike(), p.mutable_loss_spike());
-  MergeSpike(o.grad_norm_spike(), p.mutable_grad_norm_spike());
-
-  const v1::PrecursorPolicy& opre = o.precursor();
-  v1::PrecursorPolicy* pre = p.mutable_precursor();
-  if (opre.trend_window() != 0) pre->set_trend_window(opre.trend_window());
-  if (opre.trend_z_threshold() != 0) pre->set_trend_z_threshold(opre.trend_z_threshold());
-  if (opre.attn_logit_warn() != 0) pre->set_attn_logit_warn(opre.attn_logit_warn());
-  if (opre.attn_logit_critical() != 0) pre->set_attn_logit_critical(opre.attn_logit_critical());
-  if (opre.persistence_steps() != 0) pre->set_persistence_steps(opre.persistence_steps());
-
-  const v1::ProbePolicy& oprobe = o.probe();
-  v1::ProbePolicy* probe = p.mutable_probe();
-  if (oprobe.min_steps_before_onset() != 0) {
-    probe->set_min_steps_before_onset(oprobe.min_steps_before_onset());
-  }
-  if (oprobe.max_steps_before_onset() != 0) {
-    probe->set_max_steps_before_onset(oprobe.max_steps_before_onset());
-  }
-  if (oprobe.replay_steps_past_onset() != 0) {
-    probe->set_replay_steps_past_onset(oprobe.replay_steps_past_onset());
-  }
-  if (oprobe.skip_before() != 0) probe->set_skip_before(oprobe.skip_before());
-  if (oprobe.skip_after() != 0) probe->set_skip_after(oprobe.skip_after());
-  if (oprobe.skip_horizon() != 0) probe->set_skip_horizon(oprobe.skip_horizon());
-  if (oprobe.bisect()) probe->set_bisect(true);
-  if (oprobe.transplant()) probe->set_transplant(true);
-
-  if (o.budget().max_probes() != 0) p.mutable_budget()->set_max_probes(o.budget().max_probes());
-  if (o.budget().max_reexecuted_steps() != 0) {
-    p.mutable_budget()->set_max_reexecuted_steps(o.budget().max_reexecuted_steps());
-  }
-  if (o.escalation().data_incidents() != 0) {
-    p.mutable_escalation()->set_data_incidents(o.escalation().data_incidents());
-  }
-  if (o.escalation().window_steps() != 0) {
-    p.mutable_escalation()->set_window_steps(o.escalation().window_steps());
-  }
-
-  const v1::FixPolicy& ofix = o.fix();
-  v1::FixPolicy* fix = p.mutable_fix();
-  if (ofix.verify_steps() != 0) fix->set_verify_steps(ofix.verify_steps());
-  if (ofix.lr_factor() != 0) fix->set_lr_factor(ofix.lr_factor());
-  if (ofix.extra_warmup_steps() != 0) fix->set_extra_warmup_steps(ofix.extra_warmup_steps());
-  if (ofix.tight_clip_norm() != 0) fix->set_tight_clip_norm(ofix.tight_clip_norm());
-  if (ofix.beta2() != 0) fix->set_beta2(ofix.beta2());
-  if (ofix.eps() != 0) fix->set_eps(ofix.eps());
-
-  if (o.launch().heartbeat_timeout_ms() != 0) {
-    p.mutable_launch()->set_heartbeat_timeout_ms(o.launch().heartbeat_timeout_ms());
-  }
-  if (o.launch().max_restarts() != 0) {
-    p.mutable_launch()->set_max_restarts(o.launch().max_restarts());
-  }
+  p.MergeFrom(o);
   return p;
 }
 
@@ -315,11 +259,13 @@ absl::Status ValidatePolicy(const v1::Policy& p) {
 
 detect::SpikeDetector::Options SpikeOptions(const v1::SpikeDetectorPolicy& p,
                                             detect::SpikeDetector::Options o) {
-  if (p.window() > 0) o.window = p.window();
-  if (p.min_samples() > 0) o.min_samples = p.min_samples();
-  if (p.z_threshold() > 0) o.z_threshold = p.z_threshold();
-  if (p.relative_floor() > 0) o.relative_floor = p.relative_floor();
-  if (p.recovery_steps() > 0) o.recovery_steps = p.recovery_steps();
+  // Values ValidatePolicy rejects keep `o`'s, so an unvalidated section can
+  // never make an unusable detector.
+  if (p.has_window() && p.window() > 0) o.window = p.window();
+  if (p.has_min_samples() && p.min_samples() > 0) o.min_samples = p.min_samples();
+  if (p.has_z_threshold() && p.z_threshold() > 0) o.z_threshold = p.z_threshold();
+  if (p.has_relative_floor() && p.relative_floor() >= 0) o.relative_floor = p.relative_floor();
+  if (p.has_recovery_steps() && p.recovery_steps() > 0) o.recovery_steps = p.recovery_steps();
   return o;
 }
 

@@ -4,17 +4,19 @@
 // overrides (daemon default, then the run's own), loading from a textproto
 // file (`spikeguardd --policy FILE`, `spikectl policy set`) and validation.
 //
-// Layering follows proto3: a scalar left at 0 (or false, or
-// MODE_UNSPECIFIED) in an override means "not set", so a file that names
-// only `probe { skip_horizon: 400 }` changes that one knob:
+// Layering uses field presence: every knob of policy.proto is a proto3
+// `optional`, so a knob that an override sets replaces the base's, 0 and
+// false included, and a knob it leaves out keeps the base's. A file that
+// names only `probe { skip_horizon: 400 skip_before: 0 }` changes those two
+// knobs (and skips no batch before the onset):
 //
 //   SG_ASSIGN_OR_RETURN(v1::Policy file, LoadPolicyFile("/etc/spikeguard/policy.txtpb"));
 //   v1::Policy policy = MergePolicy(DefaultPolicy(), file);
 //   SG_RETURN_IF_ERROR(ValidatePolicy(policy));
 //
-// The consequence of the 0 = unset rule: a knob cannot be set to 0 (or a
-// bool to false) through an override; the defaults never need that (bisect
-// and transplant default to false already).
+// The mode has no presence: MODE_UNSPECIFIED in an override means "not set".
+// An explicit value that cannot run (`loss_spike { window: 0 }`) is not
+// dropped by the merge; ValidatePolicy rejects it, naming the field.
 #pragma once
 
 #include <string>
@@ -30,8 +32,8 @@ namespace spikeguard::incident {
 // rewinding a 1,000-GPU run must be asked to; tests and the demo set AUTO.
 spikeguard::v1::Policy DefaultPolicy();
 
-// `base` with every field that `override_policy` sets (non-zero, non-false,
-// not MODE_UNSPECIFIED) replaced.
+// `base` with every knob that `override_policy` sets (has_x(), whatever the
+// value) replaced, and its mode unless MODE_UNSPECIFIED.
 spikeguard::v1::Policy MergePolicy(const spikeguard::v1::Policy& base,
                                    const spikeguard::v1::Policy& override_policy);
 
@@ -52,8 +54,8 @@ absl::StatusOr<spikeguard::v1::Policy> ParsePolicyText(const std::string& text,
 // β2 outside (0, 1). Validate the merged policy, not an override.
 absl::Status ValidatePolicy(const spikeguard::v1::Policy& policy);
 
-// The spike rule's options as a policy section sets them; fields left at 0
-// keep `base`'s values.
+// The spike rule's options as a policy section sets them; fields not set
+// (and values ValidatePolicy would reject) keep `base`'s values.
 detect::SpikeDetector::Options SpikeOptions(const spikeguard::v1::SpikeDetectorPolicy& p,
                                             detect::SpikeDetector::Options base = {});
 

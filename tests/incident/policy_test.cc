@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <utility>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -42,7 +43,7 @@ TEST(PolicyDefaultsTest, IsSafeAndValid) {
   EXPECT_TRUE(ValidatePolicy(p).ok()) << ValidatePolicy(p);
 }
 
-TEST(PolicyMergeTest, SetFieldsWinAndZeroMeansUnset) {
+TEST(PolicyMergeTest, SetFieldsWinAndUnsetFieldsKeepTheBase) {
   v1::Policy o;
   o.set_mode(v1::MODE_AUTO);
   o.mutable_probe()->set_skip_horizon(400);
@@ -61,6 +62,87 @@ TEST(PolicyMergeTest, SetFieldsWinAndZeroMeansUnset) {
   // An empty override changes nothing.
   EXPECT_EQ(MergePolicy(DefaultPolicy(), v1::Policy()).DebugString(),
             DefaultPolicy().DebugString());
+}
+
+// An explicit 0 is a value, not "unset": it used to be replaced by the
+// default (skip_before 5, min_steps_before_onset 100).
+TEST(PolicyMergeTest, ExplicitZeroInAPolicyFileIsKept) {
+  auto file = ParsePolicyText(
+      "probe { skip_before: 0 min_steps_before_onset: 0 replay_steps_past_onset: 0 }\n"
+      "fix { extra_warmup_steps: 0 }\n"
+      "loss_spike { relative_floor: 0 }\n"
+      "launch { max_restarts: 0 }\n",
+      "inline");
+  ASSERT_TRUE(file.ok()) << file.status();
+  const v1::Policy merged = MergePolicy(DefaultPolicy(), *file);
+  EXPECT_EQ(merged.probe().skip_before(), 0);
+  EXPECT_EQ(merged.probe().min_steps_before_onset(), 0);
+  EXPECT_EQ(merged.probe().replay_steps_past_onset(), 0);
+  EXPECT_EQ(merged.fix().extra_warmup_steps(), 0);
+  EXPECT_DOUBLE_EQ(merged.loss_spike().relative_floor(), 0);
+  EXPECT_EQ(merged.launch().max_restarts(), 0);
+  // Fields the file leaves out take the defaults.
+  EXPECT_EQ(merged.probe().skip_after(), 5);
+  EXPECT_EQ(merged.probe().max_steps_before_onset(), 500);
+  EXPECT_EQ(merged.fix().verify_steps(), 200);
+  EXPECT_DOUBLE_EQ(merged.grad_norm_spike().relative_floor(), 7.0);
+  EXPECT_EQ(merged.launch().heartbeat_timeout_ms(), 30000);
+  EXPECT_TRUE(ValidatePolicy(merged).ok()) << ValidatePolicy(merged);
+  // The spike rule follows the explicit 0 too.
+  EXPECT_DOUBLE_EQ(SpikeOptions(merged.loss_spike()).relative_floor, 0);
+  detect::SpikeDetector::Options base;
+  base.relative_floor = 0.3;
+  EXPECT_DOUBLE_EQ(SpikeOptions(v1::SpikeDetectorPolicy(), base).relative_floor, 0.3);
+}
+
+TEST(PolicyMergeTest, ExplicitFalseTurnsAFlagOff) {
+  auto daemon = ParsePolicyText("probe { bisect: true transplant: true }", "daemon");
+  auto run = ParsePolicyText("probe { bisect: false }", "run");
+  ASSERT_TRUE(daemon.ok() && run.ok());
+  const v1::Policy merged = MergePolicy(MergePolicy(DefaultPolicy(), *daemon), *run);
+  EXPECT_FALSE(merged.probe().bisect());
+  EXPECT_TRUE(merged.probe().transplant());
+}
+
+// Layering as the daemon does it: built-in defaults, the daemon-wide policy,
+// then the run's own.
+TEST(PolicyMergeTest, DaemonValueSurvivesARunPolicyThatLeavesItUnset) {
+  auto daemon = ParsePolicyText(
+      "probe { skip_before: 0 min_steps_before_onset: 0 skip_horizon: 300 }", "daemon");
+  auto run = ParsePolicyText("mode: MODE_AUTO\nprobe { skip_after: 1 }", "run");
+  ASSERT_TRUE(daemon.ok() && run.ok());
+  const v1::Policy merged = MergePolicy(MergePolicy(DefaultPolicy(), *daemon), *run);
+  EXPECT_EQ(merged.mode(), v1::MODE_AUTO);
+  EXPECT_EQ(merged.probe().skip_before(), 0);
+  EXPECT_EQ(merged.probe().min_steps_before_onset(), 0);
+  EXPECT_EQ(merged.probe().skip_horizon(), 300);
+  EXPECT_EQ(merged.probe().skip_after(), 1);
+  // A run policy that does set it wins, 0 or not.
+  auto run2 = ParsePolicyText("probe { skip_before: 7 }", "run");
+  ASSERT_TRUE(run2.ok());
+  EXPECT_EQ(MergePolicy(MergePolicy(DefaultPolicy(), *daemon), *run2).probe().skip_before(), 7);
+}
+
+// An explicit value that cannot run is kept by the merge and rejected by
+// validation, naming the field (it used to be silently replaced).
+TEST(PolicyMergeTest, ExplicitUnrunnableValuesAreRejectedNamingTheField) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"loss_spike { window: 0 }", "loss_spike.window"},
+      {"probe { skip_before: -2 }", "probe.skip_before"},
+      {"probe { min_steps_before_onset: -1 }", "probe.min_steps_before_onset"},
+      {"fix { extra_warmup_steps: -5 }", "fix.extra_warmup_steps"},
+      {"fix { lr_factor: 0 }", "fix.lr_factor"},
+      {"precursor { trend_window: 0 }", "precursor.trend_window"},
+      {"budget { max_probes: 0 }", "budget.max_probes"},
+      {"launch { max_restarts: -1 }", "launch.max_restarts"},
+  };
+  for (const auto& [text, field] : cases) {
+    auto file = ParsePolicyText(text, "inline");
+    ASSERT_TRUE(file.ok()) << text;
+    const absl::Status s = ValidatePolicy(MergePolicy(DefaultPolicy(), *file));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(field)) << text;
+  }
 }
 
 TEST(PolicyLoadFileTest, ReadsTextFormat) {
