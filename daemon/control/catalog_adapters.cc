@@ -123,10 +123,25 @@ absl::StatusOr<const storage::Corpus*> CatalogRunView::CorpusFor(const std::stri
                         storage::Corpus::Open(m.corpus_dir()));
     it = corpora_.emplace(run, std::move(corpus)).first;
   }
-  // Fields the spec leaves unset come from the corpus's default manifest.
+  // Fields the spec leaves unset come from the data order the workers
+  // reported training with (their hello), then the corpus's default manifest.
   SG_ASSIGN_OR_RETURN(storage::CorpusMetadata meta, storage::ReadCorpusMetadata(m.corpus_dir()));
   *manifest = meta.default_manifest;
   manifest->dataset_fingerprint = it->second->fingerprint();
+  if (r.has_data_order()) {
+    const v1::DataOrder& w = r.data_order();
+    if (!w.dataset_fingerprint().empty() &&
+        w.dataset_fingerprint() != manifest->dataset_fingerprint) {
+      // Resolving with this corpus would name documents the workers never read.
+      return absl::FailedPreconditionError(absl::StrCat(
+          "run '", run, "': its workers train on corpus '", w.dataset_fingerprint(), "', but ",
+          m.corpus_dir(), " is '", manifest->dataset_fingerprint, "'"));
+    }
+    manifest->seed = w.seed();
+    if (w.global_batch_size() > 0) manifest->global_batch_size = w.global_batch_size();
+    if (w.sequence_length() > 0) manifest->sequence_length = w.sequence_length();
+    manifest->blend = {w.blend().begin(), w.blend().end()};
+  }
   if (m.seed() != 0) manifest->seed = m.seed();
   if (m.global_batch_size() > 0) manifest->global_batch_size = m.global_batch_size();
   if (m.sequence_length() > 0) manifest->sequence_length = m.sequence_length();

@@ -23,8 +23,41 @@ const char* KindName(v1::Command::Kind kind) {
 }  // namespace
 
 absl::Status RunControl::Issue(const std::string& run, int64_t generation, v1::Command command) {
-  SG_RETURN_IF_ERROR(catalog_->PutCommand(command.id(), run, generation, KindName(command.kind()),
-                                          command.SerializeAsString(), "pending"));
+  // Every command tells the workers which checkpoints their retention must
+  // keep: the run's pinned ones, and the one a rewind loads.
+  command.clear_pinned_uris();
+  std::set<std::string> pinned;
+  if (command.kind() == v1::Command::REWIND && !command.checkpoint().uri().empty()) {
+    pinned.insert(command.checkpoint().uri());
+  }
+  SG_ASSIGN_OR_RETURN(std::vector<v1::Checkpoint> checkpoints, catalog_->ListCheckpoints(run));
+  for (const auto& c : checkpoints) {
+    if (c.pinned()) pinned.insert(c.uri());
+  }
+  for (const auto& uri : pinned) command.add_pinned_uris(uri);
+  absl::Status put = catalog_->PutCommand(command.id(), run, generation, KindName(command.kind()),
+                                          command.SerializeAsString(), "pending");
+  if (absl::IsAlreadyExists(put)) {
+    // The same command issued again (after a crash) while the pins changed:
+    // it is the same command; the stored one goes out again.
+    SG_ASSIGN_OR_RETURN(storage::StoredCommand stored, catalog_->GetCommand(command.id()));
+    v1::Command before;
+    if (!before.ParseFromString(stored.payload)) {
+      return absl::DataLossError(absl::StrCat("command ", command.id(), ": corrupt payload"));
+    }
+    v1::Command now = command;
+    before.clear_pinned_uris();
+    now.clear_pinned_uris();
+    if (stored.generation != generation ||
+        before.SerializeAsString() != now.SerializeAsString()) {
+      return put;
+    }
+    if (stored.state != "pending" && stored.state != "sent") return absl::OkStatus();
+    before.ParseFromString(stored.payload);
+    command = before;
+  } else if (!put.ok()) {
+    return put;
+  }
   v1::ControllerMessage msg;
   *msg.mutable_command() = command;
   const int sent = hub_->SendToRun(run, msg);

@@ -1,5 +1,7 @@
 #include "daemon/ingest/limits.h"
 
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/str_format.h"
@@ -85,6 +87,41 @@ absl::Status ValidateHello(const spikeguard::v1::Hello& hello, const Limits& lim
         "hello.protocol: '", hello.protocol().substr(0, 64), "' is not spikeguard.v1"));
   }
   if (auto s = ValidateText("hello.host", hello.host(), limits.max_name_length); !s.ok()) return s;
+  if (hello.total_steps() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("hello.total_steps: %d is negative", hello.total_steps()));
+  }
+  if (hello.has_data_order()) {
+    const spikeguard::v1::DataOrder& d = hello.data_order();
+    if (auto s = ValidateText("hello.data_order.dataset_fingerprint", d.dataset_fingerprint(),
+                              limits.max_string_length);
+        !s.ok()) {
+      return s;
+    }
+    if (d.global_batch_size() < 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "hello.data_order.global_batch_size: %d is negative", d.global_batch_size()));
+    }
+    if (d.sequence_length() < 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "hello.data_order.sequence_length: %d is negative", d.sequence_length()));
+    }
+    if (d.blend_size() > limits.max_domains_per_report) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("hello.data_order.blend: %d domains, more than %d", d.blend_size(),
+                          limits.max_domains_per_report));
+    }
+    for (const auto& [domain, weight] : d.blend()) {
+      if (auto s = ValidateText("hello.data_order.blend domain", domain, limits.max_name_length);
+          !s.ok()) {
+        return s;
+      }
+      if (!std::isfinite(weight) || weight < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "hello.data_order.blend['", domain, "']: weight ", weight, " is not a finite number >= 0"));
+      }
+    }
+  }
   return ValidateText("hello.config_fingerprint", hello.config_fingerprint(),
                       limits.max_string_length);
 }
@@ -161,6 +198,29 @@ absl::Status ValidateBatch(const spikeguard::v1::StepReportBatch& batch, const L
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status ValidateGenerationEnded(const spikeguard::v1::GenerationEnded& e,
+                                     const Limits& limits) {
+  if (e.generation() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("generation_ended.generation: %d is negative", e.generation()));
+  }
+  if (e.last_step() < -1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("generation_ended.last_step: %d is below -1", e.last_step()));
+  }
+  return ValidateText("generation_ended.reason", e.reason(), limits.max_string_length);
+}
+
+absl::Status ValidateCheckpointDeleted(const spikeguard::v1::CheckpointDeleted& d,
+                                       const Limits& limits) {
+  if (d.step() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("checkpoint_deleted.step: %d is negative", d.step()));
+  }
+  if (d.uri().empty()) return absl::InvalidArgumentError("checkpoint_deleted.uri: empty");
+  return ValidateText("checkpoint_deleted.uri", d.uri(), limits.max_string_length);
 }
 
 absl::Status ValidateCheckpointSaved(const spikeguard::v1::CheckpointSaved& c,

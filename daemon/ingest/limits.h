@@ -44,4 +44,12 @@ absl::Status ValidateBatch(const spikeguard::v1::StepReportBatch& batch, const L
 absl::Status ValidateCheckpointSaved(const spikeguard::v1::CheckpointSaved& ckpt,
                                      const Limits& limits);
 
+// generation >= 0, last_step >= -1, a bounded reason.
+absl::Status ValidateGenerationEnded(const spikeguard::v1::GenerationEnded& ended,
+                                     const Limits& limits);
+
+// step >= 0 and a non-empty, bounded URI.
+absl::Status ValidateCheckpointDeleted(const spikeguard::v1::CheckpointDeleted& deleted,
+                                       const Limits& limits);
+
 }  // namespace spikeguard::daemon

@@ -1,20 +1,108 @@
 #include "daemon/server/worker_service.h"
 
+#include <map>
 #include <string>
 #include <vector>
 
+#include "absl/base/const_init.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/logging.h"
 #include "daemon/control/supervisor.h"
 #include "daemon/server/status_util.h"
+#include "google/protobuf/map.h"
 
 namespace spikeguard::daemon {
 namespace {
 
 using spikeguard::v1::ControllerMessage;
+using spikeguard::v1::DataOrder;
 using spikeguard::v1::Reject;
 using spikeguard::v1::WorkerMessage;
+
+// Serializes the data-order check and its recording across attaching ranks.
+ABSL_CONST_INIT absl::Mutex data_order_mu(absl::kConstInit);
+
+std::string FormatBlend(const google::protobuf::Map<std::string, double>& blend) {
+  if (blend.empty()) return "{} (equal weights)";
+  std::map<std::string, double> sorted(blend.begin(), blend.end());
+  std::string out = "{";
+  for (const auto& [domain, weight] : sorted) {
+    absl::StrAppend(&out, out.size() > 1 ? ", " : "", domain, ": ", weight);
+  }
+  return out + "}";
+}
+
+bool SameBlend(const google::protobuf::Map<std::string, double>& a,
+               const google::protobuf::Map<std::string, double>& b) {
+  if (a.size() != b.size()) return false;
+  for (const auto& [domain, weight] : a) {
+    auto it = b.find(domain);
+    if (it == b.end() || it->second != weight) return false;
+  }
+  return true;
+}
+
+// The first field where the worker's order differs from what `manifest`
+// fixes (a field the manifest leaves unset fixes nothing); "" when none.
+std::string ManifestConflict(const spikeguard::v1::Manifest& manifest, const DataOrder& worker) {
+  if (!manifest.dataset_fingerprint().empty() &&
+      manifest.dataset_fingerprint() != worker.dataset_fingerprint()) {
+    return absl::StrCat("hello.data_order.dataset_fingerprint: the worker trains on '",
+                        worker.dataset_fingerprint(), "', the run's manifest says '",
+                        manifest.dataset_fingerprint(), "'");
+  }
+  if (manifest.seed() != 0 && manifest.seed() != worker.seed()) {
+    return absl::StrCat("hello.data_order.seed: the worker trains with seed ", worker.seed(),
+                        ", the run's manifest says ", manifest.seed());
+  }
+  if (manifest.global_batch_size() > 0 &&
+      manifest.global_batch_size() != worker.global_batch_size()) {
+    return absl::StrCat("hello.data_order.global_batch_size: the worker trains with ",
+                        worker.global_batch_size(), ", the run's manifest says ",
+                        manifest.global_batch_size());
+  }
+  if (manifest.sequence_length() > 0 && manifest.sequence_length() != worker.sequence_length()) {
+    return absl::StrCat("hello.data_order.sequence_length: the worker trains with ",
+                        worker.sequence_length(), ", the run's manifest says ",
+                        manifest.sequence_length());
+  }
+  if (!manifest.blend().empty() && !SameBlend(manifest.blend(), worker.blend())) {
+    return absl::StrCat("hello.data_order.blend: the worker trains with ",
+                        FormatBlend(worker.blend()), ", the run's manifest says ",
+                        FormatBlend(manifest.blend()));
+  }
+  return "";
+}
+
+// The first field where rank `rank`'s order differs from the one the run's
+// other ranks train with; "" when none.
+std::string RankConflict(const DataOrder& recorded, const DataOrder& worker, uint32_t rank) {
+  const std::string who = absl::StrCat("rank ", rank, " trains with ");
+  const std::string others = ", the run's other connected ranks with ";
+  if (recorded.dataset_fingerprint() != worker.dataset_fingerprint()) {
+    return absl::StrCat("hello.data_order.dataset_fingerprint: ", who, "'",
+                        worker.dataset_fingerprint(), "'", others, "'",
+                        recorded.dataset_fingerprint(), "'");
+  }
+  if (recorded.seed() != worker.seed()) {
+    return absl::StrCat("hello.data_order.seed: ", who, "seed ", worker.seed(), others, "seed ",
+                        recorded.seed());
+  }
+  if (recorded.global_batch_size() != worker.global_batch_size()) {
+    return absl::StrCat("hello.data_order.global_batch_size: ", who, worker.global_batch_size(),
+                        others, recorded.global_batch_size());
+  }
+  if (recorded.sequence_length() != worker.sequence_length()) {
+    return absl::StrCat("hello.data_order.sequence_length: ", who, worker.sequence_length(), others,
+                        recorded.sequence_length());
+  }
+  if (!SameBlend(recorded.blend(), worker.blend())) {
+    return absl::StrCat("hello.data_order.blend: ", who, FormatBlend(worker.blend()), others,
+                        FormatBlend(recorded.blend()));
+  }
+  return "";
+}
 
 grpc::Status SendReject(grpc::ServerReaderWriter<ControllerMessage, WorkerMessage>* stream,
                         Reject::Reason reason, const std::string& message,
@@ -80,6 +168,34 @@ grpc::Status WorkerServiceImpl::Attach(
                         "generation %d; exit and restart from the run's current checkpoint",
                         hello.rank(), hello.run(), hello.generation(), current),
         current, grpc::StatusCode::FAILED_PRECONDITION);
+  }
+  if (hello.has_data_order()) {
+    // The data order is what the daemon names documents with: a rank that
+    // contradicts the run's manifest or the other ranks would make every
+    // resolved document wrong, so it does not attach.
+    absl::MutexLock lock(&data_order_mu);
+    auto latest = state_->catalog->GetRun(hello.run());
+    if (!latest.ok()) return ToGrpcStatus(latest.status());
+    std::string conflict = ManifestConflict(latest->spec().manifest(), hello.data_order());
+    if (conflict.empty() && latest->has_data_order()) {
+      bool others_connected = false;
+      for (const auto& r : state_->registry.Ranks(hello.run())) {
+        if (r.connected() && r.rank() != hello.rank()) others_connected = true;
+      }
+      // With no other rank live, a relaunch with a new order replaces it.
+      if (others_connected) conflict = RankConflict(latest->data_order(), hello.data_order(), hello.rank());
+    }
+    if (!conflict.empty()) {
+      SG_LOG(WARNING) << "run " << hello.run() << " rank " << hello.rank()
+                      << " refused: " << conflict;
+      return SendReject(stream, Reject::DATA_ORDER_MISMATCH, conflict, current,
+                        grpc::StatusCode::FAILED_PRECONDITION);
+    }
+    if (absl::Status s = state_->catalog->SetRunDataOrder(hello.run(), hello.data_order(),
+                                                          hello.total_steps());
+        !s.ok()) {
+      return ToGrpcStatus(s);
+    }
   }
   auto committed = state_->catalog->CommittedStep(hello.run(), generation, hello.rank());
   if (!committed.ok()) return ToGrpcStatus(committed.status());
@@ -215,6 +331,45 @@ grpc::Status WorkerServiceImpl::Attach(
         }
         break;
       }
+      case WorkerMessage::kCheckpointDeleted: {
+        const auto& d = msg.checkpoint_deleted();
+        if (absl::Status s = ValidateCheckpointDeleted(d, state_->limits); !s.ok()) {
+          SG_LOG(WARNING) << "run " << run_name << " rank " << rank
+                          << ": checkpoint deletion notice refused: " << s.message();
+          break;
+        }
+        auto deleted = state_->catalog->DeleteCheckpoint(run_name, d.step(), d.uri());
+        if (!deleted.ok()) {
+          SG_LOG(ERROR) << "run " << run_name << ": checkpoint deletion not recorded: "
+                        << deleted.status();
+        } else if (*deleted) {
+          SG_LOG(INFO) << "run " << run_name << " rank " << rank << " deleted checkpoint "
+                       << d.uri() << " (step " << d.step() << ")";
+        }
+        break;
+      }
+      case WorkerMessage::kGenerationEnded: {
+        const auto& e = msg.generation_ended();
+        if (absl::Status s = ValidateGenerationEnded(e, state_->limits); !s.ok()) {
+          SG_LOG(WARNING) << "run " << run_name << " rank " << rank
+                          << ": generation_ended refused: " << s.message();
+          break;
+        }
+        if (catching_up || e.generation() != generation) {
+          // Fenced like reports: only the stream's own generation counts.
+          SG_LOG(WARNING) << "run " << run_name << " rank " << rank << ": end of generation "
+                          << e.generation() << " ignored on a stream of generation "
+                          << generation << (catching_up ? " (catching up)" : "");
+          break;
+        }
+        SG_LOG(INFO) << "run " << run_name << " rank " << rank << ": generation " << e.generation()
+                     << " ended at step " << e.last_step() << ": " << e.reason();
+        if (state_->supervisor != nullptr) {
+          state_->supervisor->OnGenerationEnded(run_name, e.generation(), rank, e.last_step(),
+                                                e.reason());
+        }
+        break;
+      }
       case WorkerMessage::kHeartbeat:
         state_->registry.Touch(run_name, rank, msg.heartbeat().step());
         break;
@@ -224,7 +379,11 @@ grpc::Status WorkerServiceImpl::Attach(
                      << (msg.command_result().ok() ? "ok" : "failed") << ": "
                      << msg.command_result().message();
         if (state_->supervisor != nullptr) {
-          state_->supervisor->control()->OnCommandResult(run_name, rank, msg.command_result());
+          const auto& r = msg.command_result();
+          state_->supervisor->control()->OnCommandResult(run_name, rank, r);
+          if (!r.ok()) {
+            state_->supervisor->OnCommandFailed(run_name, r.command_id(), rank, r.message());
+          }
         }
         break;
       case WorkerMessage::kHello: {

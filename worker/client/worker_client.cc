@@ -48,8 +48,14 @@ void WorkerClient::Close() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
-    if (active_context_ != nullptr) active_context_->TryCancel();
     cv_.SignalAll();
+    // A live stream is half-closed by the connection thread, and ended by the
+    // daemon once it has read everything; cancel only if that takes too long.
+    const absl::Time deadline = absl::Now() + options_.close_grace;
+    while (active_context_ != nullptr && connected_) {
+      if (cv_.WaitWithDeadline(&mu_, deadline)) break;
+    }
+    if (active_context_ != nullptr) active_context_->TryCancel();
   }
   if (thread_.joinable()) thread_.join();
 }
@@ -89,6 +95,12 @@ void WorkerClient::ReportCheckpoint(const v1::CheckpointSaved& checkpoint) {
   absl::MutexLock lock(&mu_);
   // Reports up to the checkpoint travel before it.
   SealLocked();
+  // Written again: an older deletion notice must not be resent after it.
+  recent_deletions_.erase(std::remove_if(recent_deletions_.begin(), recent_deletions_.end(),
+                                         [&](const v1::CheckpointDeleted& d) {
+                                           return d.uri() == checkpoint.uri();
+                                         }),
+                          recent_deletions_.end());
   v1::WorkerMessage msg;
   *msg.mutable_checkpoint() = checkpoint;
   outbox_.push_back(std::move(msg));
@@ -106,6 +118,32 @@ void WorkerClient::SendCommandResult(const v1::CommandResult& result) {
   cv_.SignalAll();
 }
 
+void WorkerClient::SendGenerationEnded(const v1::GenerationEnded& ended) {
+  absl::MutexLock lock(&mu_);
+  SealLocked();
+  v1::WorkerMessage msg;
+  *msg.mutable_generation_ended() = ended;
+  outbox_.push_back(std::move(msg));
+  generation_ended_ = ended;
+  cv_.SignalAll();
+}
+
+void WorkerClient::ReportCheckpointDeleted(const v1::CheckpointDeleted& deleted) {
+  absl::MutexLock lock(&mu_);
+  SealLocked();
+  v1::WorkerMessage msg;
+  *msg.mutable_checkpoint_deleted() = deleted;
+  outbox_.push_back(std::move(msg));
+  recent_checkpoints_.erase(std::remove_if(recent_checkpoints_.begin(), recent_checkpoints_.end(),
+                                           [&](const v1::CheckpointSaved& c) {
+                                             return c.uri() == deleted.uri();
+                                           }),
+                            recent_checkpoints_.end());
+  recent_deletions_.push_back(deleted);
+  while (recent_deletions_.size() > kRecentCheckpoints) recent_deletions_.pop_front();
+  cv_.SignalAll();
+}
+
 void WorkerClient::SetCurrentStep(int64_t step) {
   absl::MutexLock lock(&mu_);
   current_step_ = step;
@@ -116,7 +154,10 @@ absl::Status WorkerClient::Flush(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   SealLocked();
   cv_.SignalAll();
-  while (!unacked_.empty() && !rejection_.has_value() && !stopping_) {
+  auto pending = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !unacked_.empty() || !outbox_.empty() || writing_ > 0;
+  };
+  while (pending() && !rejection_.has_value() && !stopping_) {
     if (cv_.WaitWithDeadline(&mu_, deadline)) break;
   }
   if (rejection_.has_value()) {
@@ -127,6 +168,11 @@ absl::Status WorkerClient::Flush(absl::Duration timeout) {
   if (!unacked_.empty()) {
     return absl::DeadlineExceededError(absl::StrFormat(
         "%d reports still unacknowledged after %s", unacked_reports_, absl::FormatDuration(timeout)));
+  }
+  if (pending()) {
+    return absl::DeadlineExceededError(
+        absl::StrFormat("%d notices still unsent after %s", outbox_.size() + writing_,
+                        absl::FormatDuration(timeout)));
   }
   return absl::OkStatus();
 }
@@ -156,6 +202,9 @@ void WorkerClient::SetGeneration(int64_t generation) {
     }
   }
   generation_ = generation;
+  if (generation_ended_.has_value() && generation_ended_->generation() != generation) {
+    generation_ended_.reset();
+  }
   // The next Hello must carry the new generation.
   if (active_context_ != nullptr) active_context_->TryCancel();
   cv_.SignalAll();
@@ -233,6 +282,8 @@ bool WorkerClient::RunConnection() {
   hello->set_manifest_version(options_.manifest_version);
   hello->set_resume_step(options_.resume_step);
   hello->set_protocol("spikeguard.v1");
+  if (options_.data_order.has_value()) *hello->mutable_data_order() = *options_.data_order;
+  hello->set_total_steps(options_.total_steps);
   v1::ControllerMessage first;
   if (!stream->Write(hello_msg) || !stream->Read(&first)) {
     context.TryCancel();
@@ -265,12 +316,23 @@ bool WorkerClient::RunConnection() {
     welcomed_ = true;
     ++stats_.connects;
     for (auto& b : unacked_) b.sent = false;
-    // Notices that may have died with the last stream go first.
-    for (auto it = recent_checkpoints_.rbegin(); it != recent_checkpoints_.rend(); ++it) {
-      if (stats_.connects == 1) break;
-      v1::WorkerMessage msg;
-      *msg.mutable_checkpoint() = *it;
-      outbox_.push_front(std::move(msg));
+    // Notices that may have died with the last stream go first: checkpoints
+    // saved, then deleted, then the end of the generation.
+    if (stats_.connects > 1) {
+      std::vector<v1::WorkerMessage> resend;
+      for (const auto& c : recent_checkpoints_) *resend.emplace_back().mutable_checkpoint() = c;
+      for (const auto& d : recent_deletions_) {
+        *resend.emplace_back().mutable_checkpoint_deleted() = d;
+      }
+      const bool queued_end = std::any_of(outbox_.begin(), outbox_.end(), [](const auto& m) {
+        return m.has_generation_ended();
+      });
+      if (generation_ended_.has_value() && generation_ended_->generation() == generation &&
+          !queued_end) {
+        *resend.emplace_back().mutable_generation_ended() = *generation_ended_;
+      }
+      outbox_.insert(outbox_.begin(), std::make_move_iterator(resend.begin()),
+                     std::make_move_iterator(resend.end()));
     }
     cv_.SignalAll();
   }
@@ -306,7 +368,9 @@ bool WorkerClient::RunConnection() {
                       << in.reject().message();
       }
       cv_.SignalAll();
-      if (stopping_) break;
+      // On Close the stream is read until the daemon ends it (or the close
+      // grace runs out and it is cancelled).
+      if (rejection_.has_value()) break;
     }
     absl::MutexLock lock(&mu_);
     connected_ = false;
@@ -314,8 +378,10 @@ bool WorkerClient::RunConnection() {
   });
 
   absl::Time last_heartbeat = absl::Now();
+  bool graceful = false;
   while (true) {
     std::vector<v1::WorkerMessage> to_send;
+    bool finishing = false;
     {
       absl::MutexLock lock(&mu_);
       while (true) {
@@ -329,7 +395,10 @@ bool WorkerClient::RunConnection() {
         if (!open_.empty()) wake = std::min(wake, open_since_ + options_.flush_interval);
         cv_.WaitWithDeadline(&mu_, wake);
       }
-      if (stopping_ || !connected_) break;
+      if (!connected_ || rejection_.has_value()) break;
+      // Closing: what is queued still goes, then the stream is half-closed.
+      finishing = stopping_;
+      if (finishing) SealLocked();
       while (!outbox_.empty()) {
         to_send.push_back(std::move(outbox_.front()));
         outbox_.pop_front();
@@ -342,24 +411,41 @@ bool WorkerClient::RunConnection() {
         to_send.push_back(std::move(msg));
         ++stats_.batches_sent;
       }
-      if (absl::Now() - last_heartbeat >= options_.heartbeat_interval) {
+      if (!finishing && absl::Now() - last_heartbeat >= options_.heartbeat_interval) {
         v1::WorkerMessage msg;
         msg.mutable_heartbeat()->set_step(current_step_);
         msg.mutable_heartbeat()->set_unix_ms(absl::ToUnixMillis(absl::Now()));
         to_send.push_back(std::move(msg));
         last_heartbeat = absl::Now();
       }
+      writing_ = static_cast<int>(to_send.size());
     }
-    bool ok = true;
-    for (const auto& msg : to_send) {
-      if (!stream->Write(msg)) {
-        ok = false;
-        break;
+    size_t written = 0;
+    while (written < to_send.size() && stream->Write(to_send[written])) ++written;
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = 0;
+      // Notices that did not go out wait for the next stream, in order
+      // (report batches are resent from unacked_, heartbeats are not needed).
+      for (size_t i = to_send.size(); i > written; --i) {
+        v1::WorkerMessage& msg = to_send[i - 1];
+        if (msg.has_reports() || msg.has_heartbeat()) continue;
+        outbox_.push_front(std::move(msg));
       }
+      cv_.SignalAll();
     }
-    if (!ok) break;
+    if (written < to_send.size()) break;
+    if (finishing) {
+      graceful = true;
+      break;
+    }
   }
-  context.TryCancel();
+  if (graceful) {
+    // The daemon reads to the end, then ends the stream, which ends the reader.
+    stream->WritesDone();
+  } else {
+    context.TryCancel();
+  }
   reader.join();
   stream->Finish();
   clear_context();

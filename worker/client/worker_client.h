@@ -57,6 +57,13 @@ class WorkerClient {
     std::string config_fingerprint;
     int64_t manifest_version = 0;
     int64_t resume_step = 0;
+    // The data order the trainer reads its batches in (unset: not reported).
+    // The daemon refuses a rank whose order contradicts the run's manifest or
+    // the other ranks' (Reject DATA_ORDER_MISMATCH), and resolves documents
+    // with it.
+    std::optional<spikeguard::v1::DataOrder> data_order;
+    // Steps the trainer's schedule runs (steps [0, total_steps)); 0 = unknown.
+    int64_t total_steps = 0;
     // A batch is sealed at this many reports or after flush_interval.
     int max_batch_reports = 64;
     absl::Duration flush_interval = absl::Milliseconds(50);
@@ -65,6 +72,9 @@ class WorkerClient {
     absl::Duration max_backoff = absl::Seconds(2);
     // Report() blocks while this many reports wait for an acknowledgement.
     size_t max_unacked_reports = 200'000;
+    // Close() first half-closes the stream and waits this long for the
+    // daemon to have read everything sent (notices included), then cancels.
+    absl::Duration close_grace = absl::Seconds(2);
   };
 
   struct Stats {
@@ -90,10 +100,21 @@ class WorkerClient {
   void Report(const spikeguard::v1::StepReport& report);
   void ReportCheckpoint(const spikeguard::v1::CheckpointSaved& checkpoint);
   void SendCommandResult(const spikeguard::v1::CommandResult& result);
+  // The generation ended before any horizon: the trainer reached the end of
+  // its schedule. Sent after the reports queued before it, and again after a
+  // reconnect until the generation changes (the daemon's handling must be
+  // idempotent).
+  void SendGenerationEnded(const spikeguard::v1::GenerationEnded& ended);
+  // Retention deleted a checkpoint file. Sent after the reports queued
+  // before it, and again after a reconnect (with the recent notices); a
+  // deleted checkpoint's CheckpointSaved is no longer resent.
+  void ReportCheckpointDeleted(const spikeguard::v1::CheckpointDeleted& deleted);
   // The step the worker is at, sent with heartbeats.
   void SetCurrentStep(int64_t step);
 
-  // Seals the open batch and waits until every report is acknowledged.
+  // Seals the open batch and waits until every report is acknowledged and
+  // every notice queued so far (checkpoints, command results, ...) is
+  // written to the stream.
   absl::Status Flush(absl::Duration timeout);
 
   // The next command from the daemon, if one arrives within `timeout`.
@@ -107,7 +128,10 @@ class WorkerClient {
   std::optional<spikeguard::v1::Reject> rejection() const;
   bool connected() const;
   Stats stats() const;
-  // Stops the connection thread without waiting for acknowledgements.
+  // Stops the connection thread without waiting for acknowledgements. When
+  // connected, it half-closes the stream and waits up to
+  // Options::close_grace for the daemon to end it, so whatever was written
+  // is read before the stream goes.
   void Close();
 
  private:
@@ -144,6 +168,11 @@ class WorkerClient {
   // Recent checkpoint notices, resent after a reconnect (the daemon's upsert
   // is idempotent), so a notice lost with a broken stream still arrives.
   std::deque<spikeguard::v1::CheckpointSaved> recent_checkpoints_ ABSL_GUARDED_BY(mu_);
+  std::deque<spikeguard::v1::CheckpointDeleted> recent_deletions_ ABSL_GUARDED_BY(mu_);
+  // Resent after a reconnect while generation_ is its generation.
+  std::optional<spikeguard::v1::GenerationEnded> generation_ended_ ABSL_GUARDED_BY(mu_);
+  // Messages taken from outbox_ and not yet written to the stream.
+  int writing_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<spikeguard::v1::Command> commands_ ABSL_GUARDED_BY(mu_);
   Stats stats_ ABSL_GUARDED_BY(mu_);
   grpc::ClientContext* active_context_ ABSL_GUARDED_BY(mu_) = nullptr;

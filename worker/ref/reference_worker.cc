@@ -26,6 +26,18 @@ std::string PathFromUri(const std::string& uri) {
   return uri;
 }
 
+// Applies the fields `h` sets to `hp`.
+void ApplyHParams(const v1::HParams& h, kernels::HParamOverrides* hp) {
+  if (h.has_lr_scale()) hp->lr_scale = h.lr_scale();
+  if (h.has_extra_warmup_steps()) {
+    hp->extra_warmup_steps = h.extra_warmup_steps();
+    hp->rewarm_start_step = -1;
+  }
+  if (h.has_clip_norm()) hp->clip_norm = h.clip_norm();
+  if (h.has_beta2()) hp->beta2 = h.beta2();
+  if (h.has_eps()) hp->eps = h.eps();
+}
+
 storage::DataPlan PlanFromProto(const v1::DataPlan& p) {
   std::vector<storage::PositionRange> ranges;
   for (const auto& r : p.ranges()) ranges.push_back({r.begin(), r.end()});
@@ -110,10 +122,29 @@ absl::Status ReferenceWorker::Init() {
     co.generation = generation_;
     co.config_fingerprint = cfg.model.Fingerprint();
     co.resume_step = step_;
+    co.data_order = DataOrderProto();
+    co.total_steps = cfg.steps;
     SG_ASSIGN_OR_RETURN(client_, WorkerClient::Start(co));
     SG_RETURN_IF_ERROR(client_->WaitForWelcome(absl::Seconds(60)));
   }
   return absl::OkStatus();
+}
+
+v1::DataOrder ReferenceWorker::DataOrderProto() const {
+  const storage::Manifest& m = order_->manifest();
+  v1::DataOrder order;
+  order.set_dataset_fingerprint(m.dataset_fingerprint);
+  order.set_seed(m.seed);
+  order.set_global_batch_size(m.global_batch_size);
+  order.set_sequence_length(m.sequence_length);
+  for (const auto& [domain, weight] : m.blend) (*order.mutable_blend())[domain] = weight;
+  return order;
+}
+
+kernels::HParamOverrides ReferenceWorker::BaseHParams() const {
+  kernels::HParamOverrides hp;
+  if (options_.lr_scale) hp.lr_scale = *options_.lr_scale;
+  return hp;
 }
 
 absl::Status ReferenceWorker::SetPlan(const storage::DataPlan& plan) {
@@ -168,7 +199,17 @@ absl::StatusOr<storage::CheckpointFileInfo> ReferenceWorker::SaveCheckpoint() {
   std::vector<uint8_t> state = trainer_->SaveState();
   ckpt.AddSection(kTrainerSection, state.data(), state.size());
   SG_ASSIGN_OR_RETURN(storage::CheckpointFileInfo info, checkpoints_->Write(ckpt));
-  SG_RETURN_IF_ERROR(checkpoints_->Retain(std::max(1, options_.config.keep_checkpoints)));
+  SG_ASSIGN_OR_RETURN(
+      std::vector<storage::CheckpointFileInfo> deleted,
+      checkpoints_->Retain(std::max(1, options_.config.keep_checkpoints), pinned_paths_));
+  for (const storage::CheckpointFileInfo& gone : deleted) {
+    SG_LOG(INFO) << "retention deleted checkpoint " << gone.path << " (step " << gone.step << ")";
+    if (!client_) continue;
+    v1::CheckpointDeleted notice;
+    notice.set_step(gone.step);
+    notice.set_uri(absl::StrCat("file://", gone.path));
+    client_->ReportCheckpointDeleted(notice);
+  }
   if (client_) {
     v1::CheckpointSaved saved;
     saved.set_step(step_);
@@ -261,6 +302,9 @@ absl::Status ReferenceWorker::HandleCommand(const v1::Command& command, bool* st
     client_->SendCommandResult(result);
     return absl::OkStatus();
   }
+  // The daemon's pins as of this command: retention keeps them.
+  pinned_paths_.clear();
+  for (const std::string& uri : command.pinned_uris()) pinned_paths_.insert(PathFromUri(uri));
   SG_LOG(INFO) << "executing command " << command.id() << " ("
                << v1::Command::Kind_Name(command.kind()) << ") at step " << step_;
   absl::Status status = absl::OkStatus();
@@ -277,15 +321,7 @@ absl::Status ReferenceWorker::HandleCommand(const v1::Command& command, bool* st
       break;
     case v1::Command::SET_HPARAMS: {
       kernels::HParamOverrides hp = trainer_->hparams();
-      const auto& h = command.hparams();
-      if (h.has_lr_scale()) hp.lr_scale = h.lr_scale();
-      if (h.has_extra_warmup_steps()) {
-        hp.extra_warmup_steps = h.extra_warmup_steps();
-        hp.rewarm_start_step = -1;
-      }
-      if (h.has_clip_norm()) hp.clip_norm = h.clip_norm();
-      if (h.has_beta2()) hp.beta2 = h.beta2();
-      if (h.has_eps()) hp.eps = h.eps();
+      ApplyHParams(command.hparams(), &hp);
       trainer_->SetHParams(hp);
       break;
     }
@@ -302,13 +338,18 @@ absl::Status ReferenceWorker::HandleCommand(const v1::Command& command, bool* st
         client_->SetGeneration(generation_);
         stop_after_ = command.stop_after_step() > 0 ? command.stop_after_step() : -1;
         paused_ = false;
-        if (command.has_hparams()) {
-          v1::Command set = command;
-          set.set_kind(v1::Command::SET_HPARAMS);
-          set.clear_id();
-          bool ignored = false;
-          status = HandleCommand(set, &ignored);
-        }
+        // Absolute: after the checkpoint (which restores the overrides it was
+        // saved with), the configured base with the command's fields.
+        kernels::HParamOverrides hp = BaseHParams();
+        ApplyHParams(command.hparams(), &hp);
+        trainer_->SetHParams(hp);
+      } else {
+        // Going on in the old generation would train where nobody expects
+        // it: hold until the daemon says what next.
+        paused_ = true;
+        SG_LOG(ERROR) << "rewind to " << command.checkpoint().uri()
+                      << " failed; paused in generation " << generation_ << " at step " << step_
+                      << " until the next command";
       }
       break;
     }
@@ -362,9 +403,25 @@ absl::Status ReferenceWorker::Run() {
     }
     if (step_ >= cfg.steps) {
       if (!client_) break;
-      // Done: deliver everything, then wait up to `linger` for a rewind or
-      // a stop (the supervisor may still want to probe).
+      // Done: deliver everything, say the generation ended (once), then wait
+      // up to `linger` for a rewind or a stop (the supervisor may still want
+      // to probe).
       SG_RETURN_IF_ERROR(client_->Flush(absl::Seconds(60)));
+      if (ended_generation_ != generation_) {
+        v1::GenerationEnded ended;
+        ended.set_generation(generation_);
+        ended.set_last_step(step_ - 1);
+        std::string reason = absl::StrFormat("end of training schedule (steps=%d)", cfg.steps);
+        if (stop_after_ >= step_) {
+          absl::StrAppendFormat(&reason, " before the horizon at step %d", stop_after_);
+        }
+        ended.set_reason(reason);
+        SG_LOG(INFO) << "generation " << generation_ << " ended at step " << step_ - 1 << ": "
+                     << reason;
+        client_->SendGenerationEnded(ended);
+        ended_generation_ = generation_;
+        SG_RETURN_IF_ERROR(client_->Flush(absl::Seconds(60)));
+      }
       const absl::Time until = absl::Now() + options_.linger;
       bool handled = false;
       while (!handled && absl::Now() < until) {

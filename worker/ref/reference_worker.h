@@ -10,7 +10,19 @@
 // It obeys the daemon's commands: PAUSE, CONTINUE, STOP, SET_HPARAMS and
 // REWIND (load the checkpoint, adopt the new generation and data plan, run to
 // `stop_after_step` if given, report, and wait for the next command). Each
-// command id is executed at most once.
+// command id is executed at most once. A REWIND's hparams are absolute: the
+// worker runs with its configured base (the config, plus --lr-scale) with
+// the command's fields applied, whatever the checkpoint or an earlier command
+// set. A REWIND that fails (the checkpoint cannot be read) is reported as a
+// failed CommandResult and leaves the worker paused in its old generation
+// until the next command.
+//
+// Its hello carries the data order it trains with (fingerprint, seed, batch
+// size, sequence length, blend) and the steps of its schedule. When the
+// schedule ends before a horizon it was given (or at all), it tells the
+// daemon with GenerationEnded once its reports are delivered. Checkpoint
+// retention (keep_checkpoints) never deletes a checkpoint the last command
+// named as pinned, and every deletion is reported (CheckpointDeleted).
 //
 //   ReferenceWorker::Options o;
 //   o.corpus_dir = "/data/synth";
@@ -89,6 +101,12 @@ class ReferenceWorker {
   const storage::Manifest& manifest() const { return order_->manifest(); }
   kernels::Trainer& trainer() { return *trainer_; }
 
+  // The data order it trains with, as its hello reports it.
+  spikeguard::v1::DataOrder DataOrderProto() const;
+  // The hparam overrides a REWIND starts from: the defaults, with
+  // Options::lr_scale when given.
+  kernels::HParamOverrides BaseHParams() const;
+
   // One step of training with telemetry, as reported.
   absl::StatusOr<spikeguard::v1::StepReport> TrainStep();
   // Saves a checkpoint of the current state (steps completed = next_step()).
@@ -119,6 +137,10 @@ class ReferenceWorker {
   int64_t stop_after_ = -1;
   bool paused_ = false;
   std::set<std::string> executed_commands_;
+  // Checkpoint paths the last command named as pinned: retention keeps them.
+  std::set<std::string> pinned_paths_;
+  // The generation a GenerationEnded was sent for (-1: none).
+  int64_t ended_generation_ = -1;
 };
 
 }  // namespace spikeguard::worker
