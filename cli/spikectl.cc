@@ -465,7 +465,13 @@ int Telemetry(Session& s, const ParsedArgs& args) {
   if (args.Has("metrics") && names.empty()) return s.UsageError("empty --metrics");
   if (names.empty()) names = DefaultTelemetryMetrics();
   SPIKECTL_ASSIGN_OR_USAGE(s, metrics, ParseTelemetryMetrics(names));
-  for (std::string& field : RequestFields(metrics)) request.add_metrics(std::move(field));
+  // The table needs only its columns. JSON prints whole records, every field
+  // included, so without --metrics it asks for everything: a projection to
+  // the default columns printed data_position, tokens, loss_hash and unix_ms
+  // as 0.
+  if (!s.options().json || args.Has("metrics")) {
+    for (std::string& field : RequestFields(metrics)) request.add_metrics(std::move(field));
+  }
 
   v1::QueryTelemetryResponse response;
   if (!s.Call([&](Stub* stub, grpc::ClientContext* ctx) {
@@ -679,7 +685,8 @@ const std::vector<CommandDef>& Commands() {
        "                     tokens, lse_mean, loss_scale, loss_hash, update_ratio, act_rms,\n"
        "                     param_norm (max over layers) and layerN.max_attn_logit,\n"
        "                     layerN.grad_norm, layerN.update_ratio, layerN.act_rms,\n"
-       "                     layerN.param_norm\n"
+       "                     layerN.param_norm; --output=json without --metrics prints\n"
+       "                     whole records\n"
        "  --limit=N          at most N records\n",
        {{"run"}, {"gen"}, {"from"}, {"to"}, {"metrics", F::kRepeated}, {"limit"}}, {}, 0, {"run"},
        &Telemetry},

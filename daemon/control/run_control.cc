@@ -115,6 +115,13 @@ absl::StatusOr<int64_t> RunControl::Rewind(const std::string& run, const inciden
   }
   command.set_reason(spec.reason);
   SG_RETURN_IF_ERROR(Issue(run, next, command));
+  // A paused run trains again in the new generation (`runs show` said
+  // "paused" until then).
+  if (current.state() == "paused") {
+    if (absl::Status s = catalog_->SetRunState(run, "running"); !s.ok()) {
+      SG_LOG(WARNING) << "run " << run << ": rewind sent, but its state stays paused: " << s;
+    }
+  }
   (void)catalog_->AppendAudit("spikeguardd", "rewind", run,
                               absl::StrCat("generation ", next, " from step ",
                                            spec.checkpoint.step, ": ", spec.reason));
@@ -136,7 +143,14 @@ absl::Status RunControl::Continue(const std::string& run, const std::string& req
   v1::Command command;
   command.set_id(request_id);
   command.set_kind(v1::Command::CONTINUE);
-  return Issue(run, current.current_generation(), command);
+  SG_RETURN_IF_ERROR(Issue(run, current.current_generation(), command));
+  // A paused run shows as running again once CONTINUE is out.
+  if (current.state() == "paused") {
+    if (absl::Status s = catalog_->SetRunState(run, "running"); !s.ok()) {
+      SG_LOG(WARNING) << "run " << run << ": continue sent, but its state stays paused: " << s;
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status RunControl::Pause(const std::string& run, const std::string& request_id) {
@@ -146,7 +160,15 @@ absl::Status RunControl::Pause(const std::string& run, const std::string& reques
   v1::Command command;
   command.set_id(request_id);
   command.set_kind(v1::Command::PAUSE);
-  return Issue(run, current.current_generation(), command);
+  SG_RETURN_IF_ERROR(Issue(run, current.current_generation(), command));
+  // The run shows as paused from the command on (by the incident engine or
+  // an operator); a run that already ended keeps its final state.
+  if (current.state() == "created" || current.state() == "running") {
+    if (absl::Status s = catalog_->SetRunState(run, "paused"); !s.ok()) {
+      SG_LOG(WARNING) << "run " << run << ": pause sent, but its state was not updated: " << s;
+    }
+  }
+  return absl::OkStatus();
 }
 
 std::vector<v1::Command> RunControl::Unacknowledged(const std::string& run,

@@ -218,6 +218,35 @@ TEST_F(SpikectlServerTest, TelemetryJsonKeepsNonFiniteValues) {
   EXPECT_TRUE(std::isinf(back.records(0).grad_norm()));
 }
 
+// JSON prints every field of a record; a projection to the table's default
+// columns used to print data_position, loss_hash, tokens and unix_ms as 0.
+TEST_F(SpikectlServerTest, TelemetryJsonWithoutMetricsAsksForWholeRecords) {
+  supervisor_.SetResponse("QueryTelemetry", ParseText<v1::QueryTelemetryResponse>(R"pb(
+    records { step: 601 data_position: 9617 loss: 2.5 tokens: 1024
+              loss_hash: 15837569197777765867 unix_ms: 1796251201867
+              layers { layer: 0 max_attn_logit: 12 act_rms: 3 } }
+  )pb"));
+  Result r = Spikectl({"--output=json", "telemetry", "--run=r", "--from=600"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  const auto request = supervisor_.LastRequest<v1::QueryTelemetryRequest>("QueryTelemetry");
+  EXPECT_THAT(request.metrics(), IsEmpty());
+  EXPECT_EQ(request.from_step(), 600);
+  const auto back = ParseJson<v1::QueryTelemetryResponse>(r.out);
+  ASSERT_EQ(back.records_size(), 1);
+  EXPECT_EQ(back.records(0).data_position(), 9617);
+  EXPECT_EQ(back.records(0).tokens(), 1024);
+  EXPECT_EQ(back.records(0).loss_hash(), 15837569197777765867u);
+  EXPECT_EQ(back.records(0).unix_ms(), 1796251201867);
+  ASSERT_EQ(back.records(0).layers_size(), 1);
+  EXPECT_DOUBLE_EQ(back.records(0).layers(0).act_rms(), 3);
+
+  // An explicit --metrics still asks for just those fields, in JSON too.
+  r = Spikectl({"--output=json", "telemetry", "--run=r", "--metrics=loss,data_position"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(supervisor_.LastRequest<v1::QueryTelemetryRequest>("QueryTelemetry").metrics(),
+              ElementsAre("loss", "data_position"));
+}
+
 TEST_F(SpikectlServerTest, IncidentsListSendsFilters) {
   Result r = Spikectl({"incidents", "list", "--run=r", "--state=awaiting-approval", "--verdict=DATA"});
   EXPECT_EQ(r.code, 0) << r.err;

@@ -340,5 +340,54 @@ TEST_F(BadInputTest, MetricsFilterKeepsWhatWasAsked) {
   EXPECT_DOUBLE_EQ(out.records(0).layers(1).max_attn_logit(), 11.0);
 }
 
+// Not bad input, but the same real daemon: the run's state (what `spikectl
+// runs show` prints) follows PAUSE and CONTINUE, which the incident engine
+// and operators send through the same RunControl. It used to stay "running"
+// (or "created") while the run was paused.
+class RunStateTest : public DaemonFixture {};
+
+TEST_F(RunStateTest, PauseAndResumeShowInTheRunState) {
+  ASSERT_TRUE(CreateRun("r1").ok());
+  auto state = [&] {
+    grpc::ClientContext ctx;
+    v1::GetRunRequest req;
+    req.set_name("r1");
+    v1::Run run;
+    EXPECT_TRUE(supervisor_->GetRun(&ctx, req, &run).ok());
+    return run.state();
+  };
+  EXPECT_EQ(state(), "created");
+  auto a = Attach("r1");
+  ASSERT_FALSE(a.first.has_reject()) << a.first.DebugString();
+
+  {
+    grpc::ClientContext ctx;
+    v1::PauseRequest req;
+    req.set_run("r1");
+    v1::ActionResponse out;
+    ASSERT_TRUE(supervisor_->Pause(&ctx, req, &out).ok());
+    EXPECT_TRUE(out.accepted());
+  }
+  // The rank gets the command, and the run shows as paused.
+  v1::ControllerMessage in;
+  ASSERT_TRUE(a.stream->Read(&in));
+  ASSERT_TRUE(in.has_command()) << in.DebugString();
+  EXPECT_EQ(in.command().kind(), v1::Command::PAUSE);
+  EXPECT_EQ(state(), "paused");
+
+  {
+    grpc::ClientContext ctx;
+    v1::ResumeRequest req;
+    req.set_run("r1");
+    v1::ActionResponse out;
+    ASSERT_TRUE(supervisor_->Resume(&ctx, req, &out).ok());
+  }
+  ASSERT_TRUE(a.stream->Read(&in));
+  EXPECT_EQ(in.command().kind(), v1::Command::CONTINUE);
+  EXPECT_EQ(state(), "running");
+  a.stream->WritesDone();
+  a.ctx->TryCancel();
+}
+
 }  // namespace
 }  // namespace spikeguard::testing
