@@ -117,8 +117,9 @@ absl::Status ValidateHello(const spikeguard::v1::Hello& hello, const Limits& lim
         return s;
       }
       if (!std::isfinite(weight) || weight < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "hello.data_order.blend['", domain, "']: weight ", weight, " is not a finite number >= 0"));
+        return absl::InvalidArgumentError(absl::StrCat("hello.data_order.blend['", domain,
+                                                       "']: weight ", weight,
+                                                       " is not a finite number >= 0"));
       }
     }
   }

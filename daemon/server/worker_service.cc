@@ -183,7 +183,9 @@ grpc::Status WorkerServiceImpl::Attach(
         if (r.connected() && r.rank() != hello.rank()) others_connected = true;
       }
       // With no other rank live, a relaunch with a new order replaces it.
-      if (others_connected) conflict = RankConflict(latest->data_order(), hello.data_order(), hello.rank());
+      if (others_connected) {
+        conflict = RankConflict(latest->data_order(), hello.data_order(), hello.rank());
+      }
     }
     if (!conflict.empty()) {
       SG_LOG(WARNING) << "run " << hello.run() << " rank " << hello.rank()

@@ -1,5 +1,7 @@
 #include "daemon/ingest/limits.h"
 
+#include <cmath>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -35,6 +37,63 @@ TEST(LimitsTest, BatchStepsMustIncrease) {
               HasSubstr("reports[1].step: 3 is out of order"));
   batch.mutable_reports(1)->set_step(4);
   EXPECT_TRUE(ValidateBatch(batch, limits).ok());
+}
+
+TEST(LimitsTest, HelloDataOrder) {
+  Limits limits;
+  spikeguard::v1::Hello hello;
+  hello.set_run("r");
+  hello.set_world_size(1);
+  hello.set_total_steps(500);
+  auto* order = hello.mutable_data_order();
+  order->set_seed(99);
+  order->set_global_batch_size(16);
+  order->set_sequence_length(64);
+  (*order->mutable_blend())["prose"] = 0.5;
+  EXPECT_TRUE(ValidateHello(hello, limits).ok());
+  hello.set_total_steps(-1);
+  EXPECT_THAT(std::string(ValidateHello(hello, limits).message()),
+              HasSubstr("hello.total_steps: -1 is negative"));
+  hello.set_total_steps(0);
+  order->set_sequence_length(-4);
+  EXPECT_THAT(std::string(ValidateHello(hello, limits).message()),
+              HasSubstr("hello.data_order.sequence_length"));
+  order->set_sequence_length(64);
+  (*order->mutable_blend())["code"] = std::nan("");
+  EXPECT_THAT(std::string(ValidateHello(hello, limits).message()),
+              HasSubstr("hello.data_order.blend['code']"));
+  order->mutable_blend()->erase("code");
+  (*order->mutable_blend())["bad\nname"] = 1.0;
+  EXPECT_THAT(std::string(ValidateHello(hello, limits).message()),
+              HasSubstr("hello.data_order.blend domain"));
+}
+
+TEST(LimitsTest, GenerationEndedAndCheckpointDeleted) {
+  Limits limits;
+  spikeguard::v1::GenerationEnded ended;
+  ended.set_generation(2);
+  ended.set_last_step(499);
+  ended.set_reason("end of training schedule (steps=500)");
+  EXPECT_TRUE(ValidateGenerationEnded(ended, limits).ok());
+  ended.set_last_step(-1);  // nothing trained
+  EXPECT_TRUE(ValidateGenerationEnded(ended, limits).ok());
+  ended.set_last_step(-2);
+  EXPECT_THAT(std::string(ValidateGenerationEnded(ended, limits).message()),
+              HasSubstr("generation_ended.last_step"));
+  ended.set_last_step(1);
+  ended.set_generation(-1);
+  EXPECT_THAT(std::string(ValidateGenerationEnded(ended, limits).message()),
+              HasSubstr("generation_ended.generation"));
+
+  spikeguard::v1::CheckpointDeleted deleted;
+  deleted.set_step(100);
+  EXPECT_THAT(std::string(ValidateCheckpointDeleted(deleted, limits).message()),
+              HasSubstr("checkpoint_deleted.uri: empty"));
+  deleted.set_uri("file:///ckpt/100");
+  EXPECT_TRUE(ValidateCheckpointDeleted(deleted, limits).ok());
+  deleted.set_step(-3);
+  EXPECT_THAT(std::string(ValidateCheckpointDeleted(deleted, limits).message()),
+              HasSubstr("checkpoint_deleted.step"));
 }
 
 TEST(LimitsTest, CheckpointNotices) {

@@ -40,9 +40,9 @@ std::string MakeCorpus(const TempDir& dir) {
 
 ReferenceWorker::Options WorkerOptions(const TempDir& dir, const std::string& address) {
   ReferenceWorker::Options o;
-  for (const char* kv : {"layers=1", "heads=2", "width=16", "context=16", "peak_lr=1e-3",
-                         "warmup_steps=40", "clip_norm=100", "threads=1", "steps=40", "checkpoint_every=5",
-                         "keep_checkpoints=50"}) {
+  for (const char* kv :
+       {"layers=1", "heads=2", "width=16", "context=16", "peak_lr=1e-3", "warmup_steps=40",
+        "clip_norm=100", "threads=1", "steps=40", "checkpoint_every=5", "keep_checkpoints=50"}) {
     EXPECT_TRUE(worker::ApplyConfigAssignment(kv, &o.config).ok()) << kv;
   }
   o.corpus_dir = MakeCorpus(dir);
@@ -459,6 +459,57 @@ TEST_F(ReferenceWorkerDaemonTest, CheckpointsRetentionDeletedLeaveTheCatalog) {
   ASSERT_EQ(list.size(), 1u);
   EXPECT_EQ(list[0].step(), 20);
   EXPECT_TRUE(std::filesystem::exists(list[0].uri().substr(7)));
+}
+
+TEST_F(ReferenceWorkerDaemonTest, CheckpointsPinnedInTheCatalogSurviveRetention) {
+  TempDir work;
+  ReferenceWorker::Options o = WorkerOptions(work, address_);
+  ASSERT_TRUE(worker::ApplyConfigAssignment("keep_checkpoints=1", &o.config).ok());
+  ASSERT_TRUE(worker::ApplyConfigAssignment("steps=25", &o.config).ok());
+  o.stop_after_step = 9;
+  o.linger = absl::ZeroDuration();
+  ASSERT_TRUE(CreateRun(kRun).ok());
+  RunningWorker w(o);
+  ASSERT_TRUE(w.ok());
+  // At its horizon: the checkpoint at step 10 is the only one left.
+  auto only_step_10 = [&] {
+    const auto list = Checkpoints(kRun);
+    return list.size() == 1 && list[0].step() == 10;
+  };
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (!only_step_10() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  ASSERT_TRUE(only_step_10());
+  const std::string pinned_uri = Checkpoints(kRun)[0].uri();
+
+  // An operator pins it, and lets the run go on: every later command tells
+  // the worker to keep it.
+  {
+    grpc::ClientContext ctx;
+    v1::PinCheckpointRequest req;
+    req.set_run(kRun);
+    req.set_step(10);
+    req.set_pinned(true);
+    v1::Checkpoint out;
+    grpc::Status s = supervisor_->PinCheckpoint(&ctx, req, &out);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::ResumeRequest req;
+    req.set_run(kRun);
+    v1::ActionResponse out;
+    grpc::Status s = supervisor_->Resume(&ctx, req, &out);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  ASSERT_TRUE(w.Join().ok());
+  const auto list = Checkpoints(kRun);
+  ASSERT_EQ(list.size(), 2u);
+  EXPECT_EQ(list[0].step(), 10);
+  EXPECT_TRUE(list[0].pinned());
+  EXPECT_EQ(list[0].uri(), pinned_uri);
+  EXPECT_EQ(list[1].step(), 25);
+  EXPECT_TRUE(std::filesystem::exists(pinned_uri.substr(7)));
+  EXPECT_FALSE(std::filesystem::exists(work.File("ckpt/ckpt-g000000-s000000000015.sgck")));
 }
 
 }  // namespace

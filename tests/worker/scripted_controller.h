@@ -119,7 +119,8 @@ class ScriptedController final : public spikeguard::v1::WorkerService::Service {
   }
 
   // Messages with the given body, in arrival order.
-  std::vector<spikeguard::v1::WorkerMessage> Of(spikeguard::v1::WorkerMessage::BodyCase body) const {
+  std::vector<spikeguard::v1::WorkerMessage> Of(
+      spikeguard::v1::WorkerMessage::BodyCase body) const {
     std::vector<spikeguard::v1::WorkerMessage> out;
     for (const auto& m : messages()) {
       if (m.body_case() == body) out.push_back(m);
