@@ -209,6 +209,39 @@ std::string PoisonText(const PoisonSpec& p, uint64_t seed, absl::string_view dom
   return out;
 }
 
+// An echo of a poison (SynthOptions::poison_echoes): `source`, one of its
+// documents, with a short prefix dropped and, except for ngram, about 2% of
+// its bytes replaced by other bytes of the same kind.
+std::string EchoText(const PoisonSpec& p, uint64_t seed, absl::string_view domain, int echo,
+                     std::string source) {
+  SplitMix64 rng(Xxh64Of(absl::StrCat("echo/", PoisonKindName(p.kind), "/", p.position, "/",
+                                      domain, "/", echo),
+                         seed));
+  source.erase(0, rng.Uniform(source.size() / 16 + 1));
+  if (p.kind == PoisonKind::kNgram || source.empty()) return source;
+  const uint64_t changes = std::max<uint64_t>(1, source.size() / 50);
+  for (uint64_t i = 0; i < changes; ++i) {
+    const size_t at = rng.Uniform(source.size());
+    const uint8_t old = static_cast<uint8_t>(source[at]);
+    uint8_t b = old;
+    switch (p.kind) {
+      case PoisonKind::kJunk:
+        b = static_cast<uint8_t>(old ^ (1 + rng.Uniform(255)));
+        break;
+      case PoisonKind::kHighBytes:
+        b = static_cast<uint8_t>(128 + (old - 128 + 1 + rng.Uniform(127)) % 128);
+        break;
+      default: {  // duplicate: ASCII prose
+        b = static_cast<uint8_t>('a' + rng.Uniform(26));
+        if (b == old) b = b == 'z' ? 'a' : b + 1;
+        break;
+      }
+    }
+    source[at] = static_cast<char>(b);
+  }
+  return source;
+}
+
 // ---------------------------------------------------------------------------
 
 std::string FormatWeight(double w) { return absl::StrFormat("%.17g", w); }
@@ -297,9 +330,17 @@ absl::Status WriteCorpusMetadata(const std::string& dir, const CorpusMetadata& m
                     FormatWeight(d.weight), "\n");
   }
   if (!meta.poisons.empty()) out.append("# poison KIND POSITION DOMAIN:DOCUMENT...\n");
+  if (std::any_of(meta.poisons.begin(), meta.poisons.end(),
+                  [](const PlacedPoison& p) { return !p.echoes.empty(); })) {
+    out.append("# echo KIND POSITION DOMAIN:DOCUMENT...  (near-copies of that poison)\n");
+  }
   for (const auto& p : meta.poisons) {
     absl::StrAppend(&out, "poison ", PoisonKindName(p.kind), " ", p.position);
     for (const auto& doc : p.documents) absl::StrAppend(&out, " ", doc.domain, ":", doc.document);
+    out.append("\n");
+    if (p.echoes.empty()) continue;
+    absl::StrAppend(&out, "echo ", PoisonKindName(p.kind), " ", p.position);
+    for (const auto& doc : p.echoes) absl::StrAppend(&out, " ", doc.domain, ":", doc.document);
     out.append("\n");
   }
   return WriteFileAtomically((std::filesystem::path(dir) / kCorpusMetadataFile).string(), out);
@@ -346,17 +387,25 @@ absl::StatusOr<CorpusMetadata> ReadCorpusMetadata(const std::string& dir) {
       }
       if (d.weight > 0) m.blend[d.name] = d.weight;
       meta.domains.push_back(std::move(d));
-    } else if (key == "poison" && f.size() >= 3) {
+    } else if ((key == "poison" || key == "echo") && f.size() >= 3) {
       SG_ASSIGN_OR_RETURN(PoisonSpec spec, ParsePoison(absl::StrCat(f[1], "@", f[2])));
-      PlacedPoison p{spec.kind, spec.position, {}};
+      std::vector<DocumentId> docs;
       for (size_t i = 3; i < f.size(); ++i) {
         std::vector<absl::string_view> dd = absl::StrSplit(f[i], ':');
         DocumentId id;
         if (dd.size() != 2 || !absl::SimpleAtoi(dd[1], &id.document)) return bad("bad document");
         id.domain = std::string(dd[0]);
-        p.documents.push_back(std::move(id));
+        docs.push_back(std::move(id));
       }
-      meta.poisons.push_back(std::move(p));
+      if (key == "poison") {
+        meta.poisons.push_back(PlacedPoison{spec.kind, spec.position, std::move(docs), {}});
+      } else {
+        auto it = std::find_if(meta.poisons.begin(), meta.poisons.end(), [&](const PlacedPoison& p) {
+          return p.kind == spec.kind && p.position == spec.position;
+        });
+        if (it == meta.poisons.end()) return bad("echo of a poison not listed before it");
+        it->echoes = std::move(docs);
+      }
     } else {
       return bad("unknown or malformed line");
     }
@@ -426,6 +475,10 @@ absl::StatusOr<CorpusMetadata> SynthesizeCorpus(const std::string& out_dir, uint
           absl::StrCat("two poisons at position ", poisons[i].position));
     }
   }
+  if (options.poison_echoes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("poison echoes must be >= 0, got ", options.poison_echoes));
+  }
   CorpusDefaults defaults;
   defaults.seed = seed;
   defaults.global_batch_size = options.global_batch_size;
@@ -452,6 +505,42 @@ absl::StatusOr<CorpusMetadata> SynthesizeCorpus(const std::string& out_dir, uint
     placed[i].position = poisons[i].position;
   }
 
+  // Echo k of poison i: a batch position of its own in [first, positions),
+  // drawn from the seed, and domain k mod D.
+  struct Echo {
+    int poison;
+    int k;
+    int64_t position;
+    size_t domain;
+  };
+  std::vector<Echo> echoes;
+  if (options.poison_echoes > 0 && !poisons.empty()) {
+    const int64_t first = EchoFirstPosition(options.positions);
+    std::vector<int64_t> free;
+    size_t pi = 0;
+    for (int64_t q = first; q < options.positions; ++q) {
+      while (pi < poisons.size() && poisons[pi].position < q) ++pi;
+      if (pi < poisons.size() && poisons[pi].position == q) continue;
+      free.push_back(q);
+    }
+    const int64_t need = static_cast<int64_t>(poisons.size()) * options.poison_echoes;
+    if (need > static_cast<int64_t>(free.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          options.poison_echoes, " echoes for each of ", poisons.size(), " poison(s) need ", need,
+          " unpoisoned batch positions in [", first, ", ", options.positions,
+          ") (the last third of the positions); there are ", free.size()));
+    }
+    SplitMix64 rng(Xxh64Of("echoes", seed));
+    for (size_t i = 0; i < poisons.size(); ++i) {
+      for (int k = 0; k < options.poison_echoes; ++k) {
+        const size_t j = rng.Uniform(free.size());
+        echoes.push_back(Echo{static_cast<int>(i), k, free[j], k % names.size()});
+        free[j] = free.back();
+        free.pop_back();
+      }
+    }
+  }
+
   for (size_t di = 0; di < names.size(); ++di) {
     const SynthDomain& dom = kSynthDomains[di];
     const int64_t chunk = slots[di] * sample_tokens;  // this domain's tokens per batch
@@ -459,29 +548,63 @@ absl::StatusOr<CorpusMetadata> SynthesizeCorpus(const std::string& out_dir, uint
 
     // 1. The stream in epoch-0 order: lengths only, so its size N is known
     //    before the shuffle (which depends only on N) assigns document ids.
+    //    Poisons and this domain's echoes each start their batch; the
+    //    document before is cut short to end there.
+    struct Event {
+      int64_t position;
+      int poison;  // index into poisons, or -1 for an echo
+      int echo;    // index into echo_texts, or -1
+    };
+    std::vector<Event> events;
+    for (size_t i = 0; i < poisons.size(); ++i) {
+      events.push_back({poisons[i].position, static_cast<int>(i), -1});
+    }
+    std::vector<std::string> echo_texts;
+    std::vector<int> echo_poison;
+    for (const Echo& e : echoes) {
+      if (e.domain != di) continue;
+      const PoisonSpec& p = poisons[e.poison];
+      const int64_t source_len = p.kind == PoisonKind::kDuplicate ? sample_tokens : chunk;
+      events.push_back({e.position, -1, static_cast<int>(echo_texts.size())});
+      echo_texts.push_back(
+          EchoText(p, seed, dom.name, e.k, PoisonText(p, seed, dom.name, source_len)));
+      echo_poison.push_back(e.poison);
+    }
+    std::sort(events.begin(), events.end(),
+              [](const Event& a, const Event& b) { return a.position < b.position; });
+
     struct Slot {
       int64_t length;
       int poison;  // index into poisons, or -1
+      int echo;    // index into echo_texts, or -1
     };
     std::vector<Slot> stream;
     SplitMix64 len_rng(Xxh64Of(absl::StrCat("lengths/", dom.name), seed));
     int64_t c = 0;
     size_t next = 0;
-    while (c < target || next < poisons.size()) {
-      const int64_t b = next < poisons.size() ? poisons[next].position * chunk : INT64_MAX;
+    while (c < target || next < events.size()) {
+      const int64_t b = next < events.size() ? events[next].position * chunk : INT64_MAX;
       if (c == b) {
-        if (poisons[next].kind == PoisonKind::kDuplicate) {
-          for (int32_t j = 0; j < slots[di]; ++j) stream.push_back({sample_tokens, int(next)});
+        const Event& ev = events[next];
+        if (ev.echo >= 0) {
+          // Within its batch: at most chunk tokens.
+          const int64_t len = static_cast<int64_t>(echo_texts[ev.echo].size());
+          stream.push_back({len, -1, ev.echo});
+          c += len;
         } else {
-          stream.push_back({chunk, static_cast<int>(next)});
+          if (poisons[ev.poison].kind == PoisonKind::kDuplicate) {
+            for (int32_t j = 0; j < slots[di]; ++j) stream.push_back({sample_tokens, ev.poison, -1});
+          } else {
+            stream.push_back({chunk, ev.poison, -1});
+          }
+          c += chunk;
         }
-        c += chunk;
         ++next;
         continue;
       }
       int64_t len = len_rng.Range(dom.min_len, dom.max_len);
       if (c + len > b) len = b - c;  // end exactly where the poisoned batch starts
-      stream.push_back({len, -1});
+      stream.push_back({len, -1, -1});
       c += len;
     }
 
@@ -492,7 +615,10 @@ absl::StatusOr<CorpusMetadata> SynthesizeCorpus(const std::string& out_dir, uint
     SplitMix64 text_rng(Xxh64Of(absl::StrCat("text/", dom.name), seed));
     for (int64_t s = 0; s < n; ++s) {
       const Slot& slot = stream[s];
-      if (slot.poison < 0) {
+      if (slot.echo >= 0) {
+        docs[order[s]] = std::move(echo_texts[slot.echo]);
+        placed[echo_poison[slot.echo]].echoes.push_back(DocumentId{dom.name, order[s]});
+      } else if (slot.poison < 0) {
         docs[order[s]] = SynthText(dom.style, text_rng, slot.length);
       } else {
         docs[order[s]] = PoisonText(poisons[slot.poison], seed, dom.name, slot.length);
@@ -509,6 +635,7 @@ absl::StatusOr<CorpusMetadata> SynthesizeCorpus(const std::string& out_dir, uint
   for (PlacedPoison& p : placed) {
     std::sort(p.documents.begin(), p.documents.end());
     p.documents.erase(std::unique(p.documents.begin(), p.documents.end()), p.documents.end());
+    std::sort(p.echoes.begin(), p.echoes.end());
   }
   return FinishCorpus(out_dir, names, blend, defaults, std::move(placed));
 }

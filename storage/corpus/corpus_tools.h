@@ -18,6 +18,7 @@
 //   plan 0-
 //   domain code 2210 650000 0.25          # name documents tokens weight
 //   poison junk 600 code:17 numbers:2201 prose:934
+//   echo junk 600 code:2871 numbers:2950 prose:1012   # only with poison echoes
 //
 //   std::vector<PoisonSpec> poisons;
 //   SG_ASSIGN_OR_RETURN(poisons, ParsePoisons({"junk@600", "duplicate@1200"}));
@@ -63,6 +64,10 @@ struct PlacedPoison {
   PoisonKind kind = PoisonKind::kJunk;
   int64_t position = 0;
   std::vector<DocumentId> documents;  // sorted
+  // Its echoes (SynthOptions::poison_echoes): near-copies of its documents
+  // elsewhere in the corpus, ordinary documents of late batches. Sorted;
+  // empty without echoes. corpus.meta records them on an `echo` line.
+  std::vector<DocumentId> echoes;
 };
 
 struct CorpusMetadata {
@@ -106,7 +111,39 @@ struct SynthOptions {
   // Batches the first epoch of every domain covers under the default
   // manifest; a run of more steps wraps into a reshuffled second epoch.
   int64_t positions = 3000;
+  // Echoes: for each poison, this many near-copies of its documents, placed
+  // as ordinary documents where a short run never reads them, so a
+  // near-duplicate search (near_duplicates.h) from the quarantined documents
+  // has copies elsewhere in the corpus to find, as real junk recurs.
+  // `spikeguard-worker corpus synth --poison-echoes K`. >= 0; 0 (the
+  // default) writes exactly the corpus of earlier versions.
+  //
+  //   * Echo k of a poison lies in domain k mod 3 (code, numbers, prose,
+  //     code, ...) and is a copy of the poison's document in that domain
+  //     (any one of them for "duplicate"), slightly changed: a prefix of up
+  //     to 1/16 of it dropped, then for junk, highbytes and duplicate about
+  //     2% of its bytes (at least one) replaced by other bytes of the same
+  //     kind (random, 128..255, lowercase letters); an "ngram" echo is the
+  //     same phrase repeated from another offset, no byte replaced. The
+  //     Jaccard similarity of 5-byte shingles to its source is about 0.75
+  //     or more (1 for ngram).
+  //   * Each echo starts a batch of its own, at a position in
+  //     [EchoFirstPosition(positions), positions) that no poison and no
+  //     other echo holds (chosen from the seed), and ends within that batch;
+  //     the batch's other tokens are ordinary text. So echoes of one poison are
+  //     in different batches, and a run of fewer steps than
+  //     EchoFirstPosition (2,000 for the default 3,000 positions) never
+  //     trains on one.
+  //   * Poisoned batches keep exactly their bytes, but document ids are a
+  //     shuffle over each domain's document count, which echoes change: the
+  //     returned (and written) poison documents are the ids of this corpus.
+  //   * INVALID_ARGUMENT when [EchoFirstPosition, positions) lacks a free
+  //     position for every echo (poisons × poison_echoes of them).
+  int32_t poison_echoes = 0;
 };
+
+// The first batch position echoes may take: ceil(2·positions / 3).
+inline int64_t EchoFirstPosition(int64_t positions) { return (2 * positions + 2) / 3; }
 
 // A deterministic corpus of three ASCII-only domains (bytes < 128):
 //   prose    English-like sentences in paragraphs,
@@ -119,7 +156,7 @@ struct SynthOptions {
 // documents (the document before is cut short to end exactly at the batch's
 // first token). Positions must be below options.positions and distinct.
 // The returned metadata (also written to corpus.meta) lists each poison's
-// document ids. Under another seed, batch size or blend the poisons land
+// document ids, and its echoes' (see SynthOptions::poison_echoes). Under another seed, batch size or blend the poisons land
 // elsewhere; in later epochs they recur at shuffled positions.
 absl::StatusOr<CorpusMetadata> SynthesizeCorpus(const std::string& out_dir, uint64_t seed,
                                                 const std::vector<PoisonSpec>& poisons,

@@ -2,6 +2,7 @@
 //
 //   spikeguard-worker corpus build --out DIR --domain NAME=PATH [--domain ...]
 //   spikeguard-worker corpus synth --out DIR --seed S [--poison KIND@POSITION ...]
+//       [--poison-echoes K] [--positions N]
 //   spikeguard-worker train --corpus DIR [--checkpoint-dir DIR] [--config FILE]
 //       [--set key=value ...] [--no-daemon --telemetry-out FILE]
 //       [--addr HOST:PORT --run NAME --rank R --world-size N --generation G]
@@ -30,7 +31,9 @@ constexpr char kUsage[] =
     "usage:\n"
     "  spikeguard-worker corpus build --out DIR --domain NAME=PATH [--domain NAME=PATH ...]\n"
     "  spikeguard-worker corpus synth --out DIR --seed S [--poison KIND@POSITION ...]\n"
-    "      poison kinds: ngram, junk, highbytes, duplicate\n"
+    "      [--poison-echoes K] [--positions N]\n"
+    "      poison kinds: ngram, junk, highbytes, duplicate; K near-copies of each poison\n"
+    "      in late batches (at or past 2/3 of the N positions, default 3000)\n"
     "  spikeguard-worker train --corpus DIR [--checkpoint-dir DIR] [--config FILE]\n"
     "      [--set key=value ...] [--no-daemon] [--telemetry-out FILE]\n"
     "      [--addr HOST:PORT --run NAME --rank R --world-size N --generation G]\n"
@@ -130,6 +133,11 @@ int CorpusSynth(const Args& a) {
   if (a.Has("positions") && !absl::SimpleAtoi(a.Get("positions"), &options.positions)) {
     return Usage("--positions: not a number");
   }
+  if (a.Has("poison-echoes") &&
+      (!absl::SimpleAtoi(a.Get("poison-echoes"), &options.poison_echoes) ||
+       options.poison_echoes < 0)) {
+    return Usage("--poison-echoes: not a number >= 0");
+  }
   auto meta = spikeguard::storage::SynthesizeCorpus(a.Get("out"), seed, *poisons, options);
   if (!meta.ok()) return Fail(meta.status());
   for (const auto& d : meta->domains) {
@@ -140,6 +148,11 @@ int CorpusSynth(const Args& a) {
     std::cout << "poison " << spikeguard::storage::PoisonKindName(p.kind) << " at position "
               << p.position << ":";
     for (const auto& doc : p.documents) std::cout << " " << doc.domain << ":" << doc.document;
+    std::cout << "\n";
+    if (p.echoes.empty()) continue;
+    std::cout << "echo " << spikeguard::storage::PoisonKindName(p.kind) << " at position "
+              << p.position << ":";
+    for (const auto& doc : p.echoes) std::cout << " " << doc.domain << ":" << doc.document;
     std::cout << "\n";
   }
   std::cout << "fingerprint " << meta->fingerprint << "\n";

@@ -1,11 +1,13 @@
 #include "storage/corpus/corpus_tools.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "storage/corpus/near_duplicates.h"
 #include "tests/storage/corpus/test_dir.h"
 
 namespace spikeguard::storage {
@@ -209,6 +211,218 @@ TEST(CorpusMetadataTest, RoundTripsThroughTheFile) {
 
   WriteFile(dir + "/corpus.meta", "format 2\n");
   EXPECT_EQ(ReadCorpusMetadata(dir).status().code(), absl::StatusCode::kDataLoss);
+}
+
+// ---------------------------------------------------------------------------
+// Poison echoes (SynthOptions::poison_echoes)
+
+// Every batch position of the first epoch at which each document occurs.
+std::map<DocumentId, std::set<int64_t>> WhereDocumentsAre(const DataOrder& order, int64_t positions) {
+  std::map<DocumentId, std::set<int64_t>> at;
+  for (int64_t p = 0; p < positions; ++p) {
+    auto docs = order.DocumentsAt(p);
+    EXPECT_TRUE(docs.ok()) << docs.status();
+    if (!docs.ok()) continue;
+    for (const DocumentId& d : *docs) at[d].insert(p);
+  }
+  return at;
+}
+
+TEST(PoisonEchoesTest, LeaveEveryPoisonedBatchAsItWas) {
+  std::string dir = FreshDir();
+  SynthOptions off;
+  off.positions = 150;
+  SynthOptions on = off;
+  on.poison_echoes = 3;
+  // One poison past EchoFirstPosition (100): echoes before it must not move it.
+  const std::vector<PoisonSpec> poisons = {{PoisonKind::kHighBytes, 20},
+                                           {PoisonKind::kNgram, 40},
+                                           {PoisonKind::kDuplicate, 41},
+                                           {PoisonKind::kJunk, 120}};
+  auto plain = SynthesizeCorpus(dir + "/off", 13, poisons, off);
+  auto echoed = SynthesizeCorpus(dir + "/on", 13, poisons, on);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  ASSERT_TRUE(echoed.ok()) << echoed.status();
+  Opened a = OpenWithDefaults(dir + "/off", *plain);
+  Opened b = OpenWithDefaults(dir + "/on", *echoed);
+  ASSERT_EQ(echoed->poisons.size(), poisons.size());
+  int64_t first_echo = on.positions;
+  const auto where = WhereDocumentsAre(*b.order, on.positions);
+  for (const PlacedPoison& p : echoed->poisons) {
+    for (const DocumentId& e : p.echoes) {
+      ASSERT_TRUE(where.count(e)) << e.domain << ":" << e.document;
+      first_echo = std::min(first_echo, *where.at(e).begin());
+    }
+  }
+  for (size_t i = 0; i < poisons.size(); ++i) {
+    const PlacedPoison& p = echoed->poisons[i];
+    EXPECT_TRUE(plain->poisons[i].echoes.empty());
+    EXPECT_EQ(p.echoes.size(), 3u);
+    EXPECT_EQ(p.kind, plain->poisons[i].kind);
+    EXPECT_EQ(p.position, plain->poisons[i].position);
+    EXPECT_EQ(p.documents.size(), plain->poisons[i].documents.size());
+    // The batch: the same bytes, and the documents the daemon would name
+    // there are the ones listed for the poison.
+    auto x = a.order->Materialize(p.position);
+    auto y = b.order->Materialize(p.position);
+    ASSERT_TRUE(x.ok() && y.ok());
+    EXPECT_EQ(x->tokens, y->tokens) << p.position;
+    auto docs = b.order->DocumentsAt(p.position);
+    ASSERT_TRUE(docs.ok());
+    EXPECT_EQ(*docs, p.documents) << p.position;
+  }
+  // Every batch before the first echo is untouched.
+  EXPECT_GE(first_echo, EchoFirstPosition(on.positions));
+  for (int64_t q = 0; q < first_echo; ++q) {
+    auto x = a.order->Materialize(q);
+    auto y = b.order->Materialize(q);
+    ASSERT_TRUE(x.ok() && y.ok());
+    ASSERT_EQ(x->tokens, y->tokens) << q;
+  }
+}
+
+TEST(PoisonEchoesTest, LieInLateUnpoisonedBatchesEachOfItsOwn) {
+  std::string dir = FreshDir();
+  SynthOptions on;
+  on.positions = 120;
+  on.poison_echoes = 4;
+  auto meta = SynthesizeCorpus(
+      dir, 21, {{PoisonKind::kHighBytes, 10}, {PoisonKind::kNgram, 90}, {PoisonKind::kJunk, 95}},
+      on);
+  ASSERT_TRUE(meta.ok()) << meta.status();
+  Opened o = OpenWithDefaults(dir, *meta);
+  const auto where = WhereDocumentsAre(*o.order, on.positions);
+  std::set<int64_t> poisoned, used;
+  for (const PlacedPoison& p : meta->poisons) poisoned.insert(p.position);
+  const std::vector<std::string> domains = {"code", "numbers", "prose"};
+  for (const PlacedPoison& p : meta->poisons) {
+    ASSERT_EQ(p.echoes.size(), 4u);
+    EXPECT_TRUE(std::is_sorted(p.echoes.begin(), p.echoes.end()));
+    std::map<std::string, int> per_domain;
+    for (const DocumentId& e : p.echoes) {
+      ++per_domain[e.domain];
+      ASSERT_TRUE(where.count(e)) << e.domain << ":" << e.document;
+      // Within one batch, a late one that is not poisoned, and no other
+      // echo's (so the echoes of one poison are in different batches).
+      ASSERT_EQ(where.at(e).size(), 1u) << e.domain << ":" << e.document;
+      const int64_t q = *where.at(e).begin();
+      EXPECT_GE(q, EchoFirstPosition(on.positions)) << q;
+      EXPECT_LT(q, on.positions);
+      EXPECT_FALSE(poisoned.count(q)) << q;
+      EXPECT_TRUE(used.insert(q).second) << "two echoes at " << q;
+      // An ordinary document: not one of the poison's.
+      EXPECT_EQ(std::count(p.documents.begin(), p.documents.end(), e), 0);
+    }
+    // Echo k is in domain k mod 3: 4 echoes are 2 code, 1 numbers, 1 prose.
+    EXPECT_EQ(per_domain, (std::map<std::string, int>{{"code", 2}, {"numbers", 1}, {"prose", 1}}));
+  }
+  EXPECT_EQ(EchoFirstPosition(120), 80);
+  EXPECT_EQ(EchoFirstPosition(3000), 2000);
+  EXPECT_EQ(EchoFirstPosition(100), 67);
+}
+
+// One poison of `kind` at 30 with 3 echoes (one per domain): the
+// near-duplicate search from its documents finds exactly the echoes.
+class PoisonEchoSimilarityTest : public ::testing::TestWithParam<PoisonKind> {};
+
+TEST_P(PoisonEchoSimilarityTest, NearDuplicateSearchFromThePoisonFindsItsEchoes) {
+  const PoisonKind kind = GetParam();
+  std::string dir = FreshDir();
+  SynthOptions on;
+  on.positions = 120;
+  on.poison_echoes = 3;
+  auto meta = SynthesizeCorpus(dir, 8, {{kind, 30}}, on);
+  ASSERT_TRUE(meta.ok()) << meta.status();
+  const PlacedPoison& p = meta->poisons[0];
+  ASSERT_EQ(p.echoes.size(), 3u);
+  auto corpus = Corpus::Open(dir);
+  ASSERT_TRUE(corpus.ok());
+  auto index = NearDuplicateIndex::Build(**corpus);
+  ASSERT_TRUE(index.ok());
+  // Random-byte poisons: a document's only near-copy is its own domain's
+  // echo. Phrase and duplicate poisons: every echo is like every document.
+  const bool random_bytes = kind == PoisonKind::kJunk || kind == PoisonKind::kHighBytes;
+  for (const DocumentId& q : p.documents) {
+    auto like = (*index)->Similar(q, p.documents);
+    ASSERT_TRUE(like.ok()) << like.status();
+    std::vector<DocumentId> found;
+    for (const SimilarDocument& s : *like) {
+      found.push_back(DocumentId{s.domain, s.document_id});
+      EXPECT_GE(s.similarity, 0.5) << s.domain << ":" << s.document_id;
+      EXPECT_LE(s.similarity, random_bytes ? 0.99 : 1.0);
+    }
+    std::sort(found.begin(), found.end());
+    std::vector<DocumentId> want;
+    for (const DocumentId& e : p.echoes) {
+      if (!random_bytes || e.domain == q.domain) want.push_back(e);
+    }
+    EXPECT_EQ(found, want) << q.domain << ":" << q.document;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllKinds, PoisonEchoSimilarityTest,
+                         ::testing::Values(PoisonKind::kNgram, PoisonKind::kJunk,
+                                           PoisonKind::kHighBytes, PoisonKind::kDuplicate),
+                         [](const auto& info) { return std::string(PoisonKindName(info.param)); });
+
+TEST(PoisonEchoesTest, SameInputsSameBytesAndTheyRoundTripThroughTheMetadata) {
+  std::string dir = FreshDir();
+  SynthOptions on;
+  on.positions = 120;
+  on.poison_echoes = 2;
+  const std::vector<PoisonSpec> poisons = {{PoisonKind::kHighBytes, 50}, {PoisonKind::kNgram, 60}};
+  auto a = SynthesizeCorpus(dir + "/a", 4, poisons, on);
+  auto b = SynthesizeCorpus(dir + "/b", 4, poisons, on);
+  auto c = SynthesizeCorpus(dir + "/c", 5, poisons, on);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  for (const char* f : {"code.bin", "code.idx", "numbers.bin", "numbers.idx", "prose.bin",
+                        "prose.idx", "corpus.meta"}) {
+    EXPECT_EQ(ReadFile(dir + "/a/" + f), ReadFile(dir + "/b/" + f)) << f;
+  }
+  EXPECT_EQ(a->fingerprint, b->fingerprint);
+  EXPECT_NE(a->fingerprint, c->fingerprint);
+  for (size_t i = 0; i < poisons.size(); ++i) {
+    EXPECT_EQ(a->poisons[i].echoes, b->poisons[i].echoes);
+  }
+
+  const std::string meta_text = ReadFile(dir + "/a/corpus.meta");
+  EXPECT_NE(meta_text.find("\necho highbytes 50 "), std::string::npos) << meta_text;
+  auto back = ReadCorpusMetadata(dir + "/a");
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->poisons.size(), 2u);
+  for (size_t i = 0; i < poisons.size(); ++i) {
+    EXPECT_EQ(back->poisons[i].documents, a->poisons[i].documents);
+    EXPECT_EQ(back->poisons[i].echoes, a->poisons[i].echoes);
+    EXPECT_EQ(back->poisons[i].echoes.size(), 2u);
+  }
+  // Without echoes no echo line is written.
+  auto none = SynthesizeCorpus(dir + "/d", 4, poisons, SynthOptions{.positions = 120});
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(ReadFile(dir + "/d/corpus.meta").find("echo"), std::string::npos);
+  // An echo line must follow its poison's.
+  WriteFile(dir + "/d/corpus.meta", "format 1\necho junk 5 code:1\n");
+  EXPECT_EQ(ReadCorpusMetadata(dir + "/d").status().code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(PoisonEchoesTest, RejectsNegativeCountsAndTooFewLatePositions) {
+  std::string dir = FreshDir();
+  SynthOptions o;
+  o.positions = 30;  // echoes may take positions 20..29
+  o.poison_echoes = -1;
+  EXPECT_EQ(SynthesizeCorpus(dir, 1, {{PoisonKind::kJunk, 5}}, o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  o.poison_echoes = 5;
+  // 2 poisons × 5 echoes: 10 positions, but poison 25 holds one of them.
+  EXPECT_EQ(SynthesizeCorpus(dir, 1, {{PoisonKind::kJunk, 5}, {PoisonKind::kNgram, 25}}, o)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(SynthesizeCorpus(dir, 1, {{PoisonKind::kJunk, 5}, {PoisonKind::kNgram, 15}}, o).ok());
+  // No poisons, no echoes, whatever the count.
+  o.poison_echoes = 1000;
+  auto meta = SynthesizeCorpus(dir, 1, {}, o);
+  ASSERT_TRUE(meta.ok()) << meta.status();
+  EXPECT_TRUE(meta->poisons.empty());
 }
 
 TEST(BuildCorpusTest, SplitsDocumentsAtBlankLines) {
