@@ -4,10 +4,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <tuple>
 #include <limits>
 #include <set>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -52,6 +55,10 @@ constexpr char kSkip[] = "skip";
 constexpr char kBisect[] = "bisect";
 constexpr char kTransplant[] = "transplant";
 constexpr char kFix[] = "fix";
+
+// Skip probes extended to spikes at other batches before the model is
+// called fragile.
+constexpr int kMaxSkipExtensions = 2;
 
 enum class Stage {
   kOpened,     // needs a checkpoint (or closes at once in observe mode)
@@ -109,6 +116,56 @@ v1::DataPlan WithHole(const v1::DataPlan& plan, int64_t begin, int64_t end) {
     }
   }
   return out;
+}
+
+// `plan` without every range of `holes`.
+v1::DataPlan WithHoles(const v1::DataPlan& plan, const std::vector<std::pair<int64_t, int64_t>>& holes) {
+  v1::DataPlan out = Normalized(plan);
+  for (const auto& [b, e] : holes) out = WithHole(out, b, e);
+  return out;
+}
+
+// Sorted positions as half-open ranges of consecutive positions.
+std::vector<std::pair<int64_t, int64_t>> Ranges(std::vector<int64_t> positions) {
+  std::sort(positions.begin(), positions.end());
+  positions.erase(std::unique(positions.begin(), positions.end()), positions.end());
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (int64_t x : positions) {
+    if (!out.empty() && out.back().second == x) {
+      out.back().second = x + 1;
+    } else {
+      out.emplace_back(x, x + 1);
+    }
+  }
+  return out;
+}
+
+// Merges overlapping or touching ranges.
+std::vector<std::pair<int64_t, int64_t>> MergeRanges(std::vector<std::pair<int64_t, int64_t>> r) {
+  std::sort(r.begin(), r.end());
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (const auto& x : r) {
+    if (!out.empty() && x.first <= out.back().second) {
+      out.back().second = std::max(out.back().second, x.second);
+    } else {
+      out.push_back(x);
+    }
+  }
+  return out;
+}
+
+// The step (index in the plan) at which `plan` feeds `position`; -1 never.
+int64_t StepOf(const v1::DataPlan& plan, int64_t position) {
+  int64_t index = 0;
+  const v1::DataPlan normalized = Normalized(plan);
+  for (const v1::DataRange& r : normalized.ranges()) {
+    if (position >= r.begin() && (r.end() < 0 || position < r.end())) {
+      return index + (position - r.begin());
+    }
+    if (r.end() < 0) return -1;
+    index += r.end() - r.begin();
+  }
+  return -1;
 }
 
 // `plan` with [begin, end) spliced in just before position `at`.
@@ -222,8 +279,13 @@ std::string ToText(const lg::EventPayload& payload) {
 // Judges one generation from its steps: the outcome of a probe, or the
 // verification of a fix. Runtime state only; rebuilt from the view after a
 // restart, and idempotent per step so re-delivered steps change nothing.
+//
+// Steps: a checkpoint "at step c" holds the state after steps 0..c-1, so the
+// first step a probe from it executes is c itself; that step is judged like
+// every other (a culprit batch may sit exactly there).
 struct Judge {
   int64_t generation = 0;
+  // The checkpoint's step: the first step the probe executes.
   int64_t checkpoint_step = 0;
   // A spike counts when its onset lies in [from, to]; done at a step >= to.
   int64_t from = 0;
@@ -236,15 +298,25 @@ struct Judge {
   // repeats has the original's size, and a 2x blip does not stand in for a
   // 1e38 bit flip.
   double min_log_ratio = 0;
-  // The first spike of a probe (step, detail), reported at the horizon.
-  std::optional<std::pair<int64_t, std::string>> first_spike;
+  // The first spike of a probe, reported at the horizon.
+  struct Spike {
+    int64_t step = 0;
+    int64_t position = -1;
+    std::string detail;
+  };
+  std::optional<Spike> first_spike;
   // Re-executed steps this probe may still spend (budget).
   int64_t budget_left = std::numeric_limits<int64_t>::max();
   // Replay fidelity: the original generation's loss hash per step.
   std::map<int64_t, uint64_t> original_hash;
   std::unique_ptr<detect::SpikeDetector> detector;
+  // Data position of the recent steps (the spike's position is evidence).
+  std::map<int64_t, int64_t> positions;
+  // The workers' schedule ended at this step (no later step will come).
+  std::optional<int64_t> ended_at;
+  std::string ended_reason;
 
-  int64_t last_fed = 0;
+  int64_t last_fed = -1;
   double time_sum = 0;
   int64_t count = 0;
   absl::Time last_progress;
@@ -253,17 +325,37 @@ struct Judge {
   std::optional<lg::ProbeFinished> result;
 
   void Finish(const std::string& outcome, const std::string& detail, int64_t spike_step,
-              int layer) {
+              int layer, int64_t spike_position = -1) {
     lg::ProbeFinished f;
     f.set_outcome(outcome);
     f.set_detail(detail);
-    f.set_steps_executed(std::max<int64_t>(0, last_fed - checkpoint_step));
+    f.set_steps_executed(std::max<int64_t>(0, last_fed - checkpoint_step + 1));
     f.set_last_step(last_fed);
     f.set_step_time_sum(time_sum);
     f.set_step_count(count);
     f.set_nonfinite_layer(layer);
     f.set_spike_step(spike_step);
+    f.set_spike_position(spike_position);
+    f.set_ended_early(ended_at.has_value() && last_fed < to);
     result = f;
+  }
+
+  // The schedule ended: judge with what came. A probe that never reached the
+  // steps it was to judge has failed; otherwise what it saw stands.
+  void EndEarly() {
+    if (result || !ended_at || last_fed < *ended_at) return;
+    const std::string why = absl::StrCat("the workers' schedule ended at step ", *ended_at,
+                                         ", before the horizon step ", to,
+                                         ended_reason.empty() ? "" : " (", ended_reason,
+                                         ended_reason.empty() ? "" : ")");
+    if (first_spike) {
+      Finish("spiked", absl::StrCat(first_spike->detail, "; ", why), first_spike->step, -1,
+             first_spike->position);
+    } else if (last_fed < from && !verification) {
+      Finish("failed", absl::StrCat(why, "; no judged step was executed"), -1, -1);
+    } else {
+      Finish("clean", absl::StrCat("no spike through step ", last_fed, "; ", why), -1, -1);
+    }
   }
 
   void Feed(const StepObservation& o, absl::Time now) {
@@ -272,6 +364,8 @@ struct Judge {
     last_progress = now;
     ++count;
     if (std::isfinite(o.step_time_s)) time_sum += o.step_time_s;
+    positions[o.step] = o.data_position;
+    while (positions.size() > 1024) positions.erase(positions.begin());
     if (mismatch_step < 0) {
       auto it = original_hash.find(o.step);
       if (it != original_hash.end() && it->second != o.loss_hash) {
@@ -280,37 +374,40 @@ struct Judge {
         mismatch_replayed = o.loss_hash;
       }
     }
-    if (NonFinite(o)) {
+    if (NonFinite(o) && o.step >= from) {
       Finish("nonfinite",
-             absl::StrCat("non-finite values at step ", o.step,
+             absl::StrCat("non-finite values at step ", o.step, " (data position ",
+                          o.data_position, ")",
                           o.first_nonfinite_layer >= 0
-                              ? absl::StrCat(" (first in layer ", o.first_nonfinite_layer, ")")
+                              ? absl::StrCat(", first in layer ", o.first_nonfinite_layer)
                               : std::string()),
-             o.step, o.first_nonfinite_layer);
+             o.step, o.first_nonfinite_layer, o.data_position);
       return;
     }
     const double value = use_grad ? o.grad_norm : o.loss;
-    if (auto e = detector->Observe(o.step, value);
+    if (auto e = NonFinite(o) ? std::nullopt : detector->Observe(o.step, value);
         e && e->state == detect::SpikeEvent::kOnset && e->onset_step >= from &&
         e->onset_step <= to && e->baseline > 0 &&
         std::log(e->peak_value / e->baseline) >= min_log_ratio) {
-      const std::string detail =
-          absl::StrFormat("%s spike at step %d: %.4g against a median of %.4g (z %.1f)",
-                          use_grad ? "grad-norm" : "loss", e->onset_step, e->peak_value,
-                          e->baseline, e->onset_z);
+      auto pos = positions.find(e->onset_step);
+      const int64_t position = pos == positions.end() ? -1 : pos->second;
+      const std::string detail = absl::StrFormat(
+          "%s spike at step %d (data position %d): %.4g against a median of %.4g (z %.1f)",
+          use_grad ? "grad-norm" : "loss", e->onset_step, position, e->peak_value, e->baseline,
+          e->onset_z);
       if (verification) {
-        Finish("spiked", detail, e->onset_step, -1);
+        Finish("spiked", detail, e->onset_step, -1, position);
         return;
       }
       // A probe runs on to its horizon after a spike: whether the spike is
       // followed by non-finite values (NUMERICS, not FRAGILITY) is evidence.
-      if (!first_spike) first_spike = std::make_pair(e->onset_step, detail);
+      if (!first_spike) first_spike = Spike{e->onset_step, position, detail};
     }
     if (first_spike && o.step >= to) {
-      Finish("spiked", first_spike->second, first_spike->first, -1);
+      Finish("spiked", first_spike->detail, first_spike->step, -1, first_spike->position);
       return;
     }
-    if (!verification && o.step - checkpoint_step > budget_left) {
+    if (!verification && o.step - checkpoint_step + 1 > budget_left) {
       Finish("failed",
              absl::StrCat("budget: the re-executed steps cap was reached at step ", o.step),
              -1, -1);
@@ -318,7 +415,9 @@ struct Judge {
     }
     if (o.step >= to) {
       Finish("clean", absl::StrCat("no spike through step ", o.step), -1, -1);
+      return;
     }
+    EndEarly();
   }
 };
 
@@ -356,10 +455,16 @@ struct Inc {
   int64_t verdict_ms = 0;
 
   int64_t window_lo = 0, window_hi = 0;
-  int64_t bisect_lo = 0, bisect_hi = 0;
+  // Every hole of the newest skip probe (the window, extended to spikes
+  // found at other positions).
+  std::vector<std::pair<int64_t, int64_t>> holes;
+  int skip_extensions = 0;
+  // Bisect: each probe's fed part of the window and whether it spiked.
+  std::vector<std::pair<std::vector<int64_t>, bool>> bisect_tests;
   bool bisect_done = false;
   bool transplant_done = false;
   std::vector<int64_t> culprits;
+  std::vector<std::string> excluded_uris;
 
   int rung = 0;
   bool fix_requested = false;
@@ -445,6 +550,15 @@ void Apply(Inc& s, int64_t seq, const std::string& kind, const lg::EventPayload&
   } else if (kind == kCheckpoint) {
     s.chosen = p.checkpoint();
     s.stage = Stage::kReady;
+    s.excluded_uris.assign(p.checkpoint().excluded_uris().begin(),
+                           p.checkpoint().excluded_uris().end());
+    // A retry from another checkpoint starts the protocol over.
+    s.outcomes.clear();
+    s.holes.clear();
+    s.skip_extensions = 0;
+    s.bisect_tests.clear();
+    s.probe.reset();
+    s.last_finished.reset();
     AppendNote(s, p.note());
   } else if (kind == kRewindRequested || kind == kContinueRequested || kind == kPauseRequested ||
              kind == kQuarantineRequested) {
@@ -461,8 +575,15 @@ void Apply(Inc& s, int64_t seq, const std::string& kind, const lg::EventPayload&
       s.inc.set_fix(a.reason());
     }
     if (a.kind() == "rewind" && a.probe_kind() == kSkip) {
-      s.window_lo = a.hole_begin();
-      s.window_hi = a.hole_end();
+      if (s.holes.empty()) {
+        s.window_lo = a.hole_begin();
+        s.window_hi = a.hole_end();
+      } else {
+        ++s.skip_extensions;
+      }
+      s.holes.clear();
+      for (const v1::DataRange& r : a.holes()) s.holes.emplace_back(r.begin(), r.end());
+      if (s.holes.empty()) s.holes.emplace_back(a.hole_begin(), a.hole_end());
     }
     s.inc.set_state(s.approval_wait() ? v1::AWAITING_APPROVAL : StateForAction(s, a));
   } else if (kind == kAbortRequested) {
@@ -513,12 +634,11 @@ void Apply(Inc& s, int64_t seq, const std::string& kind, const lg::EventPayload&
       s.any_nonfinite = true;
       if (f.nonfinite_layer() >= 0 && s.nonfinite_layer < 0) s.nonfinite_layer = f.nonfinite_layer();
     }
-    if (probe_kind == kBisect && s.probe) {
-      if (f.outcome() == "clean") {
-        s.bisect_hi = s.probe->hole_end();
-      } else if (f.outcome() == "spiked" || f.outcome() == "nonfinite") {
-        s.bisect_lo = s.probe->hole_end();
-      }
+    if (probe_kind == kBisect && s.probe &&
+        (f.outcome() == "clean" || f.outcome() == "spiked" || f.outcome() == "nonfinite")) {
+      s.bisect_tests.emplace_back(
+          std::vector<int64_t>(s.probe->include().begin(), s.probe->include().end()),
+          f.outcome() != "clean");
     }
     if (probe_kind == kTransplant) {
       s.transplant_done = true;
@@ -539,18 +659,20 @@ void Apply(Inc& s, int64_t seq, const std::string& kind, const lg::EventPayload&
     s.verdict_ms = p.unix_ms();
     s.inc.set_verdict(v.verdict());
     s.inc.set_confidence(v.confidence());
-    s.inc.clear_recommendations();
-    for (const std::string& r : v.recommendations()) s.inc.add_recommendations(r);
+    // Advice gathered before (e.g. qk-norm when an INCONCLUSIVE follows a
+    // FRAGILITY ladder) is kept; new advice is added once.
+    for (const std::string& r : v.recommendations()) {
+      if (std::find(s.inc.recommendations().begin(), s.inc.recommendations().end(), r) ==
+          s.inc.recommendations().end()) {
+        s.inc.add_recommendations(r);
+      }
+    }
     if (v.documents_size() > 0) {
       s.inc.clear_documents();
       for (const auto& d : v.documents()) *s.inc.add_documents() = d;
     }
     if (!v.fix().empty()) s.inc.set_fix(v.fix());
     AppendNote(s, v.note());
-    if (v.verdict() == v1::DATA) {
-      s.bisect_lo = s.window_lo;
-      s.bisect_hi = s.window_hi;
-    }
     if (v.verdict() == v1::NUMERICS) {
       const int layer = s.nonfinite_layer >= 0 ? s.nonfinite_layer : s.opened.localized_layer();
       if (layer >= 0) {
@@ -563,9 +685,16 @@ void Apply(Inc& s, int64_t seq, const std::string& kind, const lg::EventPayload&
     s.stage = Stage::kFix;
     s.inc.set_state(v1::FIXING);
   } else if (kind == kBisectResult) {
+    const lg::Culprit& c = p.culprit();
     s.bisect_done = true;
-    s.culprits.assign(p.culprit().positions().begin(), p.culprit().positions().end());
-    s.inc.set_confidence(std::max(s.inc.confidence(), 0.95 * s.confidence_factor));
+    s.culprits.assign(c.positions().begin(), c.positions().end());
+    s.culprits.insert(s.culprits.end(), c.group_positions().begin(), c.group_positions().end());
+    s.inc.clear_culprit_positions();
+    for (int64_t x : s.culprits) s.inc.add_culprit_positions(x);
+    s.inc.clear_suspects();
+    for (const auto& d : c.suspects()) *s.inc.add_suspects() = d;
+    s.inc.clear_near_duplicates();
+    for (const auto& d : c.near_duplicates()) *s.inc.add_near_duplicates() = d;
     AppendNote(s, p.note());
   } else if (kind == kTransplantSkipped) {
     s.transplant_done = true;
@@ -574,6 +703,12 @@ void Apply(Inc& s, int64_t seq, const std::string& kind, const lg::EventPayload&
     const lg::Action a = s.pending.value_or(lg::Action());
     s.pending.reset();
     s.continued = true;
+    if (!s.aborting && s.probe_generation >= 0) {
+      s.inc.set_continued_generation(a.verify_generation() >= 0 && a.verify_until() > 0
+                                         ? a.verify_generation()
+                                         : s.probe_generation);
+    }
+    if (a.verify_until() <= 0) s.verified = true;  // nothing to verify
     if (a.verify_until() > 0 && !s.aborting) {
       s.stage = Stage::kVerifying;
       s.verify_generation = a.verify_generation();
@@ -624,6 +759,71 @@ struct IncidentEngine::State {
   std::map<int64_t, std::unique_ptr<Inc>> incidents;
   // The newest generation seen per run: the one a detection must be of.
   std::map<std::string, int64_t> watched;
+  // Generations whose workers reached the end of their schedule: last step
+  // and reason, per (run, generation).
+  std::map<std::pair<std::string, int64_t>, std::pair<int64_t, std::string>> ended;
+  // Runs whose closed incidents (from before this process) were read from
+  // the store: their probe generations and detections count too.
+  std::set<std::string> history_loaded;
+  struct Past {
+    int64_t id = 0;
+    int64_t generation = 0;
+    int64_t onset = 0;
+    std::vector<int64_t> probe_generations;
+    std::optional<int64_t> continued_generation;
+  };
+  std::map<std::string, std::vector<Past>> history;
+
+  void LoadHistory(const std::string& run) {
+    if (!history_loaded.insert(run).second) return;
+    auto all = store->RunIncidents(run);
+    if (!all.ok()) {
+      history_loaded.erase(run);
+      return;
+    }
+    for (const v1::Incident& i : *all) {
+      if (incidents.count(i.id())) continue;
+      Past p;
+      p.id = i.id();
+      p.generation = i.generation();
+      p.onset = i.onset_step();
+      for (const v1::Probe& pr : i.probes()) p.probe_generations.push_back(pr.generation());
+      if (i.has_continued_generation()) p.continued_generation = i.continued_generation();
+      history[run].push_back(std::move(p));
+    }
+  }
+
+  // Every incident of the run this process knows, as Past records.
+  std::vector<Past> Known(const std::string& run) {
+    LoadHistory(run);
+    std::vector<Past> out = history[run];
+    for (const auto& [id, s] : incidents) {
+      if (s->run() != run) continue;
+      Past p;
+      p.id = id;
+      p.generation = s->opened.generation();
+      p.onset = s->onset();
+      for (const v1::Probe& pr : s->inc.probes()) p.probe_generations.push_back(pr.generation());
+      if (s->inc.has_continued_generation()) p.continued_generation = s->inc.continued_generation();
+      out.push_back(std::move(p));
+    }
+    return out;
+  }
+
+  // A probe's generation is an experiment, not the run: its spikes are the
+  // probe's outcome and never open incidents, unless the run was let go on
+  // with it (then it is the run's timeline).
+  bool IsProbeGeneration(const std::string& run, int64_t generation) {
+    bool probe = false;
+    for (const Past& p : Known(run)) {
+      if (p.continued_generation && *p.continued_generation == generation) return false;
+      if (std::find(p.probe_generations.begin(), p.probe_generations.end(), generation) !=
+          p.probe_generations.end()) {
+        probe = true;
+      }
+    }
+    return probe;
+  }
 
   Inc* ActiveFor(const std::string& run) {
     for (auto& [id, s] : incidents) {
@@ -657,12 +857,36 @@ struct IncidentEngine::State {
     return absl::StrCat("incident-", s.id(), "/", s.actions + 1, "-", what);
   }
 
+  // The hparams a probe of this incident runs with: those of the generation
+  // under diagnosis (a fix in force stays in force), with `overrides` on
+  // top (a fix rung; its lr scale multiplies the one in force).
+  absl::StatusOr<v1::HParams> ProbeHParams(const Inc& s, const std::optional<v1::HParams>& overrides) {
+    SG_ASSIGN_OR_RETURN(v1::HParams h, view->HParams(s.run(), s.opened.generation()));
+    if (!overrides) return h;
+    const double inherited_lr = h.has_lr_scale() ? h.lr_scale() : 1.0;
+    v1::HParams out = h;
+    out.MergeFrom(*overrides);
+    if (overrides->has_lr_scale()) out.set_lr_scale(inherited_lr * overrides->lr_scale());
+    return out;
+  }
+
+  // The horizon clamped to the last step the run's schedule executes.
+  int64_t Clamp(const Inc& s, int64_t step) {
+    const std::optional<int64_t> final_step = view->FinalStep(s.run());
+    return final_step && *final_step >= 0 ? std::min(step, *final_step) : step;
+  }
+
   absl::Status RequestRewind(Inc& s, const std::string& probe_kind, const CheckpointInfo& ckpt,
                              const v1::DataPlan& plan, int64_t stop_after,
-                             const std::optional<v1::HParams>& hparams, int64_t judge_from,
+                             const std::optional<v1::HParams>& overrides, int64_t judge_from,
                              int rung, int64_t hole_begin, int64_t hole_end,
-                             const std::string& why) {
+                             const std::string& why, const std::vector<int64_t>& include = {},
+                             const std::vector<std::pair<int64_t, int64_t>>& holes = {}) {
     const v1::Policy& pol = s.policy;
+    stop_after = Clamp(s, stop_after);
+    SG_ASSIGN_OR_RETURN(const v1::HParams hp, ProbeHParams(s, overrides));
+    const std::optional<v1::HParams> hparams =
+        hp.ByteSizeLong() > 0 ? std::optional<v1::HParams>(hp) : std::nullopt;
     if (s.probes >= pol.budget().max_probes()) {
       return Inconclusive(s, absl::StrCat("budget exhausted: ", s.probes, " probes run (max_probes ",
                                           pol.budget().max_probes(), ") before the ", probe_kind,
@@ -689,6 +913,12 @@ struct IncidentEngine::State {
     a.set_rung(rung);
     a.set_hole_begin(hole_begin);
     a.set_hole_end(hole_end);
+    for (int64_t x : include) a.add_include(x);
+    for (const auto& [b, e] : holes) {
+      v1::DataRange* r = a.add_holes();
+      r->set_begin(b);
+      r->set_end(e);
+    }
     a.set_needs_approval(ModeFor(s.run()) == v1::MODE_PROPOSE);
     a.set_reason(absl::StrCat(probe_kind, " probe: rewind to step ", ckpt.step, ", plan ",
                               PlanString(plan), ", horizon step ", stop_after,
@@ -703,6 +933,11 @@ struct IncidentEngine::State {
   absl::Status RequestContinue(Inc& s, bool needs_approval, int64_t verify_generation,
                                int64_t verify_from, int64_t verify_until,
                                const std::string& why) {
+    if (verify_until > 0) {
+      verify_until = Clamp(s, verify_until);
+      // Nothing of the schedule is left to verify.
+      if (verify_until < verify_from) verify_until = 0;
+    }
     lg::Action a;
     a.set_kind("continue");
     a.set_request_id(RequestId(s, "continue"));
@@ -846,6 +1081,42 @@ struct IncidentEngine::State {
 
   double Confidence(const Inc& s, double base) { return base * s.confidence_factor; }
 
+  // Every data position of the skip probe's holes.
+  static std::vector<int64_t> WindowPositions(const Inc& s) {
+    std::vector<int64_t> out;
+    for (const auto& [b, e] : s.holes) {
+      for (int64_t x = b; x < e; ++x) out.push_back(x);
+    }
+    return out;
+  }
+
+  static bool InHoles(const Inc& s, int64_t position) {
+    for (const auto& [b, e] : s.holes) {
+      if (position >= b && position < e) return true;
+    }
+    return false;
+  }
+
+  // The documents the original generation consumed at `positions` (each
+  // position resolved at the step the original plan fed it).
+  absl::StatusOr<std::vector<v1::DocumentRef>> DocumentsAt(const Inc& s,
+                                                           const std::vector<int64_t>& positions) {
+    std::vector<v1::DocumentRef> out;
+    std::set<std::tuple<std::string, int64_t, int64_t>> seen;
+    for (int64_t x : positions) {
+      const int64_t step = StepOf(s.chosen->plan(), x);
+      if (step < 0) continue;
+      SG_ASSIGN_OR_RETURN(std::vector<v1::DocumentRef> docs,
+                          view->Documents(s.run(), s.opened.generation(), step, step));
+      for (const auto& d : docs) {
+        if (seen.insert({d.domain(), d.document_id(), d.data_position()}).second) {
+          out.push_back(d);
+        }
+      }
+    }
+    return out;
+  }
+
   absl::Status VerdictAfterSkip(Inc& s) {
     const v1::Policy& pol = s.policy;
     const std::string skip_outcome = s.outcomes[kSkip];
@@ -867,18 +1138,11 @@ struct IncidentEngine::State {
             "fix ladder: lr × factor, then longer warmup and tighter clipping, then β2/ε", {},
             /*escalated=*/true);
       }
-      const int64_t from = s.onset() - pol.probe().skip_before();
-      const int64_t to = s.onset() + pol.probe().skip_after();
-      SG_ASSIGN_OR_RETURN(std::vector<v1::DocumentRef> docs,
-                          view->Documents(s.run(), s.opened.generation(), from, to));
-      return EmitVerdict(
-          s, v1::DATA, Confidence(s, 0.85),
-          absl::StrCat("skipping data positions [", s.window_lo, ", ", s.window_hi,
-                       ") (steps ", from, "–", to, ") removed the spike: the data there triggers it"),
-          {"filter documents similar to the quarantined ones from the corpus"},
-          absl::StrCat("keep the hole [", s.window_lo, ", ", s.window_hi,
-                       ") in the data plan; quarantine ", docs.size(), " document(s)"),
-          docs);
+      if (pol.probe().bisect()) return BisectStep(s);
+      Bisection whole;
+      whole.culprits = WindowPositions(s);
+      whole.untested = true;
+      return CulpritsFound(s, whole);
     }
     const bool numerics = s.opened.kind() == static_cast<int>(Detection::Kind::kNonFinite) ||
                           s.any_nonfinite;
@@ -893,16 +1157,279 @@ struct IncidentEngine::State {
            "check the loss-scale schedule if fp16 is kept"},
           "none in place: run paused; precision changes need an operator");
     }
+    // The skip probe spiked on another batch. Without evidence that the
+    // model moved (a precursor), that batch may be a trigger of its own:
+    // skip it too before calling the model fragile.
+    const int64_t q = s.last_finished ? s.last_finished->spike_position() : -1;
+    if (q >= 0 && !InHoles(s, q) && !s.opened.has_precursor() &&
+        s.skip_extensions < kMaxSkipExtensions) {
+      return ProposeSkip(s, q);
+    }
+    std::string why = "the spike reproduces on replay and survives skipping the batches around it";
+    if (s.skip_extensions > 0) {
+      why = absl::StrCat(why, " and around ", s.skip_extensions,
+                         " more spike(s) at other batches");
+    } else if (s.opened.has_precursor()) {
+      why = absl::StrCat(why, " (precursor ", s.opened.precursor(), " since step ",
+                         s.opened.precursor_onset_step(), ")");
+    }
     return EmitVerdict(s, v1::FRAGILITY, Confidence(s, 0.8),
-                       "the spike reproduces on replay and survives skipping the batches around "
-                       "it: the model state is fragile",
+                       absl::StrCat(why, ": the model state is fragile"),
                        FragilityRecommendations(s),
                        "fix ladder: lr × factor, then longer warmup and tighter clipping, then β2/ε");
   }
 
+  // ---- Bisection ------------------------------------------------------------------
+  //
+  // Group testing over the window W (every position of the skip holes): the
+  // replay fed all of W and spiked, the skip fed none and was clean. A bisect
+  // probe feeds one part of W and skips the rest of it. Each round descends
+  // from a set known to spike to one position: a part that spikes is kept;
+  // when it does not, the other part must hold the culprit (implied). A
+  // position is named only after a probe that fed it alone spiked, so an
+  // implied position is confirmed with one more probe; when it does not
+  // spike alone, the spike needs several batches together (or is no data
+  // trigger at all, when nothing was found). Then the window without the
+  // culprits found is fed: clean, every culprit is known; spiked, another
+  // round looks for the next one. The onset's own position is tried alone
+  // first, so a single culprit there costs two probes.
+  struct Bisection {
+    std::optional<std::vector<int64_t>> need;  // the next part to feed
+    std::vector<int64_t> culprits;             // spike alone
+    std::vector<int64_t> group;                // spike only together
+    bool none_reproduced = false;              // no part of W spiked
+    bool partial = false;                      // stopped by the budget
+    bool untested = false;                     // no bisect: the whole window
+  };
+
+  static Bisection NextBisect(const std::vector<int64_t>& window, int64_t onset_position,
+                              const std::vector<std::pair<std::vector<int64_t>, bool>>& tests) {
+    Bisection b;
+    std::map<std::vector<int64_t>, bool> known;
+    for (const auto& [set, spiked] : tests) {
+      std::vector<int64_t> key = set;
+      std::sort(key.begin(), key.end());
+      known[key] = spiked;
+    }
+    std::vector<int64_t> w = window;
+    std::sort(w.begin(), w.end());
+    w.erase(std::unique(w.begin(), w.end()), w.end());
+    std::vector<int64_t> found;
+    std::vector<int64_t> round = w;  // known to spike
+    for (size_t guard = 0; guard <= w.size() && !round.empty(); ++guard) {
+      std::vector<int64_t> node = round;
+      bool tested = true;
+      while (node.size() > 1) {
+        std::vector<int64_t> a, rest;
+        if (std::find(node.begin(), node.end(), onset_position) != node.end()) {
+          a = {onset_position};
+          for (int64_t x : node) {
+            if (x != onset_position) rest.push_back(x);
+          }
+        } else {
+          const size_t half = (node.size() + 1) / 2;
+          a.assign(node.begin(), node.begin() + half);
+          rest.assign(node.begin() + half, node.end());
+        }
+        auto ra = known.find(a);
+        if (ra == known.end()) {
+          b.need = a;
+          b.culprits = found;
+          return b;
+        }
+        node = ra->second ? a : rest;
+        tested = ra->second;
+      }
+      if (!tested) {
+        auto r = known.find(node);
+        if (r == known.end()) {
+          b.need = node;
+          b.culprits = found;
+          return b;
+        }
+        if (!r->second) {
+          // The set spikes, yet no single batch of it does.
+          if (found.empty() && round == w) {
+            b.none_reproduced = true;
+          } else {
+            b.group = round;
+          }
+          break;
+        }
+      }
+      found.push_back(node.front());
+      std::vector<int64_t> left;
+      for (int64_t x : w) {
+        if (std::find(found.begin(), found.end(), x) == found.end()) left.push_back(x);
+      }
+      if (left.empty()) break;
+      auto r = known.find(left);
+      if (r == known.end()) {
+        b.need = left;
+        b.culprits = found;
+        return b;
+      }
+      if (!r->second) break;
+      round = left;
+    }
+    std::sort(found.begin(), found.end());
+    b.culprits = found;
+    return b;
+  }
+
+  absl::Status BisectStep(Inc& s) {
+    const v1::Policy& pol = s.policy;
+    const std::vector<int64_t> window = WindowPositions(s);
+    Bisection b = NextBisect(window, s.chosen->onset_position(), s.bisect_tests);
+    if (b.need) {
+      // One probe stays for the fix.
+      if (s.probes + 2 <= pol.budget().max_probes() &&
+          s.reexecuted < pol.budget().max_reexecuted_steps()) {
+        std::vector<int64_t> skipped;
+        for (int64_t x : window) {
+          if (std::find(b.need->begin(), b.need->end(), x) == b.need->end()) skipped.push_back(x);
+        }
+        const v1::DataPlan plan = WithHoles(s.chosen->plan(), Ranges(skipped));
+        int64_t first = std::numeric_limits<int64_t>::max(), last = -1;
+        for (int64_t x : *b.need) {
+          const int64_t step = StepOf(plan, x);
+          if (step < 0) continue;
+          first = std::min(first, step);
+          last = std::max(last, step);
+        }
+        if (last < 0) first = last = s.onset();
+        const v1::ProbePolicy& probe = pol.probe();
+        const int64_t horizon = last + probe.skip_before() + probe.replay_steps_past_onset();
+        std::vector<std::string> parts;
+        for (const auto& [lo, hi] : Ranges(*b.need)) {
+          parts.push_back(hi == lo + 1 ? absl::StrCat(lo) : absl::StrCat(lo, "–", hi - 1));
+        }
+        return RequestRewind(s, kBisect, Chosen(s), plan, horizon, std::nullopt,
+                             std::max(first, s.chosen->checkpoint().step()), 0, 0, 0,
+                             absl::StrCat("feed only position(s) ", absl::StrJoin(parts, ","),
+                                          " of the window"),
+                             *b.need, Ranges(skipped));
+      }
+      b.partial = true;
+      b.need.reset();
+    }
+    return CulpritsFound(s, b);
+  }
+
+  // Logs the culprits (documents, suspects, near-duplicates), then the
+  // verdict they support.
+  absl::Status CulpritsFound(Inc& s, Bisection b) {
+    const std::vector<int64_t> window = WindowPositions(s);
+    std::vector<int64_t> named = b.culprits;
+    named.insert(named.end(), b.group.begin(), b.group.end());
+    if (b.partial) named = window;  // the untested rest stays skipped too
+    std::sort(named.begin(), named.end());
+    std::vector<int64_t> others;
+    for (int64_t x : window) {
+      if (!std::binary_search(named.begin(), named.end(), x)) others.push_back(x);
+    }
+    SG_ASSIGN_OR_RETURN(std::vector<v1::DocumentRef> docs, DocumentsAt(s, named));
+    SG_ASSIGN_OR_RETURN(std::vector<v1::DocumentRef> suspects, DocumentsAt(s, others));
+    // A document that spans a culprit batch and another is a culprit.
+    std::set<std::pair<std::string, int64_t>> culprit_ids;
+    for (const auto& d : docs) culprit_ids.insert({d.domain(), d.document_id()});
+    lg::EventPayload p;
+    lg::Culprit* c = p.mutable_culprit();
+    for (int64_t x : b.culprits) {
+      c->add_positions(x);
+      c->add_steps(StepOf(s.chosen->plan(), x));
+    }
+    for (int64_t x : b.partial ? named : b.group) {
+      if (std::find(b.culprits.begin(), b.culprits.end(), x) == b.culprits.end()) {
+        c->add_group_positions(x);
+      }
+    }
+    c->set_none_reproduced(b.none_reproduced);
+    c->set_partial(b.partial);
+    for (const auto& d : docs) *c->add_documents() = d;
+    for (const auto& d : suspects) {
+      if (!culprit_ids.count({d.domain(), d.document_id()})) *c->add_suspects() = d;
+    }
+    if (!b.none_reproduced && !docs.empty()) {
+      absl::StatusOr<std::vector<v1::NearDuplicate>> similar = view->NearDuplicates(s.run(), docs);
+      if (similar.ok()) {
+        for (const auto& d : *similar) *c->add_near_duplicates() = d;
+      } else {
+        SG_LOG(WARNING) << "incident " << s.id() << ": near-duplicate search: " << similar.status();
+      }
+    }
+    std::vector<std::string> names;
+    for (const auto& d : docs) names.push_back(absl::StrCat(d.domain(), ":", d.document_id()));
+    auto list = [](const std::vector<int64_t>& v) { return absl::StrJoin(v, ","); };
+    std::string note;
+    if (b.none_reproduced) {
+      note = absl::StrCat("bisect: no part of the window [", list(window),
+                          "] reproduces the spike when fed without the rest");
+    } else if (b.untested) {
+      note = absl::StrCat("culprits: the skipped window, data positions ", list(named),
+                          " (bisect off)");
+    } else {
+      note = absl::StrCat(
+          "bisect: ",
+          b.culprits.empty() ? std::string()
+                             : absl::StrCat("culprit batch(es) at data position(s) ",
+                                            list(b.culprits), " spike alone"),
+          !b.culprits.empty() && !b.group.empty() ? "; " : "",
+          b.group.empty() ? std::string()
+                          : absl::StrCat("positions ", list(b.group),
+                                         " spike only together"),
+          b.partial ? absl::StrCat(b.culprits.empty() ? "" : "; ",
+                                   "the probe budget ran out before the rest of the window was "
+                                   "tested: the window [", list(named), "] is kept whole")
+                    : "",
+          names.empty() ? "" : "; documents ", absl::StrJoin(names, " "),
+          suspects.empty() ? "" : absl::StrCat("; ", c->suspects_size(), " suspect document(s)"));
+    }
+    p.set_note(note);
+    p.set_detail(note);
+    SG_RETURN_IF_ERROR(Emit(s, kBisectResult, p));
+
+    if (b.none_reproduced) {
+      return EmitVerdict(
+          s, v1::FRAGILITY, Confidence(s, 0.6),
+          "the spike reproduces with the full data and is gone with the window skipped, but no "
+          "batch of the window reproduces it when fed without the others: not a data trigger; "
+          "the model state is fragile",
+          FragilityRecommendations(s),
+          "fix ladder: lr × factor, then longer warmup and tighter clipping, then β2/ε");
+    }
+    const double conf = b.untested || b.partial ? 0.85 : b.culprits.empty() ? 0.7 : 0.95;
+    std::vector<std::string> holes;
+    for (const auto& [lo, hi] : Ranges(named)) holes.push_back(absl::StrCat("[", lo, ", ", hi, ")"));
+    return EmitVerdict(
+        s, v1::DATA, Confidence(s, conf),
+        absl::StrCat("skipping data position(s) ", list(window),
+                     " removed the spike; the data there triggers it"),
+        {"filter the near-duplicates of the quarantined documents from the corpus"},
+        absl::StrCat("keep the hole(s) ", absl::StrJoin(holes, " "),
+                     " in the data plan; quarantine ", docs.size(), " document(s)"),
+        docs);
+  }
+
   // ---- Deciding -------------------------------------------------------------------
 
-  absl::Status ChooseCheckpoint(Inc& s) {
+  // The workers could not load the chosen checkpoint (or another command of
+  // a probe failed): give that checkpoint up and start over from the next
+  // candidate, or say clearly that none is left.
+  absl::Status RetryCheckpoint(Inc& s, const std::string& why) {
+    std::vector<std::string> excluded = s.excluded_uris;
+    const int64_t failed_step = s.chosen ? s.chosen->checkpoint().step() : -1;
+    if (s.chosen) {
+      excluded.push_back(s.chosen->checkpoint().uri());
+      (void)store->PinCheckpoint(s.run(), failed_step, false);
+    }
+    return ChooseCheckpoint(
+        s, excluded,
+        absl::StrCat("checkpoint step ", failed_step, " given up: ", why));
+  }
+
+  absl::Status ChooseCheckpoint(Inc& s, const std::vector<std::string>& excluded = {},
+                                const std::string& retry_note = "") {
     const v1::ProbePolicy& probe = s.policy.probe();
     int64_t onset = s.opened.has_precursor()
                         ? std::min(s.onset(), s.opened.precursor_onset_step())
@@ -920,6 +1447,7 @@ struct IncidentEngine::State {
       older.reset();
       for (const CheckpointInfo& c : all) {
         if (!c.complete || c.generation > s.opened.generation() || c.step >= before) continue;
+        if (std::find(excluded.begin(), excluded.end(), c.uri) != excluded.end()) continue;
         if (c.step >= before - probe.max_steps_before_onset() &&
             c.step <= before - probe.min_steps_before_onset() && better(in_window, c)) {
           in_window = c;
@@ -937,7 +1465,8 @@ struct IncidentEngine::State {
       onset = s.onset();
       scan(onset);
     }
-    std::string note = precursor_note;
+    std::string note = retry_note;
+    if (!precursor_note.empty()) note += (note.empty() ? "" : "; ") + precursor_note;
     CheckpointInfo chosen;
     if (in_window) {
       chosen = *in_window;
@@ -948,6 +1477,9 @@ struct IncidentEngine::State {
                           probe.max_steps_before_onset(), " steps before the onset (step ", onset,
                           "); using the nearest older one, step ", chosen.step, " (",
                           onset - chosen.step, " steps before)");
+    } else if (!retry_note.empty()) {
+      return Inconclusive(s, absl::StrCat(retry_note, "; no other complete checkpoint before the "
+                                          "onset (step ", onset, ") is left to replay from"));
     } else {
       return EmitVerdict(s, v1::INCONCLUSIVE, 0.0,
                          absl::StrCat("no complete checkpoint before the onset (step ", onset,
@@ -970,7 +1502,13 @@ struct IncidentEngine::State {
     *c->mutable_plan() = plan;
     c->set_onset_position(position);
     c->set_fallback(!in_window);
+    for (const std::string& uri : excluded) c->add_excluded_uris(uri);
     p.set_note(note);
+    // Retention must keep it while this incident may rewind there.
+    if (absl::Status pin = store->PinCheckpoint(s.run(), chosen.step, true); !pin.ok()) {
+      SG_LOG(WARNING) << "incident " << s.id() << ": pin checkpoint step " << chosen.step << ": "
+                      << pin;
+    }
     p.set_detail(absl::StrCat("checkpoint step ", chosen.step, " (", chosen.uri, ")",
                               note.empty() ? "" : ": ", note));
     return Emit(s, kCheckpoint, p);
@@ -984,49 +1522,49 @@ struct IncidentEngine::State {
                          s.onset() - 2, 0, 0, 0, "same checkpoint, same data");
   }
 
-  absl::Status ProposeSkip(Inc& s) {
+  // The hole around `position`. Step s consumes the s-th position of the
+  // plan, and the checkpoint already holds the positions consumed before
+  // its step: a hole never starts before the position the checkpoint's step
+  // consumes, or it would shift every later step's data instead.
+  std::pair<int64_t, int64_t> HoleAround(const Inc& s, int64_t position) {
     const v1::ProbePolicy& probe = s.policy.probe();
-    const int64_t pos = s.chosen->onset_position();
-    const int64_t begin = std::max<int64_t>(0, pos - probe.skip_before());
-    const int64_t end = pos + probe.skip_after() + 1;
-    const int64_t ckpt = s.chosen->checkpoint().step();
-    return RequestRewind(s, kSkip, Chosen(s), WithHole(s.chosen->plan(), begin, end),
-                         s.onset() + probe.skip_horizon(), std::nullopt, ckpt + 1, 0, begin, end,
-                         absl::StrCat("hole [", begin, ", ", end, ") around the onset"));
+    int64_t first = PositionAt(s.chosen->plan(), s.chosen->checkpoint().step());
+    if (first < 0) first = 0;
+    return {std::max<int64_t>(first, position - probe.skip_before()),
+            std::max<int64_t>(first, position) + probe.skip_after() + 1};
+  }
+
+  // The skip probe: a hole around the onset's position, or (extending) the
+  // holes so far plus one around `extra`, where the previous skip spiked.
+  absl::Status ProposeSkip(Inc& s, std::optional<int64_t> extra = std::nullopt) {
+    const v1::ProbePolicy& probe = s.policy.probe();
+    std::vector<std::pair<int64_t, int64_t>> holes = s.holes;
+    if (holes.empty()) holes.push_back(HoleAround(s, s.chosen->onset_position()));
+    int64_t horizon = s.onset() + probe.skip_horizon();
+    std::string why;
+    if (extra) {
+      holes.push_back(HoleAround(s, *extra));
+      why = absl::StrCat("the previous skip spiked on another batch, data position ", *extra,
+                         ": skip it too");
+      if (s.last_finished) {
+        horizon = std::max(horizon, s.last_finished->spike_step() + probe.skip_horizon());
+      }
+    } else {
+      why = absl::StrCat("hole [", holes.front().first, ", ", holes.front().second,
+                         ") around the onset");
+    }
+    holes = MergeRanges(holes);
+    return RequestRewind(s, kSkip, Chosen(s), WithHoles(s.chosen->plan(), holes), horizon,
+                         std::nullopt, s.chosen->checkpoint().step(), 0, holes.front().first,
+                         holes.front().second, why, {}, holes);
   }
 
   absl::Status ProposeRung(Inc& s, int rung) {
     const int64_t ckpt = s.chosen->checkpoint().step();
     return RequestRewind(s, kFix, Chosen(s), s.chosen->plan(),
                          s.onset() + s.policy.fix().verify_steps(),
-                         RungHParams(s.policy.fix(), rung), ckpt + 1, rung, 0, 0,
+                         RungHParams(s.policy.fix(), rung), ckpt, rung, 0, 0,
                          absl::StrCat("FRAGILITY fix rung ", rung));
-  }
-
-  absl::Status EmitBisectResult(Inc& s) {
-    const int64_t culprit = s.bisect_lo;
-    const v1::ProbePolicy& probe = s.policy.probe();
-    SG_ASSIGN_OR_RETURN(std::vector<StepObservation> steps,
-                        view->Steps(s.run(), s.opened.generation(), s.onset() - probe.skip_before(),
-                                    s.onset() + probe.skip_after()));
-    int64_t step = s.onset() + (culprit - s.chosen->onset_position());
-    for (const StepObservation& o : steps) {
-      if (o.data_position == culprit) step = o.step;
-    }
-    SG_ASSIGN_OR_RETURN(std::vector<v1::DocumentRef> docs,
-                        view->Documents(s.run(), s.opened.generation(), step, step));
-    lg::EventPayload p;
-    p.mutable_culprit()->add_positions(culprit);
-    p.mutable_culprit()->add_steps(step);
-    std::vector<std::string> names;
-    for (const auto& d : docs) {
-      *p.mutable_culprit()->add_documents() = d;
-      names.push_back(absl::StrCat(d.domain(), ":", d.document_id()));
-    }
-    p.set_note(absl::StrCat("bisect: culprit batch at data position ", culprit, " (step ", step,
-                            ")", names.empty() ? "" : ", documents ", absl::StrJoin(names, " ")));
-    p.set_detail(p.note());
-    return Emit(s, kBisectResult, p);
   }
 
   absl::Status ProposeTransplant(Inc& s) {
@@ -1070,7 +1608,9 @@ struct IncidentEngine::State {
         "re-executed, %.3f GPU-hours",
         v1::Verdict_Name(s.verdict), to_verdict, (now - s.inc.opened_unix_ms()) / 1000.0, s.probes,
         s.reexecuted, s.inc.cost().gpu_hours()));
-    return Emit(s, kClosed, p);
+    SG_RETURN_IF_ERROR(Emit(s, kClosed, p));
+    if (s.chosen) (void)store->PinCheckpoint(s.run(), s.chosen->checkpoint().step(), false);
+    return absl::OkStatus();
   }
 
   bool NeedsQuarantine(const Inc& s) {
@@ -1086,6 +1626,7 @@ struct IncidentEngine::State {
       lg::EventPayload p;
       p.set_detail("aborted; the run continues as it is");
       SG_RETURN_IF_ERROR(Emit(s, kAborted, p));
+      if (s.chosen) (void)store->PinCheckpoint(s.run(), s.chosen->checkpoint().step(), false);
       return true;
     }
     const std::string last_kind = s.probe ? s.probe->probe_kind() : "";
@@ -1119,47 +1660,36 @@ struct IncidentEngine::State {
         }
         return false;
       case v1::DATA: {
-        if (pol.probe().bisect() && !s.bisect_done) {
-          if (last_kind == kBisect && last_outcome == "failed") {
-            SG_RETURN_IF_ERROR(Inconclusive(s, absl::StrCat("bisect probe failed: ",
-                                                            s.last_finished->detail())));
-            return true;
-          }
-          if (s.bisect_hi - s.bisect_lo > 1) {
-            const int64_t mid = s.bisect_lo + (s.bisect_hi - s.bisect_lo + 1) / 2;
-            const int64_t ckpt = s.chosen->checkpoint().step();
-            SG_RETURN_IF_ERROR(RequestRewind(
-                s, kBisect, Chosen(s), WithHole(s.chosen->plan(), s.bisect_lo, mid),
-                s.onset() + pol.probe().skip_after() + pol.probe().replay_steps_past_onset(),
-                std::nullopt, ckpt + 1, 0, s.bisect_lo, mid,
-                absl::StrCat("skip [", s.bisect_lo, ", ", mid, ") of [", s.bisect_lo, ", ",
-                             s.bisect_hi, ")")));
-          } else {
-            SG_RETURN_IF_ERROR(EmitBisectResult(s));
-          }
-          return true;
-        }
-        if (pol.probe().transplant() && s.bisect_done && !s.transplant_done) {
+        if (pol.probe().transplant() && s.bisect_done && !s.culprits.empty() &&
+            !s.transplant_done) {
           SG_RETURN_IF_ERROR(ProposeTransplant(s));
           return true;
         }
         if (!s.fix_requested) {
+          // The holes the fix keeps: the culprit batches when bisect named
+          // them, else every hole the clean skip had.
+          std::vector<std::pair<int64_t, int64_t>> keep = s.holes;
+          if (!s.culprits.empty()) keep = Ranges(s.culprits);
           if (last_kind == kSkip) {
-            // The skip generation is the fix: let it go on with its hole.
+            // The skip generation is the fix: let it go on with its holes.
             const int64_t horizon = s.probe->stop_after_step();
             SG_RETURN_IF_ERROR(RequestContinue(
                 s, ModeFor(s.run()) == v1::MODE_PROPOSE, s.probe_generation, horizon + 1,
                 horizon + pol.fix().verify_steps(),
                 absl::StrCat("fix: continue the skip generation ", s.probe_generation,
-                             " with its hole; verify through step ",
-                             horizon + pol.fix().verify_steps())));
+                             " with its hole(s); verify through step ",
+                             Clamp(s, horizon + pol.fix().verify_steps()))));
           } else {
-            // Bisect or transplant moved the run: rewind once more with the hole.
-            const int64_t ckpt = s.chosen->checkpoint().step();
+            // Bisect or transplant moved the run: rewind once more, with
+            // holes at the culprits only.
+            std::vector<std::string> parts;
+            for (const auto& [lo, hi] : keep) parts.push_back(absl::StrCat("[", lo, ", ", hi, ")"));
             SG_RETURN_IF_ERROR(RequestRewind(
-                s, kFix, Chosen(s), WithHole(s.chosen->plan(), s.window_lo, s.window_hi),
-                s.onset() + pol.fix().verify_steps(), std::nullopt, ckpt + 1, 0, s.window_lo,
-                s.window_hi, "DATA fix: the verified skip plan"));
+                s, kFix, Chosen(s), WithHoles(s.chosen->plan(), keep),
+                s.onset() + pol.fix().verify_steps(), std::nullopt, s.chosen->checkpoint().step(),
+                0, keep.empty() ? 0 : keep.front().first, keep.empty() ? 0 : keep.front().second,
+                absl::StrCat("DATA fix: hole(s) ", absl::StrJoin(parts, " "), " only"), {},
+                keep));
           }
           return true;
         }
@@ -1171,6 +1701,9 @@ struct IncidentEngine::State {
           if (last_outcome == "clean") {
             SG_RETURN_IF_ERROR(RequestContinue(s, false, -1, 0, 0,
                                                "DATA fix verified: the run continues"));
+          } else if (last_outcome == "failed") {
+            SG_RETURN_IF_ERROR(Inconclusive(
+                s, absl::StrCat("the DATA fix probe failed: ", s.last_finished->detail())));
           } else {
             SG_RETURN_IF_ERROR(Inconclusive(
                 s, absl::StrCat("the spike returned with the window skipped: ",
@@ -1248,9 +1781,14 @@ struct IncidentEngine::State {
         const std::string kind = s.probe ? s.probe->probe_kind() : "";
         const std::string outcome = s.last_finished ? s.last_finished->outcome() : "failed";
         if (outcome == "failed") {
-          SG_RETURN_IF_ERROR(Inconclusive(
-              s, absl::StrCat(kind, " probe failed: ",
-                              s.last_finished ? s.last_finished->detail() : "no outcome")));
+          const std::string detail = s.last_finished ? s.last_finished->detail() : "no outcome";
+          if (s.last_finished && s.last_finished->command_failed()) {
+            // The workers could not start the probe (e.g. the checkpoint is
+            // gone): the next candidate checkpoint, or a clear verdict.
+            SG_RETURN_IF_ERROR(RetryCheckpoint(s, detail));
+          } else {
+            SG_RETURN_IF_ERROR(Inconclusive(s, absl::StrCat(kind, " probe failed: ", detail)));
+          }
           return true;
         }
         if (kind == kReplay) {
@@ -1263,6 +1801,10 @@ struct IncidentEngine::State {
         }
         if (kind == kSkip) {
           SG_RETURN_IF_ERROR(VerdictAfterSkip(s));
+          return true;
+        }
+        if (kind == kBisect) {
+          SG_RETURN_IF_ERROR(BisectStep(s));
           return true;
         }
         SG_RETURN_IF_ERROR(Inconclusive(s, absl::StrCat("unexpected probe '", kind, "'")));
@@ -1330,26 +1872,34 @@ struct IncidentEngine::State {
     }
     // The detector starts from the original timeline before the checkpoint,
     // as the live detector would have.
+    // The checkpoint at step c holds the state after steps 0..c-1: the
+    // detector sees the original's steps before c, and the probe's own
+    // steps from c on.
     const int window = DetectorOptions(sp).window;
     SG_ASSIGN_OR_RETURN(std::vector<StepObservation> before,
                         view->Steps(s.run(), s.opened.generation(),
-                                    std::max<int64_t>(0, j->checkpoint_step - window + 1),
-                                    j->checkpoint_step));
+                                    std::max<int64_t>(0, j->checkpoint_step - window),
+                                    j->checkpoint_step - 1));
     for (const auto& o : before) {
       if (!NonFinite(o)) j->detector->Observe(o.step, grad ? o.grad_norm : o.loss);
     }
     if (s.probe->probe_kind() == kReplay && s.stage == Stage::kProbing && s.nondet_step < 0) {
       SG_ASSIGN_OR_RETURN(std::vector<StepObservation> original,
-                          view->Steps(s.run(), s.opened.generation(), j->checkpoint_step + 1,
+                          view->Steps(s.run(), s.opened.generation(), j->checkpoint_step,
                                       s.onset() - 1));
       for (const auto& o : original) j->original_hash[o.step] = o.loss_hash;
     }
-    j->last_fed = j->checkpoint_step;
+    j->last_fed = j->checkpoint_step - 1;
     j->last_progress = clock->Now();
+    if (auto e = ended.find({s.run(), j->generation}); e != ended.end()) {
+      j->ended_at = e->second.first;
+      j->ended_reason = e->second.second;
+    }
     // Steps that arrived before a restart (or before verification began).
     SG_ASSIGN_OR_RETURN(std::vector<StepObservation> done,
-                        view->Steps(s.run(), j->generation, j->checkpoint_step + 1, j->to));
+                        view->Steps(s.run(), j->generation, j->checkpoint_step, j->to));
     for (const auto& o : done) j->Feed(o, clock->Now());
+    j->EndEarly();
     s.judge = std::move(j);
     return absl::OkStatus();
   }
@@ -1483,6 +2033,26 @@ absl::Status IncidentEngine::OnDetection(const std::string& run, const Detection
   auto it = st.watched.try_emplace(run, d.generation).first;
   if (d.generation < it->second) return absl::OkStatus();  // a stale timeline
   it->second = d.generation;
+  // A probe's own spikes are its outcome, never an incident of their own.
+  if (st.IsProbeGeneration(run, d.generation)) return absl::OkStatus();
+  // One event, one incident: another detector firing for the same onset of
+  // the same generation is evidence of the incident already opened for it.
+  const int64_t same_event = std::max<int64_t>(
+      8, st.view->PolicyFor(run).probe().skip_before() + st.view->PolicyFor(run).probe().skip_after());
+  for (const State::Past& past : st.Known(run)) {
+    if (past.generation != d.generation || std::llabs(past.onset - d.onset_step) > same_event) {
+      continue;
+    }
+    auto open = st.incidents.find(past.id);
+    if (open != st.incidents.end() && open->second->stage != Stage::kClosed) {
+      lg::EventPayload p;
+      p.set_detail(absl::StrFormat("also %s at step %d (peak %.4g, baseline %.4g)",
+                                   TriggerName(d.kind), d.onset_step, d.peak_value, d.baseline));
+      p.set_note(p.detail());
+      SG_RETURN_IF_ERROR(st.Emit(*open->second, kNote, p));
+    }
+    return absl::OkStatus();
+  }
   if (st.ActiveFor(run) != nullptr) return absl::OkStatus();  // belongs to the active incident
 
   v1::Incident initial;
@@ -1517,11 +2087,12 @@ absl::Status IncidentEngine::OnDetection(const std::string& run, const Detection
   *o->mutable_policy() = st.view->PolicyFor(run);
   o->set_world_size(st.view->WorldSize(run));
   p.set_detail(absl::StrFormat(
-      "%s at step %d (peak %.4g at step %d, baseline %.4g) in generation %d%s", TriggerName(d.kind),
-      d.onset_step, d.peak_value, d.peak_step, d.baseline, d.generation,
+      "%s at step %d (peak %.4g at step %d, baseline %.4g) in generation %d%s%s",
+      TriggerName(d.kind), d.onset_step, d.peak_value, d.peak_step, d.baseline, d.generation,
       d.precursor_onset_step ? absl::StrCat("; precursor ", d.precursor, " from step ",
                                             *d.precursor_onset_step)
-                             : std::string()));
+                             : std::string(),
+      d.also.empty() ? std::string() : absl::StrCat("; also ", absl::StrJoin(d.also, ", "))));
   SG_RETURN_IF_ERROR(st.Emit(inc, kOpened, p));
   return st.Advance(inc);
 }
@@ -1541,6 +2112,62 @@ absl::Status IncidentEngine::OnStep(const std::string& run, const StepObservatio
   s->judge->Feed(step, st.clock->Now());
   SG_ASSIGN_OR_RETURN(bool changed, st.HandleJudge(*s));
   if (!changed && !s->pending) return absl::OkStatus();
+  return st.Advance(*s);
+}
+
+absl::Status IncidentEngine::OnGenerationEnded(const std::string& run, int64_t generation,
+                                               int64_t last_step, const std::string& reason) {
+  State& st = *state_;
+  auto [it, fresh] = st.ended.try_emplace({run, generation}, last_step, reason);
+  if (!fresh) {
+    if (it->second.first <= last_step) return absl::OkStatus();  // an earlier rank said more
+    it->second = {last_step, reason};
+  }
+  Inc* s = st.ActiveFor(run);
+  if (s == nullptr || (s->stage != Stage::kProbing && s->stage != Stage::kVerifying) ||
+      s->pending) {
+    return absl::OkStatus();
+  }
+  if (!s->judge) SG_RETURN_IF_ERROR(st.BuildJudge(*s));
+  if (s->judge->generation != generation) return absl::OkStatus();
+  s->judge->ended_at = last_step;
+  s->judge->ended_reason = reason;
+  s->judge->EndEarly();
+  SG_ASSIGN_OR_RETURN(bool changed, st.HandleJudge(*s));
+  if (!changed) return absl::OkStatus();
+  return st.Advance(*s);
+}
+
+absl::Status IncidentEngine::OnCommandFailed(const std::string& run, const std::string& command_id,
+                                             const std::string& message) {
+  State& st = *state_;
+  Inc* s = st.ActiveFor(run);
+  if (s == nullptr) return absl::OkStatus();
+  const bool probe_command = s->stage == Stage::kProbing && !s->pending && s->probe &&
+                             s->probe->request_id() == command_id;
+  if (!probe_command) {
+    // Not a probe's rewind (e.g. a continue): noted; the engine goes on.
+    if (absl::StartsWith(command_id, absl::StrCat("incident-", s->id(), "/"))) {
+      SG_RETURN_IF_ERROR(
+          st.EmitNote(*s, absl::StrCat("command ", command_id, " failed: ", message)));
+    }
+    return absl::OkStatus();
+  }
+  if (!s->judge) SG_RETURN_IF_ERROR(st.BuildJudge(*s));
+  if (s->judge->result) return absl::OkStatus();  // judged already
+  lg::EventPayload p;
+  lg::ProbeFinished* f = p.mutable_finished();
+  f->set_outcome("failed");
+  f->set_command_failed(true);
+  f->set_detail(absl::StrCat("the workers could not execute ", command_id, ": ", message));
+  f->set_last_step(s->judge->last_fed);
+  f->set_steps_executed(std::max<int64_t>(0, s->judge->last_fed - s->judge->checkpoint_step + 1));
+  f->set_spike_step(-1);
+  f->set_spike_position(-1);
+  f->set_nonfinite_layer(-1);
+  p.set_detail(absl::StrCat(s->probe->probe_kind(), " probe (generation ", s->probe_generation,
+                            "): failed: ", f->detail()));
+  SG_RETURN_IF_ERROR(st.Emit(*s, kProbeFinished, p));
   return st.Advance(*s);
 }
 

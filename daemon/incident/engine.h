@@ -148,6 +148,9 @@ struct Detection {
   std::string localized_signal;
   int localized_layer = -1;
   std::vector<std::string> localization_order;
+  // Other detectors that fired for the same event (e.g. the grad norm
+  // beside the loss): evidence of this incident, not incidents of their own.
+  std::vector<std::string> also;
 };
 
 struct CheckpointInfo {
@@ -205,6 +208,20 @@ class RunView {
       const std::string& run, int64_t generation, int64_t from, int64_t to) = 0;
   virtual uint32_t WorldSize(const std::string& run) = 0;
   virtual spikeguard::v1::Policy PolicyFor(const std::string& run) = 0;
+  // The hyperparameter overrides a generation trains with (a fix in force);
+  // a probe replaying that generation inherits them.
+  virtual absl::StatusOr<spikeguard::v1::HParams> HParams(const std::string& run,
+                                                          int64_t generation) {
+    return spikeguard::v1::HParams();
+  }
+  // The last step the run's schedule executes, when the workers said
+  // (Hello.total_steps); horizons past it are clamped.
+  virtual std::optional<int64_t> FinalStep(const std::string& run) { return std::nullopt; }
+  // For each document, the most similar documents elsewhere in the corpus.
+  virtual absl::StatusOr<std::vector<spikeguard::v1::NearDuplicate>> NearDuplicates(
+      const std::string& run, const std::vector<spikeguard::v1::DocumentRef>& documents) {
+    return std::vector<spikeguard::v1::NearDuplicate>();
+  }
 };
 
 // The incident tables of the catalog.
@@ -229,6 +246,11 @@ class IncidentStore {
   virtual absl::StatusOr<std::vector<spikeguard::v1::Incident>> RunIncidents(
       const std::string& run) = 0;
   virtual absl::Status Quarantine(const spikeguard::v1::QuarantineEntry& entry) = 0;
+  // Pins (or unpins) the run's checkpoints at `step`: retention keeps them
+  // while an incident may rewind there.
+  virtual absl::Status PinCheckpoint(const std::string& run, int64_t step, bool pinned) {
+    return absl::OkStatus();
+  }
 };
 
 // Knobs of the engine itself (the protocol's knobs are in the Policy).
@@ -260,6 +282,16 @@ class IncidentEngine {
   absl::Status OnDetection(const std::string& run, const Detection& detection);
   // A merged step record was committed (any generation).
   absl::Status OnStep(const std::string& run, const StepObservation& step);
+  // The workers of `generation` reached the end of their schedule at
+  // `last_step`: a probe or verification waiting for later steps is judged
+  // with the steps it has.
+  absl::Status OnGenerationEnded(const std::string& run, int64_t generation, int64_t last_step,
+                                 const std::string& reason);
+  // A worker could not execute command `command_id` (e.g. its checkpoint is
+  // gone): the probe that sent it fails at once with `message`, and the
+  // incident moves to the next checkpoint or a clear verdict.
+  absl::Status OnCommandFailed(const std::string& run, const std::string& command_id,
+                               const std::string& message);
   // Time-based checks (probe wall-clock timeouts).
   absl::Status Tick();
 

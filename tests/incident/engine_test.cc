@@ -38,6 +38,9 @@ class IncidentEngineTest : public ::testing::Test {
   void SetUp() override {
     view.policy = DefaultPolicy();
     view.policy.set_mode(v1::MODE_AUTO);
+    // Most tests follow replay → skip → verdict; bisection (on by default)
+    // has tests of its own below.
+    view.policy.mutable_probe()->set_bisect(false);
     // 900 is the newest complete checkpoint 100–500 steps before step 1000;
     // 950 is too close and 980 incomplete.
     for (int64_t step : {300, 500, 700, 900, 950}) {
@@ -60,6 +63,14 @@ class IncidentEngineTest : public ::testing::Test {
       heard.push_back(ev.kind());
     });
     return e;
+  }
+
+  // A fragility spike comes with its precursor: the model moved.
+  static Detection FragileSpike(int64_t onset = kOnset) {
+    Detection d = Spike(onset);
+    d.precursor_onset_step = onset - 300;
+    d.precursor = "max_attn_logit";
+    return d;
   }
 
   static Detection Spike(int64_t onset = kOnset, int64_t generation = 1) {
@@ -142,10 +153,11 @@ TEST_F(IncidentEngineTest, TransientWhenTheReplayDoesNotSpike) {
   // The outlier rank of the original spike step is named.
   EXPECT_THAT(inc.note(), HasSubstr("outlier rank(s) 5"));
   EXPECT_THAT(inc.recommendations(), Contains(HasSubstr("rank(s) 5")));
-  // Cost: 110 re-executed steps × 1 s × 8 GPUs.
+  // Cost: 111 re-executed steps (900 through 1010: the checkpoint's own
+  // step runs first) × 1 s × 8 GPUs.
   EXPECT_EQ(inc.cost().probes(), 1);
-  EXPECT_EQ(inc.cost().steps_reexecuted(), 110);
-  EXPECT_NEAR(inc.cost().gpu_hours(), 110 * 8 / 3600.0, 1e-9);
+  EXPECT_EQ(inc.cost().steps_reexecuted(), 111);
+  EXPECT_NEAR(inc.cost().gpu_hours(), 111 * 8 / 3600.0, 1e-9);
   EXPECT_EQ(heard.size(), store.events[inc.id()].size());
 }
 
@@ -221,6 +233,7 @@ TEST_F(IncidentEngineTest, FragilityFixedByTheFirstRung) {
 TEST_F(IncidentEngineTest, FragilityClimbsTheLadderToRungThree) {
   Start({.fragile_until_rung = 3});
   Detection d = Spike();
+  d.precursor_onset_step = 950;
   d.precursor = "lse_max";
   RunProtocol(d);
   const v1::Incident inc = Only();
@@ -243,7 +256,7 @@ TEST_F(IncidentEngineTest, FragilityClimbsTheLadderToRungThree) {
 
 TEST_F(IncidentEngineTest, AllRungsFailingIsInconclusiveAndPauses) {
   Start({.fragile_until_rung = 4});
-  RunProtocol();
+  RunProtocol(FragileSpike());
   const v1::Incident inc = Only();
   EXPECT_EQ(inc.verdict(), v1::INCONCLUSIVE);
   EXPECT_EQ(inc.state(), v1::CLOSED);
@@ -340,7 +353,7 @@ TEST_F(IncidentEngineTest, NonDeterminismIsReportedAndHalvesConfidence) {
   ASSERT_TRUE(HasEvent(inc, "nondeterminism"));
   for (const auto& e : inc.events()) {
     if (e.kind() == "nondeterminism") {
-      EXPECT_THAT(e.detail(), HasSubstr("step 901"));
+      EXPECT_THAT(e.detail(), HasSubstr("step 900"));
     }
   }
   EXPECT_THAT(inc.note(), HasSubstr("not deterministic"));
@@ -526,7 +539,7 @@ TEST_F(IncidentEngineTest, AbortOfAClosedIncidentIsRefused) {
 
 // --- Bisect and transplant ----------------------------------------------------------------------
 
-TEST_F(IncidentEngineTest, BisectFindsTheCulpritInLogTwoOfTheWindowProbes) {
+TEST_F(IncidentEngineTest, BisectNamesTheCulpritBatchOffTheOnsetAndQuarantinesOnlyIt) {
   view.policy.mutable_probe()->set_bisect(true);
   // The culprit is not the onset's own batch.
   Start({.poison = {1003}});
@@ -536,27 +549,38 @@ TEST_F(IncidentEngineTest, BisectFindsTheCulpritInLogTwoOfTheWindowProbes) {
   EXPECT_EQ(inc.state(), v1::CLOSED);
   int bisects = 0;
   for (const auto& p : inc.probes()) bisects += p.kind() == "bisect";
-  // W = 11 → at most ⌈log2 11⌉ = 4 probes.
-  EXPECT_GE(bisects, 3);
-  EXPECT_LE(bisects, 4);
-  EXPECT_THAT(inc.note(), HasSubstr("culprit batch at data position 1003"));
-  EXPECT_THAT(inc.note(), HasSubstr("web:10030"));
+  // The onset alone (clean), a descent of ⌈log2 10⌉ parts, the implied
+  // position confirmed alone, and the window without it (clean).
+  EXPECT_GE(bisects, 4);
+  EXPECT_LE(bisects, 7);
+  EXPECT_THAT(inc.note(), HasSubstr("culprit batch(es) at data position(s) 1003 spike alone"));
+  EXPECT_THAT(inc.culprit_positions(), ElementsAre(1003));
   EXPECT_DOUBLE_EQ(inc.confidence(), 0.95);
-  // The fix rewinds once more with the verified hole, then continues.
-  EXPECT_EQ(inc.probes(inc.probes_size() - 1).kind(), "fix");
-  EXPECT_EQ(inc.probes(inc.probes_size() - 1).outcome(), "clean");
-  int culprit_entries = 0;
-  for (const auto& q : store.quarantine) culprit_entries += absl::StrContains(q.reason(), "culprit");
-  EXPECT_EQ(culprit_entries, 2);
-  EXPECT_EQ(store.quarantine.size(), 22u);
+  // Exactly the culprit's documents; the rest of the window are suspects.
+  ASSERT_EQ(inc.documents_size(), 2);
+  EXPECT_EQ(inc.documents(0).document_id(), 10030);
+  EXPECT_EQ(inc.suspects_size(), 20);
+  // The fix rewinds once more with a hole at the culprit only.
+  const auto& fix = inc.probes(inc.probes_size() - 1);
+  EXPECT_EQ(fix.kind(), "fix");
+  EXPECT_EQ(fix.outcome(), "clean");
+  ASSERT_EQ(fix.data_plan().ranges_size(), 2);
+  EXPECT_EQ(fix.data_plan().ranges(0).end(), 1003);
+  EXPECT_EQ(fix.data_plan().ranges(1).begin(), 1004);
+  ASSERT_EQ(store.quarantine.size(), 2u);
+  for (const auto& q : store.quarantine) EXPECT_THAT(q.reason(), HasSubstr("culprit"));
   ExpectEachRequestOnce();
 }
 
-TEST_F(IncidentEngineTest, BisectFindsAnOnsetCulpritToo) {
+TEST_F(IncidentEngineTest, BisectFindsAnOnsetCulpritInTwoProbes) {
   view.policy.mutable_probe()->set_bisect(true);
   Start({.poison = {1000}});
   RunProtocol();
-  EXPECT_THAT(Only().note(), HasSubstr("culprit batch at data position 1000 (step 1000)"));
+  const v1::Incident inc = Only();
+  EXPECT_THAT(Kinds(inc), ElementsAre("replay:spiked", "skip:clean", "bisect:spiked",
+                                      "bisect:clean", "fix:clean"));
+  EXPECT_THAT(inc.culprit_positions(), ElementsAre(1000));
+  EXPECT_EQ(store.quarantine.size(), 2u);
 }
 
 TEST_F(IncidentEngineTest, TransplantRecordsDataTimesState) {
@@ -717,6 +741,230 @@ TEST_F(IncidentEngineTest, RecoveryOfAProposalStillWaitsForApproval) {
   EXPECT_EQ(engine->Get(id)->state(), v1::AWAITING_APPROVAL);
   ASSERT_TRUE(engine->Approve(id).ok());
   EXPECT_EQ(ctl.executed.size(), 1u);
+}
+
+
+// --- Diagnosis off the tuned path (one test per defect class) ------------------------------
+
+// A probe's horizon past the run's last step is clamped to it; the verdict
+// comes without waiting for steps that never come.
+TEST_F(IncidentEngineTest, HorizonPastTheEndOfTheScheduleIsClamped) {
+  view.final_step = 1030;
+  Start({.poison = {1000}});
+  world->final_step = 1030;
+  RunProtocol();
+  const v1::Incident inc = Only();
+  EXPECT_EQ(inc.verdict(), v1::DATA);
+  EXPECT_EQ(inc.state(), v1::CLOSED);
+  ASSERT_EQ(ctl.executed.size(), 2u);
+  EXPECT_EQ(ctl.executed[1].stop_after_step, 1030);  // onset + 200, clamped
+  EXPECT_TRUE(ctl.pause_calls.empty());
+}
+
+// Workers that end their schedule before a horizon the daemon did not know
+// about say so, and the probe is judged with the steps it has.
+TEST_F(IncidentEngineTest, AWorkerEndingAProbeEarlyIsJudgedAtOnce) {
+  Start({.poison = {1000}});
+  world->final_step = 1060;  // the daemon does not know it
+  RunProtocol();
+  const v1::Incident inc = Only();
+  EXPECT_EQ(inc.verdict(), v1::DATA);
+  EXPECT_EQ(inc.state(), v1::CLOSED);
+  EXPECT_EQ(clock.Now(), absl::FromUnixSeconds(1700000000));  // no time passed: no timeout
+  EXPECT_THAT(inc.probes(1).detail(), HasSubstr("schedule ended at step 1060"));
+  EXPECT_TRUE(ctl.pause_calls.empty());
+}
+
+// A NUMERICS verdict pauses the run, and the probes' own non-finite steps
+// never open incidents of their own.
+TEST_F(IncidentEngineTest, ProbeGenerationsNeverOpenIncidents) {
+  Start({.nonfinite = true});
+  Detection d = Spike();
+  d.kind = Detection::Kind::kNonFinite;
+  RunProtocol(d);
+  ASSERT_EQ(Only().verdict(), v1::NUMERICS);
+  ASSERT_TRUE(ctl.paused);
+  // The skip probe's generation spiked too; its detector fires late.
+  for (int64_t gen : {2, 3}) {
+    Detection late = d;
+    late.generation = gen;
+    late.onset_step = 1000;
+    Detect(late);
+    Detection later = Spike(1100, gen);
+    Detect(later);
+  }
+  EXPECT_EQ(store.incidents.size(), 1u);
+  EXPECT_TRUE(ctl.paused);
+  EXPECT_EQ(ctl.executed.size(), 2u);
+}
+
+// The workers lost the chosen checkpoint: the probe fails at once with
+// their message and the incident goes on from the next one.
+TEST_F(IncidentEngineTest, AFailedRewindMovesToTheNextCheckpointAtOnce) {
+  Start({.poison = {1000}});
+  world->missing_uris = {"file:///ckpt/900"};
+  RunProtocol();
+  const v1::Incident inc = Only();
+  EXPECT_EQ(inc.verdict(), v1::DATA);
+  EXPECT_EQ(inc.state(), v1::CLOSED);
+  EXPECT_THAT(Kinds(inc), ElementsAre("replay:failed", "replay:spiked", "skip:clean"));
+  EXPECT_THAT(inc.probes(0).detail(), HasSubstr("cannot open checkpoint file:///ckpt/900"));
+  EXPECT_EQ(inc.probes(1).checkpoint_step(), 700);
+  EXPECT_EQ(clock.Now(), absl::FromUnixSeconds(1700000000));  // no timeout waited for
+  // Pinned while in use, unpinned when closed.
+  EXPECT_EQ(store.pins.count(700), 1u);
+  EXPECT_FALSE(store.pins[700]);
+  EXPECT_FALSE(store.pins[900]);
+}
+
+TEST_F(IncidentEngineTest, NoUsableCheckpointLeftIsAClearVerdict) {
+  Start({.poison = {1000}});
+  world->missing_uris = {"file:///ckpt/300", "file:///ckpt/500", "file:///ckpt/700",
+                         "file:///ckpt/900", "file:///ckpt/950"};
+  RunProtocol();
+  const v1::Incident inc = Only();
+  EXPECT_EQ(inc.verdict(), v1::INCONCLUSIVE);
+  EXPECT_EQ(inc.state(), v1::CLOSED);
+  EXPECT_THAT(inc.note(), HasSubstr("cannot open checkpoint"));
+  EXPECT_THAT(inc.note(), HasSubstr("no other complete checkpoint"));
+}
+
+// A second poison just outside the skip window makes the skip probe spike
+// on another batch: that batch is skipped too, and both are named.
+TEST_F(IncidentEngineTest, ASecondPoisonOutsideTheWindowIsDataNotFragility) {
+  view.policy.mutable_probe()->set_bisect(true);
+  Start({.poison = {1000, 1008}});
+  RunProtocol();
+  const v1::Incident inc = Only();
+  EXPECT_EQ(inc.verdict(), v1::DATA);
+  EXPECT_EQ(inc.state(), v1::CLOSED);
+  EXPECT_EQ(Kinds(inc)[1], "skip:spiked");
+  EXPECT_EQ(Kinds(inc)[2], "skip:clean");
+  EXPECT_THAT(inc.culprit_positions(), ElementsAre(1000, 1008));
+  EXPECT_EQ(store.quarantine.size(), 4u);
+  EXPECT_EQ(inc.near_duplicates_size(), 4);
+}
+
+TEST_F(IncidentEngineTest, BisectNamesEveryCulpritInTheWindow) {
+  view.policy.mutable_probe()->set_bisect(true);
+  view.policy.mutable_budget()->set_max_probes(20);
+  Start({.poison = {997, 1000, 1004}});
+  RunProtocol();
+  const v1::Incident inc = Only();
+  EXPECT_EQ(inc.verdict(), v1::DATA);
+  EXPECT_THAT(inc.culprit_positions(), ElementsAre(997, 1000, 1004));
+  EXPECT_EQ(store.quarantine.size(), 6u);
+}
+
+// Replay spiked, skip clean, but no batch of the window spikes alone: no
+// culprit is named and the verdict is not DATA.
+TEST_F(IncidentEngineTest, NoBatchReproducingAloneIsNotData) {
+  view.policy.mutable_probe()->set_bisect(true);
+  view.policy.mutable_budget()->set_max_probes(20);
+  Start({.spike_needs_all = {996, 998, 1000, 1002, 1004}});
+  RunProtocol();
+  const v1::Incident inc = Only();
+  EXPECT_NE(inc.verdict(), v1::DATA);
+  bool fragility = false;
+  for (const auto& e : inc.events()) {
+    if (e.kind() == "verdict" && absl::StrContains(e.detail(), "verdict FRAGILITY")) {
+      fragility = true;
+    }
+  }
+  EXPECT_TRUE(fragility);
+  EXPECT_EQ(inc.culprit_positions_size(), 0);
+  EXPECT_TRUE(store.quarantine.empty());
+  EXPECT_THAT(inc.note(), HasSubstr("reproduces the spike when fed without the rest"));
+  EXPECT_LT(inc.confidence(), 0.8);
+}
+
+// The first step a probe executes is the checkpoint's own step: a culprit
+// exactly there is judged, and bisect names it.
+TEST_F(IncidentEngineTest, ACulpritAtTheCheckpointStepIsJudged) {
+  view.policy.mutable_probe()->set_min_steps_before_onset(0);
+  view.policy.mutable_probe()->set_bisect(true);
+  view.checkpoints.push_back({1, 997, "file:///ckpt/997", "sum", true});
+  Start({.poison = {997}});
+  RunProtocol(Spike(998));
+  const v1::Incident inc = Only();
+  EXPECT_EQ(inc.probes(0).checkpoint_step(), 997);
+  EXPECT_EQ(inc.probes(0).outcome(), "spiked");
+  EXPECT_EQ(inc.verdict(), v1::DATA);
+  EXPECT_THAT(inc.culprit_positions(), ElementsAre(997));
+  // Steps 997..1008 (the horizon): 12 steps, the checkpoint's own included.
+  EXPECT_EQ(inc.probes(0).steps_executed(), 12);
+}
+
+// A probe of a generation running under a fix keeps the fix's settings.
+TEST_F(IncidentEngineTest, ProbesInheritTheHyperparametersInForce) {
+  v1::HParams fix;
+  fix.set_extra_warmup_steps(50);
+  fix.set_eps(1e-6);
+  view.hparams[1] = fix;
+  Start({.fragile_until_rung = 1});
+  RunProtocol(FragileSpike());
+  ASSERT_EQ(Only().verdict(), v1::FRAGILITY);
+  ASSERT_GE(ctl.executed.size(), 3u);
+  for (size_t i = 0; i < 2; ++i) {  // replay and skip
+    EXPECT_EQ(ctl.executed[i].hparams.extra_warmup_steps(), 50) << i;
+    EXPECT_DOUBLE_EQ(ctl.executed[i].hparams.eps(), 1e-6) << i;
+    EXPECT_FALSE(ctl.executed[i].hparams.has_lr_scale()) << i;
+  }
+  // The first rung adds its lr scale on top of what is in force.
+  EXPECT_DOUBLE_EQ(ctl.executed[2].hparams.lr_scale(), 0.7);
+  EXPECT_EQ(ctl.executed[2].hparams.extra_warmup_steps(), 50);
+}
+
+TEST_F(IncidentEngineTest, ARungScalesTheLrInForce) {
+  v1::HParams fix;
+  fix.set_lr_scale(0.5);
+  view.hparams[1] = fix;
+  // Rung 1 of the fake world is "an lr scale"; the inherited one counts, so
+  // the replay does not spike unless the scenario needs rung 2.
+  Start({.fragile_until_rung = 2});
+  RunProtocol(FragileSpike());
+  ASSERT_GE(ctl.executed.size(), 3u);
+  EXPECT_DOUBLE_EQ(ctl.executed[0].hparams.lr_scale(), 0.5);
+  EXPECT_DOUBLE_EQ(ctl.executed[2].hparams.lr_scale(), 0.5 * 0.7);
+}
+
+// The loss and grad-norm detectors firing for one spike make one incident.
+TEST_F(IncidentEngineTest, OneEventOneIncident) {
+  // Open: the second detector's event is evidence of the incident.
+  view.policy.set_mode(v1::MODE_PROPOSE);
+  Start({.poison = {1000}});
+  Detect();
+  Detection grad = Spike(1001);
+  grad.kind = Detection::Kind::kGradNormSpike;
+  Detect(grad);
+  ASSERT_EQ(store.incidents.size(), 1u);
+  EXPECT_THAT(Only().note(), HasSubstr("also grad_norm_spike at step 1001"));
+}
+
+TEST_F(IncidentEngineTest, OneEventOneIncidentAfterItClosed) {
+  // Observe mode closes at once; the grad norm's onset a step later is the
+  // same event, a spike far later is another.
+  view.policy.set_mode(v1::MODE_OBSERVE);
+  Start({.poison = {1000}});
+  Detect();
+  Detection grad = Spike(1001);
+  grad.kind = Detection::Kind::kGradNormSpike;
+  Detect(grad);
+  EXPECT_EQ(store.incidents.size(), 1u);
+  Detect(Spike(1200));
+  EXPECT_EQ(store.incidents.size(), 2u);
+}
+
+// The skip's own spike on another batch is analysed there; when the spikes
+// keep coming at other batches, the model is fragile.
+TEST_F(IncidentEngineTest, SpikesAtEveryOtherBatchAreFragility) {
+  Start({.fragile_until_rung = 1});
+  RunProtocol();
+  const v1::Incident inc = Only();
+  EXPECT_EQ(inc.verdict(), v1::FRAGILITY);
+  EXPECT_THAT(Kinds(inc), ElementsAre("replay:spiked", "skip:spiked", "skip:spiked",
+                                      "skip:spiked", "fix:clean"));
+  EXPECT_THAT(inc.note(), HasSubstr("2 more spike(s) at other batches"));
 }
 
 }  // namespace

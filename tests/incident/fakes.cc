@@ -23,6 +23,20 @@ int64_t PositionAt(const v1::DataPlan& plan, int64_t index) {
   return -1;
 }
 
+// The step at which `plan` feeds `position`; -1 never.
+int64_t PositionStep(const v1::DataPlan& plan, int64_t position) {
+  if (plan.ranges_size() == 0) return position;
+  int64_t index = 0;
+  for (const v1::DataRange& r : plan.ranges()) {
+    if (position >= r.begin() && (r.end() < 0 || position < r.end())) {
+      return index + position - r.begin();
+    }
+    if (r.end() < 0) return -1;
+    index += r.end() - r.begin();
+  }
+  return -1;
+}
+
 // --- FakeController ------------------------------------------------------------
 
 absl::StatusOr<int64_t> FakeController::Rewind(const std::string& run, const RewindSpec& spec) {
@@ -99,6 +113,20 @@ absl::StatusOr<std::vector<v1::DocumentRef>> FakeView::Documents(const std::stri
       d.set_step(o.step);
       out.push_back(d);
     }
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<v1::NearDuplicate>> FakeView::NearDuplicates(
+    const std::string& run, const std::vector<v1::DocumentRef>& documents) {
+  std::vector<v1::NearDuplicate> out;
+  for (const auto& d : documents) {
+    v1::NearDuplicate& n = out.emplace_back();
+    n.set_domain(d.domain());
+    n.set_document_id(d.document_id() + 50000);
+    n.set_similarity(0.9);
+    n.set_similar_to_domain(d.domain());
+    n.set_similar_to_document_id(d.document_id());
   }
   return out;
 }
@@ -194,6 +222,11 @@ StepObservation World::Make(int64_t generation, int64_t step) const {
     spike = true;
   }
   if (scenario_.transient && generation == 1 && step == scenario_.onset) spike = true;
+  if (!scenario_.spike_needs_all.empty() && o.data_position == *scenario_.spike_needs_all.rbegin()) {
+    bool all = true;
+    for (int64_t x : scenario_.spike_needs_all) all = all && PositionStep(plan, x) >= 0;
+    if (all) spike = true;
+  }
   if (scenario_.late_spike_step > 0 && generation != 1 && step == scenario_.late_spike_step) {
     spike = true;
   }
@@ -237,7 +270,8 @@ int World::Pump(IncidentEngine* engine, const std::string& run, int64_t max_step
     if (controller_->paused) break;
     const int64_t gen = controller_->current_generation;
     auto spec = controller_->spec_of.find(gen);
-    const int64_t start = spec == controller_->spec_of.end() ? 0 : spec->second.checkpoint.step + 1;
+    // A checkpoint at step c holds the state after steps 0..c-1: c runs first.
+    const int64_t start = spec == controller_->spec_of.end() ? 0 : spec->second.checkpoint.step;
     auto [it, fresh] = next_step.try_emplace(gen, start);
     int64_t limit = max_step;
     if (spec != controller_->spec_of.end() && !controller_->continued.count(gen) &&
@@ -245,7 +279,24 @@ int World::Pump(IncidentEngine* engine, const std::string& run, int64_t max_step
       limit = std::min(limit, spec->second.stop_after_step);
     }
     if (auto c = cap.find(gen); c != cap.end()) limit = std::min(limit, c->second);
-    if (it->second > limit) break;
+    if (spec != controller_->spec_of.end() && missing_uris.count(spec->second.checkpoint.uri)) {
+      if (!failed_.insert(gen).second) break;
+      absl::Status s = engine->OnCommandFailed(
+          run, spec->second.request_id,
+          absl::StrCat("rank 0: cannot open checkpoint ", spec->second.checkpoint.uri));
+      EXPECT_TRUE(s.ok()) << s;
+      continue;
+    }
+    if (final_step) limit = std::min(limit, *final_step);
+    if (it->second > limit) {
+      if (final_step && it->second > *final_step && ended_.insert(gen).second) {
+        absl::Status s = engine->OnGenerationEnded(run, gen, *final_step,
+                                                   "end of training schedule");
+        EXPECT_TRUE(s.ok()) << s;
+        continue;
+      }
+      break;
+    }
     const StepObservation o = Make(gen, it->second);
     view_->steps[gen][o.step] = o;
     ++it->second;

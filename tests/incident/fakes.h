@@ -65,6 +65,18 @@ class FakeView final : public RunView {
                                                                      int64_t to) override;
   uint32_t WorldSize(const std::string& run) override { return world_size; }
   spikeguard::v1::Policy PolicyFor(const std::string& run) override { return policy; }
+  absl::StatusOr<spikeguard::v1::HParams> HParams(const std::string& run,
+                                                  int64_t generation) override {
+    auto it = hparams.find(generation);
+    return it == hparams.end() ? spikeguard::v1::HParams() : it->second;
+  }
+  std::optional<int64_t> FinalStep(const std::string& run) override { return final_step; }
+  // One near-duplicate per document: id + 50000, similarity 0.9.
+  absl::StatusOr<std::vector<spikeguard::v1::NearDuplicate>> NearDuplicates(
+      const std::string& run, const std::vector<spikeguard::v1::DocumentRef>& documents) override;
+
+  std::map<int64_t, spikeguard::v1::HParams> hparams;
+  std::optional<int64_t> final_step;
 
   std::vector<CheckpointInfo> checkpoints;
   std::map<int64_t, std::map<int64_t, StepObservation>> steps;
@@ -87,7 +99,13 @@ class FakeStore final : public IncidentStore {
   absl::StatusOr<std::vector<spikeguard::v1::Incident>> RunIncidents(
       const std::string& run) override;
   absl::Status Quarantine(const spikeguard::v1::QuarantineEntry& entry) override;
+  absl::Status PinCheckpoint(const std::string& run, int64_t step, bool pinned) override {
+    pins[step] = pinned;
+    return absl::OkStatus();
+  }
 
+  // Checkpoint step -> pinned now.
+  std::map<int64_t, bool> pins;
   std::map<int64_t, spikeguard::v1::Incident> incidents;
   std::map<int64_t, std::vector<StoredEvent>> events;
   std::vector<spikeguard::v1::QuarantineEntry> quarantine;
@@ -115,6 +133,9 @@ struct Scenario {
   bool nondeterministic = false;
   // Spike the grad norm instead of the loss.
   bool grad_spike = false;
+  // A spike (at the step consuming the last of them) only when every one of
+  // these positions is fed: no single batch triggers it alone.
+  std::set<int64_t> spike_needs_all = {};
   // A spike at this step in every generation but the original (0 = none):
   // the fix does not hold.
   int64_t late_spike_step = 0;
@@ -139,9 +160,17 @@ class World {
   std::map<int64_t, int64_t> next_step;
   // Per-generation last step the workers may run (a crash point in tests).
   std::map<int64_t, int64_t> cap;
+  // The workers' schedule ends after this step: each generation that gets
+  // there tells the engine (GenerationEnded) and stops.
+  std::optional<int64_t> final_step;
+  // Checkpoints the workers no longer have: a rewind there fails on the
+  // worker (OnCommandFailed) and the generation never runs.
+  std::set<std::string> missing_uris;
 
  private:
   int Rung(int64_t generation) const;
+  std::set<int64_t> ended_;
+  std::set<int64_t> failed_;
 
   FakeController* controller_;
   FakeView* view_;

@@ -32,8 +32,9 @@ TEST(PolicyDefaultsTest, IsSafeAndValid) {
   EXPECT_EQ(p.probe().min_steps_before_onset(), 100);
   EXPECT_EQ(p.probe().max_steps_before_onset(), 500);
   EXPECT_EQ(p.probe().skip_horizon(), 200);
-  EXPECT_FALSE(p.probe().bisect());
-  EXPECT_EQ(p.budget().max_probes(), 8);
+  // Exact culprits by default: bisect on, with probes for two culprits.
+  EXPECT_TRUE(p.probe().bisect());
+  EXPECT_EQ(p.budget().max_probes(), 12);
   EXPECT_EQ(p.escalation().data_incidents(), 3);
   EXPECT_EQ(p.escalation().window_steps(), 5000);
   EXPECT_DOUBLE_EQ(p.fix().lr_factor(), 0.7);
@@ -47,17 +48,17 @@ TEST(PolicyMergeTest, SetFieldsWinAndUnsetFieldsKeepTheBase) {
   v1::Policy o;
   o.set_mode(v1::MODE_AUTO);
   o.mutable_probe()->set_skip_horizon(400);
-  o.mutable_probe()->set_bisect(true);
+  o.mutable_probe()->set_bisect(false);
   o.mutable_loss_spike()->set_z_threshold(7.0);
   const v1::Policy merged = MergePolicy(DefaultPolicy(), o);
   EXPECT_EQ(merged.mode(), v1::MODE_AUTO);
   EXPECT_EQ(merged.probe().skip_horizon(), 400);
-  EXPECT_TRUE(merged.probe().bisect());
+  EXPECT_FALSE(merged.probe().bisect());
   EXPECT_DOUBLE_EQ(merged.loss_spike().z_threshold(), 7.0);
   // Untouched knobs keep the base values.
   EXPECT_EQ(merged.loss_spike().window(), 128);
   EXPECT_EQ(merged.probe().skip_before(), 5);
-  EXPECT_EQ(merged.budget().max_probes(), 8);
+  EXPECT_EQ(merged.budget().max_probes(), 12);
   EXPECT_DOUBLE_EQ(merged.fix().eps(), 1e-8);
   // An empty override changes nothing.
   EXPECT_EQ(MergePolicy(DefaultPolicy(), v1::Policy()).DebugString(),
