@@ -1,7 +1,9 @@
 #include "daemon/control/catalog_adapters.h"
 
 #include <cmath>
+#include <algorithm>
 #include <set>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
@@ -183,11 +185,68 @@ absl::StatusOr<std::vector<v1::DocumentRef>> CatalogRunView::Documents(const std
   auto resolved = Resolve(run, generation, from, to);
   if (absl::IsNotFound(resolved.status())) return std::vector<v1::DocumentRef>{};
   if (!resolved.ok()) return resolved.status();
+  // A document that spans several batches is listed at each position it
+  // contributes tokens to.
   std::vector<v1::DocumentRef> out;
-  std::set<std::pair<std::string, int64_t>> seen;
+  std::set<std::tuple<std::string, int64_t, int64_t>> seen;
   for (const auto& rs : *resolved) {
     for (const auto& d : rs.documents()) {
-      if (seen.insert({d.domain(), d.document_id()}).second) out.push_back(d);
+      if (seen.insert({d.domain(), d.document_id(), d.data_position()}).second) out.push_back(d);
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<v1::HParams> CatalogRunView::HParams(const std::string& run, int64_t generation) {
+  SG_ASSIGN_OR_RETURN(std::vector<v1::Generation> gens, catalog_->ListGenerations(run));
+  for (const auto& g : gens) {
+    if (g.generation() == generation) return g.hparams();
+  }
+  // Generation 0 of a run started by its workers has no record: no overrides.
+  return v1::HParams();
+}
+
+std::optional<int64_t> CatalogRunView::FinalStep(const std::string& run) {
+  auto r = catalog_->GetRun(run);
+  if (!r.ok() || r->total_steps() <= 0) return std::nullopt;
+  return r->total_steps() - 1;
+}
+
+absl::StatusOr<std::vector<v1::NearDuplicate>> CatalogRunView::NearDuplicates(
+    const std::string& run, const std::vector<v1::DocumentRef>& documents) {
+  storage::Manifest manifest;
+  auto corpus = CorpusFor(run, &manifest);
+  if (absl::IsNotFound(corpus.status())) return std::vector<v1::NearDuplicate>{};
+  if (!corpus.ok()) return corpus.status();
+  storage::NearDuplicateIndex* index = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = near_duplicates_.find(run);
+    if (it == near_duplicates_.end()) {
+      SG_ASSIGN_OR_RETURN(std::unique_ptr<storage::NearDuplicateIndex> built,
+                          storage::NearDuplicateIndex::Build(**corpus));
+      it = near_duplicates_.emplace(run, std::move(built)).first;
+    }
+    index = it->second.get();
+  }
+  // The culprits themselves are no news: exclude them from every answer.
+  std::vector<storage::DocumentId> culprits;
+  for (const auto& d : documents) culprits.push_back({d.domain(), d.document_id()});
+  std::sort(culprits.begin(), culprits.end());
+  culprits.erase(std::unique(culprits.begin(), culprits.end()), culprits.end());
+  std::vector<v1::NearDuplicate> out;
+  std::set<std::pair<std::string, int64_t>> listed;
+  for (const auto& c : culprits) {
+    SG_ASSIGN_OR_RETURN(std::vector<storage::SimilarDocument> similar,
+                        index->Similar(c, culprits));
+    for (const auto& s : similar) {
+      if (!listed.insert({s.domain, s.document_id}).second) continue;
+      v1::NearDuplicate& n = out.emplace_back();
+      n.set_domain(s.domain);
+      n.set_document_id(s.document_id);
+      n.set_similarity(s.similarity);
+      n.set_similar_to_domain(c.domain);
+      n.set_similar_to_document_id(c.document);
     }
   }
   return out;
@@ -243,6 +302,14 @@ absl::StatusOr<std::vector<v1::Incident>> CatalogIncidentStore::RunIncidents(con
 
 absl::Status CatalogIncidentStore::Quarantine(const v1::QuarantineEntry& entry) {
   return catalog_->AddQuarantine(entry).status();
+}
+
+absl::Status CatalogIncidentStore::PinCheckpoint(const std::string& run, int64_t step,
+                                                 bool pinned) {
+  absl::StatusOr<v1::Checkpoint> c = catalog_->PinCheckpoint(run, step, pinned);
+  // A checkpoint the catalog no longer has needs no pin.
+  if (absl::IsNotFound(c.status())) return absl::OkStatus();
+  return c.status();
 }
 
 }  // namespace spikeguard::daemon

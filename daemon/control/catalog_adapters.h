@@ -16,6 +16,7 @@
 #include "storage/catalog/catalog.h"
 #include "storage/corpus/corpus.h"
 #include "storage/corpus/data_order.h"
+#include "storage/corpus/near_duplicates.h"
 
 namespace spikeguard::daemon {
 
@@ -43,6 +44,11 @@ class CatalogRunView final : public incident::RunView {
                                                                      int64_t to) override;
   uint32_t WorldSize(const std::string& run) override;
   spikeguard::v1::Policy PolicyFor(const std::string& run) override;
+  absl::StatusOr<spikeguard::v1::HParams> HParams(const std::string& run,
+                                                  int64_t generation) override;
+  std::optional<int64_t> FinalStep(const std::string& run) override;
+  absl::StatusOr<std::vector<spikeguard::v1::NearDuplicate>> NearDuplicates(
+      const std::string& run, const std::vector<spikeguard::v1::DocumentRef>& documents) override;
 
   // Steps [from, to] of a generation resolved to positions and documents.
   absl::StatusOr<std::vector<spikeguard::v1::ResolvedStep>> Resolve(const std::string& run,
@@ -57,6 +63,9 @@ class CatalogRunView final : public incident::RunView {
   storage::Catalog* const catalog_;
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<storage::Corpus>> corpora_ ABSL_GUARDED_BY(mu_);
+  // Built on the first query of a run (one pass over its corpus).
+  std::map<std::string, std::unique_ptr<storage::NearDuplicateIndex>> near_duplicates_
+      ABSL_GUARDED_BY(mu_);
 };
 
 class CatalogIncidentStore final : public incident::IncidentStore {
@@ -72,6 +81,7 @@ class CatalogIncidentStore final : public incident::IncidentStore {
   absl::StatusOr<std::vector<spikeguard::v1::Incident>> OpenIncidents() override;
   absl::StatusOr<std::vector<spikeguard::v1::Incident>> RunIncidents(const std::string& run) override;
   absl::Status Quarantine(const spikeguard::v1::QuarantineEntry& entry) override;
+  absl::Status PinCheckpoint(const std::string& run, int64_t step, bool pinned) override;
 
  private:
   storage::Catalog* const catalog_;

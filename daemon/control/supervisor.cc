@@ -1,5 +1,6 @@
 #include "daemon/control/supervisor.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -139,6 +140,10 @@ void Supervisor::ResetMonitor(const std::string& run, int64_t generation, int64_
 }
 
 void Supervisor::Observe(const std::string& run, Monitor* m, const v1::StepRecord& r) {
+  // Every detector that fires on this step describes one event: it opens
+  // (at most) one incident, the strongest signal first, the others as
+  // evidence.
+  std::vector<incident::Detection> found;
   for (const detect::MonitorEvent& e : m->detectors->Observe(ToSample(r))) {
     if (e.kind == detect::MonitorEvent::kPrecursor) {
       SG_LOG(INFO) << "run " << run << " generation " << r.generation() << ": precursor "
@@ -184,9 +189,33 @@ void Supervisor::Observe(const std::string& run, Monitor* m, const v1::StepRecor
                                                            *d.precursor_onset_step)
                                             : std::string())
                  << ")";
-    if (absl::Status s = engine_->OnDetection(run, d); !s.ok()) {
-      SG_LOG(ERROR) << "run " << run << ": incident engine refused a detection: " << s;
+    found.push_back(std::move(d));
+  }
+  if (found.empty()) return;
+  auto rank = [](const incident::Detection& d) {
+    switch (d.kind) {
+      case incident::Detection::Kind::kNonFinite: return 0;
+      case incident::Detection::Kind::kLossSpike: return 1;
+      case incident::Detection::Kind::kGradNormSpike: return 2;
     }
+    return 3;
+  };
+  std::stable_sort(found.begin(), found.end(),
+                   [&](const auto& a, const auto& b) { return rank(a) < rank(b); });
+  incident::Detection d = found.front();
+  for (size_t i = 1; i < found.size(); ++i) {
+    const incident::Detection& o = found[i];
+    const char* name = o.kind == incident::Detection::Kind::kNonFinite       ? "non-finite"
+                       : o.kind == incident::Detection::Kind::kGradNormSpike ? "grad-norm spike"
+                                                                             : "loss spike";
+    d.also.push_back(absl::StrCat(name, " at step ", o.onset_step, " (peak ", o.peak_value, ")"));
+    if (!d.precursor_onset_step && o.precursor_onset_step) {
+      d.precursor_onset_step = o.precursor_onset_step;
+      d.precursor = o.precursor;
+    }
+  }
+  if (absl::Status s = engine_->OnDetection(run, d); !s.ok()) {
+    SG_LOG(ERROR) << "run " << run << ": incident engine refused a detection: " << s;
   }
 }
 
@@ -218,6 +247,28 @@ void Supervisor::OnCommitted(const std::string& run, int64_t generation, uint32_
   if (generation < m.generation) return;  // a stale timeline
   if (generation > m.generation) ResetMonitor(run, generation, first, &m);
   Deliver(run, generation, std::max<uint32_t>(1, world_size), last);
+}
+
+void Supervisor::OnGenerationEnded(const std::string& run, int64_t generation, uint32_t rank,
+                                   int64_t last_step, const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  if (!engine_) return;
+  SG_LOG(INFO) << "run " << run << " rank " << rank << ": generation " << generation
+               << " ended at step " << last_step << " (" << reason << ")";
+  if (absl::Status s = engine_->OnGenerationEnded(run, generation, last_step, reason); !s.ok()) {
+    SG_LOG(ERROR) << "run " << run << ": incident engine: " << s;
+  }
+}
+
+void Supervisor::OnCommandFailed(const std::string& run, const std::string& command_id,
+                                 uint32_t rank, const std::string& message) {
+  absl::MutexLock lock(&mu_);
+  if (!engine_) return;
+  if (absl::Status s = engine_->OnCommandFailed(run, command_id,
+                                                absl::StrCat("rank ", rank, ": ", message));
+      !s.ok()) {
+    SG_LOG(ERROR) << "run " << run << ": incident engine: " << s;
+  }
 }
 
 absl::Status Supervisor::Approve(int64_t id) {

@@ -47,6 +47,16 @@ class Supervisor {
   void OnCommitted(const std::string& run, int64_t generation, uint32_t world_size, int64_t first,
                    int64_t last);
 
+  // A rank reports that its generation stopped training before any horizon
+  // it was given (the end of its training schedule): a probe waiting for
+  // steps past `last_step` is judged with what it has, at once.
+  void OnGenerationEnded(const std::string& run, int64_t generation, uint32_t rank,
+                         int64_t last_step, const std::string& reason);
+  // A rank could not execute a command (e.g. "cannot open checkpoint"): the
+  // incident that asked for it fails that action at once with the message.
+  void OnCommandFailed(const std::string& run, const std::string& command_id, uint32_t rank,
+                       const std::string& message);
+
   // Operators.
   absl::Status Approve(int64_t id);
   absl::Status Abort(int64_t id, const std::string& reason);

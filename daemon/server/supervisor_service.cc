@@ -370,6 +370,10 @@ grpc::Status SupervisorServiceImpl::ManualRewind(const std::string& run, int64_t
   }
   spec.stop_after_step = stop_after;
   spec.reason = reason;
+  // A rewind keeps the hyperparameters in force (a fix applied earlier).
+  if (auto hp = sup->view()->HParams(run, run_row->current_generation()); hp.ok()) {
+    spec.hparams = *hp;
+  }
   auto gen = sup->control()->Rewind(run, spec);
   if (!gen.ok()) return ToGrpcStatus(gen.status());
   (void)state_->catalog->AppendAudit("operator", "rewind", run,
