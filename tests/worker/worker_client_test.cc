@@ -121,5 +121,81 @@ TEST_F(WorkerClientTest, CheckpointNoticesAreRegistered) {
   EXPECT_TRUE(out.checkpoints(0).complete());
 }
 
+TEST_F(WorkerClientTest, DeletedCheckpointIsNotResurrectedAfterADaemonRestart) {
+  ASSERT_TRUE(CreateRun("run").ok());
+  auto c = WorkerClient::Start(ClientOptions("run"));
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE((*c)->WaitForWelcome(absl::Seconds(10)).ok());
+  for (int64_t step : {100, 200}) {
+    v1::CheckpointSaved saved;
+    saved.set_step(step);
+    saved.set_uri("file:///ckpt/step-" + std::to_string(step));
+    saved.set_complete(true);
+    (*c)->ReportCheckpoint(saved);
+  }
+  v1::CheckpointDeleted deleted;
+  deleted.set_step(100);
+  deleted.set_uri("file:///ckpt/step-100");
+  (*c)->ReportCheckpointDeleted(deleted);
+  ASSERT_TRUE((*c)->Flush(absl::Seconds(30)).ok());
+  auto steps = [&] {
+    std::vector<int64_t> out;
+    grpc::ClientContext ctx;
+    v1::ListCheckpointsRequest req;
+    req.set_run("run");
+    v1::ListCheckpointsResponse list;
+    if (!supervisor_->ListCheckpoints(&ctx, req, &list).ok()) return out;
+    for (const auto& ck : list.checkpoints()) out.push_back(ck.step());
+    return out;
+  };
+  auto wait_for = [&](const std::vector<int64_t>& want) {
+    for (int i = 0; i < 200 && steps() != want; ++i) absl::SleepFor(absl::Milliseconds(25));
+    return steps();
+  };
+  EXPECT_EQ(wait_for({200}), (std::vector<int64_t>{200}));
+
+  // After a restart the client resends its recent notices: the deleted
+  // checkpoint's CheckpointSaved is not among them.
+  RestartDaemon();
+  (*c)->Report(Report(0));
+  ASSERT_TRUE((*c)->Flush(absl::Seconds(30)).ok());
+  EXPECT_GE((*c)->stats().connects, 2);
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_EQ(steps(), (std::vector<int64_t>{200}));
+}
+
+TEST_F(WorkerClientTest, HelloCarriesTheDataOrderAndCloseDeliversWhatWasSent) {
+  ASSERT_TRUE(CreateRun("run").ok());
+  WorkerClient::Options o = ClientOptions("run");
+  v1::DataOrder order;
+  order.set_seed(99);
+  order.set_global_batch_size(16);
+  o.data_order = order;
+  o.total_steps = 300;
+  auto c = WorkerClient::Start(o);
+  ASSERT_TRUE((*c)->WaitForWelcome(absl::Seconds(10)).ok());
+  grpc::ClientContext ctx;
+  v1::GetRunRequest req;
+  req.set_name("run");
+  v1::Run run;
+  ASSERT_TRUE(supervisor_->GetRun(&ctx, req, &run).ok());
+  EXPECT_EQ(run.data_order().seed(), 99u);
+  EXPECT_EQ(run.total_steps(), 300);
+
+  // A notice queued right before Close still reaches the daemon.
+  v1::CheckpointSaved saved;
+  saved.set_step(50);
+  saved.set_uri("file:///ckpt/step-50");
+  (*c)->ReportCheckpoint(saved);
+  (*c)->Close();
+  grpc::ClientContext list_ctx;
+  v1::ListCheckpointsRequest list_req;
+  list_req.set_run("run");
+  v1::ListCheckpointsResponse list;
+  ASSERT_TRUE(supervisor_->ListCheckpoints(&list_ctx, list_req, &list).ok());
+  ASSERT_EQ(list.checkpoints_size(), 1);
+  EXPECT_EQ(list.checkpoints(0).step(), 50);
+}
+
 }  // namespace
 }  // namespace spikeguard::testing
