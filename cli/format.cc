@@ -4,6 +4,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "cli/table.h"
 #include "google/protobuf/text_format.h"
@@ -244,6 +245,10 @@ std::string FormatIncident(const v1::Incident& i) {
     out += t.Render();
   }
 
+  if (!i.culprit_positions().empty()) {
+    absl::StrAppend(&out, "\nCulprit data positions: ", absl::StrJoin(i.culprit_positions(), ", "),
+                    "\n");
+  }
   out += "\nDocuments:\n";
   if (i.documents().empty()) {
     out += "  (none)\n";
@@ -253,6 +258,24 @@ std::string FormatIncident(const v1::Incident& i) {
     for (const v1::DocumentRef& d : i.documents()) {
       t.AddRow({absl::StrCat(d.step()), absl::StrCat(d.data_position()), OrDash(d.domain()),
                 absl::StrCat(d.document_id())});
+    }
+    out += t.Render();
+  }
+
+  if (!i.suspects().empty()) {
+    std::vector<std::string> names;
+    for (const v1::DocumentRef& d : i.suspects()) names.push_back(DocumentText(d));
+    absl::StrAppend(&out, "\nSuspects (the rest of the skip window, fed without a spike): ",
+                    absl::StrJoin(names, " "), "\n");
+  }
+  if (!i.near_duplicates().empty()) {
+    out += "\nNear-duplicates elsewhere in the corpus (candidates for filtering):\n";
+    Table t({"DOMAIN", "DOCUMENT", "SIMILARITY", "LIKE"});
+    for (size_t c : {1, 2}) t.AlignRight(c);
+    for (const v1::NearDuplicate& d : i.near_duplicates()) {
+      t.AddRow({OrDash(d.domain()), absl::StrCat(d.document_id()),
+                absl::StrFormat("%.2f", d.similarity()),
+                absl::StrCat(d.similar_to_domain(), ":", d.similar_to_document_id())});
     }
     out += t.Render();
   }

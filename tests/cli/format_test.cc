@@ -255,6 +255,28 @@ TEST(FormatIncidentTest, ShowsEvidenceDocumentsFixRecommendationsAndCost) {
   EXPECT_THAT(text, HasSubstr("opened  loss 10.9 vs median 1.9"));
 }
 
+TEST(FormatIncidentTest, ShowsCulpritsSuspectsAndNearDuplicates) {
+  v1::Incident incident;
+  incident.set_id(4);
+  incident.set_verdict(v1::DATA);
+  incident.add_culprit_positions(331);
+  incident.add_culprit_positions(336);
+  v1::DocumentRef* suspect = incident.add_suspects();
+  suspect->set_domain("prose");
+  suspect->set_document_id(77);
+  v1::NearDuplicate* n = incident.add_near_duplicates();
+  n->set_domain("code");
+  n->set_document_id(912);
+  n->set_similarity(0.8123);
+  n->set_similar_to_domain("code");
+  n->set_similar_to_document_id(15);
+  const std::string text = FormatIncident(incident);
+  EXPECT_THAT(text, HasSubstr("Culprit data positions: 331, 336"));
+  EXPECT_THAT(text, HasSubstr("Suspects (the rest of the skip window, fed without a spike): prose:77"));
+  EXPECT_THAT(text, HasSubstr("Near-duplicates elsewhere in the corpus"));
+  EXPECT_THAT(text, ::testing::ContainsRegex("code +912 +0\\.81 +code:15"));
+}
+
 TEST(FormatTest, EnumsPrintInLowerCaseWithoutPrefix) {
   EXPECT_EQ(ModeName(v1::MODE_AUTO), "auto");
   EXPECT_EQ(ModeName(v1::MODE_UNSPECIFIED), "-");
