@@ -469,8 +469,8 @@ TEST_F(ReferenceWorkerDaemonTest, CheckpointsPinnedInTheCatalogSurviveRetention)
   o.stop_after_step = 9;
   o.linger = absl::ZeroDuration();
   ASSERT_TRUE(CreateRun(kRun).ok());
-  RunningWorker w(o);
-  ASSERT_TRUE(w.ok());
+  auto w = std::make_unique<RunningWorker>(o);
+  ASSERT_TRUE(w->ok());
   // At its horizon: the checkpoint at step 10 is the only one left.
   auto only_step_10 = [&] {
     const auto list = Checkpoints(kRun);
@@ -501,7 +501,9 @@ TEST_F(ReferenceWorkerDaemonTest, CheckpointsPinnedInTheCatalogSurviveRetention)
     grpc::Status s = supervisor_->Resume(&ctx, req, &out);
     ASSERT_TRUE(s.ok()) << s.error_message();
   }
-  ASSERT_TRUE(w.Join().ok());
+  ASSERT_TRUE(w->Join().ok());
+  // Closing its stream, the worker lets the daemon read every notice first.
+  w.reset();
   const auto list = Checkpoints(kRun);
   ASSERT_EQ(list.size(), 2u);
   EXPECT_EQ(list[0].step(), 10);
