@@ -25,7 +25,8 @@ cleanup() {
 trap cleanup EXIT
 
 echo "== 1. a synthetic corpus with bytes the model never saw at data position 300"
-"$WORKER" corpus synth --out "$DEMO/corpus" --seed 7 --poison highbytes@300 | tee "$DEMO/synth.txt"
+"$WORKER" corpus synth --out "$DEMO/corpus" --seed 7 --poison highbytes@300 --poison-echoes 2 \
+  | tee "$DEMO/synth.txt"
 
 echo "== 2. spikeguardd on the embedded SQLite catalog ($DATA/catalog.db)"
 "$BUILD/daemon/spikeguardd" --listen=127.0.0.1:0 --data-dir="$DATA" --port-file="$PORT_FILE" \
@@ -106,6 +107,17 @@ echo "== 7. spikectl quarantine list --run demo"
 "${SPIKECTL[@]}" quarantine list --run demo
 echo
 echo "Placed poison (from step 1): $(grep '^poison' "$DEMO/synth.txt")"
+echo "Its near-copies later in the corpus: $(grep '^echo' "$DEMO/synth.txt")"
+PLACED="$(grep '^poison' "$DEMO/synth.txt" | cut -d: -f2- | tr ' ' '\n' | grep . | sort | tr '\n' ' ')"
+QUARANTINED="$("${SPIKECTL[@]}" --output=json quarantine list --run demo \
+  | tr -d ' \n' | grep -o '"domain":"[a-z]*","document_id":"[0-9]*"' \
+  | sed 's/"domain":"\([a-z]*\)","document_id":"\([0-9]*\)"/\1:\2/' | sort -u | tr '\n' ' ')"
+if [ "$PLACED" = "$QUARANTINED" ]; then
+  echo "Quarantined exactly the poison's documents: $QUARANTINED"
+else
+  echo "demo: quarantined [$QUARANTINED] but the poison is [$PLACED]"
+  exit 1
+fi
 echo
 echo "While a daemon runs, query it with spikectl, e.g.:"
 echo "  $BUILD/cli/spikectl --addr=$ADDR incidents list"

@@ -1,134 +1,14 @@
 // The whole loop end to end: a real spikeguardd launches real reference
 // workers (local launcher), detects their spikes, runs the probes through
 // in-place rewinds, and reaches the verdict — on a real SQLite catalog.
-#include <dirent.h>
-#include <signal.h>
-
-#include <fstream>
-#include <map>
 #include <regex>
-#include <set>
 
-#include "absl/strings/str_split.h"
-#include "absl/strings/str_join.h"
-#include "gmock/gmock.h"
-#include "spikeguard/v1/supervisor.pb.h"
-#include "tests/e2e/cluster.h"
-#include "tests/e2e/probe_policy.h"
+#include "tests/e2e/incident_fixture.h"
 
 namespace spikeguard::testing {
 namespace {
 
-namespace v1 = spikeguard::v1;
 using ::testing::HasSubstr;
-
-constexpr const char* kPolicy = kE2EProbePolicy;
-
-class IncidentE2E : public ::testing::Test {
- protected:
-  void TearDown() override {
-    if (daemon_) {
-      daemon_->Kill(SIGTERM);
-      daemon_->Wait(std::chrono::seconds(30));
-    }
-    KillProcessesMentioning(dir_.path());
-  }
-
-  // Synthesizes the corpus; returns the poison documents it placed.
-  std::vector<std::string> MakeCorpus(const std::vector<std::string>& poisons) {
-    std::vector<std::string> argv = {WORKER, "corpus", "synth", "--out", dir_.File("corpus"),
-                                     "--seed", "7"};
-    for (const auto& p : poisons) {
-      argv.push_back("--poison");
-      argv.push_back(p);
-    }
-    RunResult r = RunCommand(argv, dir_.File("synth"));
-    EXPECT_EQ(r.code, 0) << r.err;
-    std::vector<std::string> docs;
-    for (absl::string_view line : absl::StrSplit(r.out, '\n')) {
-      if (line.substr(0, 7) != "poison ") continue;
-      std::vector<std::string> parts = absl::StrSplit(line.substr(line.find(':') + 1), ' ',
-                                                      absl::SkipEmpty());
-      docs.insert(docs.end(), parts.begin(), parts.end());
-    }
-    return docs;
-  }
-
-  // Starts the daemon, sets the policy and launches the run.
-  void Launch(const std::string& run, const std::string& scenario,
-              const std::vector<std::string>& extra_args, const std::string& policy = kPolicy) {
-    daemon_ = cluster_.StartDaemon("first", daemon_args_);
-    {
-      std::ofstream f(dir_.File("policy.textproto"));
-      f << policy;
-    }
-    RunResult set = cluster_.Spikectl({"policy", "set", "--file", dir_.File("policy.textproto")},
-                                      "policy");
-    ASSERT_EQ(set.code, 0) << set.err;
-    std::vector<std::string> command = {WORKER, "train", "--corpus", dir_.File("corpus"),
-                                        "--checkpoint-dir", dir_.File("ckpt-{rank}"), "--config",
-                                        std::string(SCENARIO_DIR) + "/" + scenario + ".conf",
-                                        "--addr", "{addr}", "--run", "{run}", "--rank", "{rank}",
-                                        "--world-size", "{world_size}", "--generation",
-                                        "{generation}", "--resume", "{resume}", "--plan", "{plan}",
-                                        "--linger-s", "300"};
-    command.insert(command.end(), extra_args.begin(), extra_args.end());
-    {
-      std::ofstream f(dir_.File("spec.textproto"));
-      for (const auto& c : command) f << "command: \"" << c << "\"\n";
-      f << "manifest { corpus_dir: \"" << dir_.File("corpus") << "\" }\n";
-    }
-    RunResult created = cluster_.Spikectl({"runs", "create", run, "--world-size=1", "--mode=auto",
-                                           "--spec=" + dir_.File("spec.textproto")},
-                                          "create");
-    ASSERT_EQ(created.code, 0) << created.err;
-  }
-
-  // Polls until `done` holds for the run's incidents, or the timeout.
-  v1::ListIncidentsResponse WaitIncidents(
-      const std::string& run, const std::function<bool(const v1::ListIncidentsResponse&)>& done,
-      absl::Duration timeout) {
-    v1::ListIncidentsResponse list;
-    const absl::Time deadline = absl::Now() + timeout;
-    while (absl::Now() < deadline) {
-      list.Clear();
-      if (cluster_.SpikectlJson({"incidents", "list", "--run", run}, "list", &list) && done(list)) {
-        return list;
-      }
-      absl::SleepFor(absl::Milliseconds(500));
-    }
-    ADD_FAILURE() << "timed out waiting for incidents of run " << run << "; last: "
-                  << list.ShortDebugString().substr(0, 2000) << "\nworker log:\n"
-                  << ReadFile(cluster_.data_dir() + "/runs/" + run + "/rank-0.log").substr(0, 4000);
-    return list;
-  }
-
-  static bool Closed(const v1::Incident& i) { return i.state() == v1::CLOSED; }
-
-  v1::Incident Show(int64_t id) {
-    v1::Incident incident;
-    EXPECT_TRUE(cluster_.SpikectlJson({"incidents", "show", absl::StrCat(id)}, "show", &incident))
-        << cluster_.last_error();
-    return incident;
-  }
-
-  std::string WorkerLog(const std::string& run) {
-    return ReadFile(cluster_.data_dir() + "/runs/" + run + "/rank-0.log");
-  }
-
-  void PrintFigures(const std::string& scenario, const v1::Incident& i) {
-    std::cout << "[figures] " << scenario << ": verdict " << v1::Verdict_Name(i.verdict())
-              << ", onset " << i.onset_step() << ", probes " << i.cost().probes()
-              << ", steps re-executed " << i.cost().steps_reexecuted() << ", wall "
-              << i.cost().wall_time_s() << " s\n";
-  }
-
-  TempDir dir_;
-  Cluster cluster_{dir_};
-  std::unique_ptr<Process> daemon_;
-  std::vector<std::string> daemon_args_;
-};
-
 
 TEST_F(IncidentE2E, DataPoisonIsDiagnosedAsDataWithItsDocuments) {
   const auto poison_docs = MakeCorpus({"highbytes@300"});
@@ -143,7 +23,8 @@ TEST_F(IncidentE2E, DataPoisonIsDiagnosedAsDataWithItsDocuments) {
   EXPECT_EQ(i.onset_step(), 300);
   std::set<std::string> named;
   for (const auto& d : i.documents()) named.insert(absl::StrCat(d.domain(), ":", d.document_id()));
-  for (const auto& doc : poison_docs) EXPECT_TRUE(named.count(doc)) << doc << " not named";
+  // Exactly the poison's documents: bisect isolated the culprit batch.
+  EXPECT_EQ(named, std::set<std::string>(poison_docs.begin(), poison_docs.end()));
   ASSERT_GE(i.probes_size(), 2);
   EXPECT_EQ(i.probes(0).kind(), "replay");
   EXPECT_EQ(i.probes(1).kind(), "skip");
@@ -152,7 +33,7 @@ TEST_F(IncidentE2E, DataPoisonIsDiagnosedAsDataWithItsDocuments) {
   ASSERT_TRUE(cluster_.SpikectlJson({"quarantine", "list", "--run", "data"}, "q", &q));
   std::set<std::string> quarantined;
   for (const auto& e : q.entries()) quarantined.insert(absl::StrCat(e.domain(), ":", e.document_id()));
-  for (const auto& doc : poison_docs) EXPECT_TRUE(quarantined.count(doc)) << doc;
+  EXPECT_EQ(quarantined, std::set<std::string>(poison_docs.begin(), poison_docs.end()));
 
   RunResult table = cluster_.Spikectl({"incidents", "show", absl::StrCat(i.id())}, "table");
   ASSERT_EQ(table.code, 0) << table.err;
@@ -210,14 +91,17 @@ TEST_F(IncidentE2E, FragilityIsFixedByLowerLrAndTheRunFinishesClean) {
   EXPECT_EQ(fix.kind(), "fix");
   EXPECT_EQ(fix.outcome(), "clean");
   // Rung 1 of the ladder: peak lr x 0.7 from the probe checkpoint, verified.
-  bool rung1_verified = false;
+  // A rung of the ladder (lr × 0.7 first) from the probe checkpoint, verified.
+  bool rung_verified = false;
   for (const auto& e : i.events()) {
-    rung1_verified |= e.detail().find("fix rung 1") != std::string::npos &&
-                      e.detail().find("0.7") != std::string::npos &&
-                      e.detail().find("verified") != std::string::npos;
+    rung_verified |= e.detail().find("fix rung") != std::string::npos &&
+                     e.detail().find("0.7") != std::string::npos &&
+                     e.detail().find("verified") != std::string::npos;
   }
-  EXPECT_TRUE(rung1_verified) << i.ShortDebugString();
-  EXPECT_THAT(i.fix(), HasSubstr("fix rung 1"));
+  EXPECT_TRUE(rung_verified) << i.ShortDebugString();
+  EXPECT_THAT(i.fix(), HasSubstr("fix rung"));
+  // The precursor dates the abnormal growth, not the warm-up rise.
+  if (!i.precursor().empty()) EXPECT_GT(i.precursor_onset_step(), 100);
   // The run then trains to its end in the fixed generation without a spike.
   v1::Run run;
   for (int k = 0; k < 600; ++k) {
@@ -231,6 +115,31 @@ TEST_F(IncidentE2E, FragilityIsFixedByLowerLrAndTheRunFinishesClean) {
   ASSERT_TRUE(cluster_.SpikectlJson({"incidents", "list", "--run", "fragile"}, "after", &after));
   EXPECT_EQ(after.incidents_size(), 1) << after.ShortDebugString();
   PrintFigures("fragility", i);
+
+  // A replay of the fixed generation keeps the fix in force: its losses are
+  // the fixed generation's, bit for bit.
+  const int64_t fixed = run.current_generation();
+  RunResult replay = cluster_.Spikectl(
+      {"replay", "--run", "fragile", "--from-step", "1400", "--stop-after", "1420"}, "replay");
+  ASSERT_EQ(replay.code, 0) << replay.err;
+  v1::QueryTelemetryResponse mine, theirs;
+  for (int k = 0; k < 300; ++k) {
+    mine.Clear();
+    ASSERT_TRUE(cluster_.SpikectlJson({"telemetry", "--run", "fragile", "--gen",
+                                       absl::StrCat(fixed + 1), "--from", "1400", "--to", "1420"},
+                                      "replayed", &mine));
+    if (mine.records_size() >= 21) break;
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  ASSERT_EQ(mine.records_size(), 21);
+  ASSERT_TRUE(cluster_.SpikectlJson({"telemetry", "--run", "fragile", "--gen", absl::StrCat(fixed),
+                                     "--from", "1400", "--to", "1420"},
+                                    "fixed", &theirs));
+  ASSERT_EQ(theirs.records_size(), 21);
+  for (int k = 0; k < 21; ++k) {
+    EXPECT_EQ(mine.records(k).loss_hash(), theirs.records(k).loss_hash()) << "step " << 1400 + k;
+    EXPECT_DOUBLE_EQ(mine.records(k).lr(), theirs.records(k).lr()) << "step " << 1400 + k;
+  }
 }
 
 TEST_F(IncidentE2E, LauncherRestartsACrashedWorkerFromItsNewestCheckpoint) {

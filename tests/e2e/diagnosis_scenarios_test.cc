@@ -1,0 +1,298 @@
+// The diagnosis off the tuned path, end to end: one scenario per defect class
+// that a first week of real use meets (spikes near the end of the schedule,
+// non-finite probes, lost checkpoints, several poisons, a culprit at the
+// checkpoint's own step, another data order, a fix in force), each through a
+// real spikeguardd, launched reference workers, spikectl and SQLite, with its
+// own corpus seed, positions and poison kinds. Each ends with the right
+// verdict, the exact culprit documents where data triggers the spike, no
+// incident opened by a probe, and no wait longer than the probes' own steps.
+#include <algorithm>
+
+#include "storage/corpus/corpus.h"
+#include "storage/corpus/corpus_tools.h"
+#include "storage/corpus/data_order.h"
+#include "tests/e2e/incident_fixture.h"
+
+namespace spikeguard::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::UnorderedElementsAreArray;
+
+class DiagnosisScenario : public IncidentE2E {
+ protected:
+  // Waits until every incident of the run is closed and then a little
+  // longer, so that an incident a probe would (wrongly) open shows up.
+  v1::ListIncidentsResponse Settle(const std::string& run, absl::Duration timeout) {
+    WaitIncidents(run, AllClosed, timeout);
+    absl::SleepFor(absl::Seconds(5));
+    v1::ListIncidentsResponse list;
+    EXPECT_TRUE(cluster_.SpikectlJson({"incidents", "list", "--run", run}, "settled", &list));
+    return list;
+  }
+
+  static std::vector<std::string> Named(const v1::Incident& i) {
+    std::vector<std::string> out;
+    for (const auto& d : i.documents()) out.push_back(absl::StrCat(d.domain(), ":", d.document_id()));
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+    return out;
+  }
+
+  std::vector<std::string> Quarantined(const std::string& run) {
+    v1::ListQuarantineResponse q;
+    EXPECT_TRUE(cluster_.SpikectlJson({"quarantine", "list", "--run", run}, "q", &q));
+    std::vector<std::string> out;
+    for (const auto& e : q.entries()) out.push_back(absl::StrCat(e.domain(), ":", e.document_id()));
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
+  // No probe or verification waited for steps that never came.
+  static void ExpectNoTimeout(const v1::Incident& i) {
+    for (const auto& e : i.events()) {
+      EXPECT_THAT(e.detail(), ::testing::Not(HasSubstr("timeout"))) << e.kind();
+    }
+  }
+
+  v1::Run ShowRun(const std::string& run) {
+    v1::Run r;
+    EXPECT_TRUE(cluster_.SpikectlJson({"runs", "show", run}, "run", &r));
+    return r;
+  }
+
+  void Figures(const std::string& scenario, const v1::Incident& i) {
+    double to_verdict = 0;
+    for (const auto& e : i.events()) {
+      if (e.kind() == "verdict" && to_verdict == 0) {
+        to_verdict = (e.unix_ms() - i.opened_unix_ms()) / 1000.0;
+      }
+    }
+    std::cout << "[scenario] " << scenario << ": verdict " << v1::Verdict_Name(i.verdict())
+              << ", probes " << i.cost().probes() << ", steps re-executed "
+              << i.cost().steps_reexecuted() << ", seconds to verdict " << to_verdict
+              << ", seconds to close " << i.cost().wall_time_s() << "\n";
+  }
+};
+
+// Class 1: a spike near the end of the schedule. The skip horizon (onset +
+// 100) lies past the last step: it is clamped, the workers say when their
+// schedule ends, and the verdict comes at once; the finished run is not
+// paused.
+TEST_F(DiagnosisScenario, SpikeNearTheEndOfTheRun) {
+  MakeCorpus({"highbytes@452"}, /*seed=*/11, {"--poison-echoes", "2"});
+  const std::vector<std::string> poison = PoisonAt(452);
+  ASSERT_FALSE(poison.empty()) << synth_out_;
+  const std::vector<std::string> echoes = EchoesOf(452);
+  ASSERT_EQ(echoes.size(), 2u) << synth_out_;
+  Launch("tail", "data", {"--steps", "470"});
+  const auto list = Settle("tail", absl::Minutes(4));
+  ASSERT_EQ(list.incidents_size(), 1) << list.ShortDebugString();
+  const v1::Incident i = Show(list.incidents(0).id());
+  EXPECT_EQ(i.verdict(), v1::DATA) << i.ShortDebugString();
+  EXPECT_EQ(i.state(), v1::CLOSED);
+  EXPECT_THAT(Named(i), UnorderedElementsAreArray(poison));
+  for (const auto& p : i.probes()) EXPECT_LE(p.horizon_step(), 469) << p.kind();
+  // The near-copies of the culprit documents elsewhere in the corpus.
+  std::vector<std::string> similar;
+  for (const auto& d : i.near_duplicates()) {
+    similar.push_back(absl::StrCat(d.domain(), ":", d.document_id()));
+    EXPECT_GE(d.similarity(), 0.5);
+  }
+  for (const auto& e : echoes) EXPECT_THAT(similar, ::testing::Contains(e));
+  ExpectNoTimeout(i);
+  EXPECT_NE(ShowRun("tail").state(), "paused");
+  // Telemetry as JSON without --metrics carries every stored scalar.
+  v1::QueryTelemetryResponse t;
+  ASSERT_TRUE(cluster_.SpikectlJson({"telemetry", "--run", "tail", "--gen", "0", "--from", "100", "--to", "100"},
+                                    "telemetry", &t));
+  ASSERT_EQ(t.records_size(), 1);
+  EXPECT_EQ(t.records(0).data_position(), 100);
+  EXPECT_NE(t.records(0).loss_hash(), 0u);
+  EXPECT_GT(t.records(0).tokens(), 0);
+  Figures("spike near the end", i);
+}
+
+// Class 2: NUMERICS. The probes' own non-finite steps open no incident; the
+// run is paused after the verdict and stays paused.
+TEST_F(DiagnosisScenario, NumericsPausesOnceWithoutCascading) {
+  MakeCorpus({}, /*seed=*/29);
+  Launch("nan", "numerics", {"--set", "warmup_steps=330", "--set", "peak_lr=0.28"});
+  auto list = WaitIncidents("nan", [](const auto& l) {
+    return l.incidents_size() > 0 && Closed(l.incidents(0));
+  }, absl::Minutes(5));
+  absl::SleepFor(absl::Seconds(8));
+  list.Clear();
+  ASSERT_TRUE(cluster_.SpikectlJson({"incidents", "list", "--run", "nan"}, "after", &list));
+  ASSERT_EQ(list.incidents_size(), 1) << list.ShortDebugString();
+  const v1::Incident i = Show(list.incidents(0).id());
+  EXPECT_EQ(i.verdict(), v1::NUMERICS) << i.ShortDebugString();
+  ExpectNoTimeout(i);
+  const v1::Run run = ShowRun("nan");
+  EXPECT_EQ(run.state(), "paused");
+  // Original, replay, skip: no generation piled up after the verdict.
+  EXPECT_LE(run.current_generation(), 2) << run.ShortDebugString();
+  Figures("numerics", i);
+}
+
+// Class 3: the workers keep one checkpoint. The chosen checkpoint is pinned
+// while the incident may rewind there; one already deleted is never chosen.
+TEST_F(DiagnosisScenario, KeepingOneCheckpointStillDiagnoses) {
+  MakeCorpus({"junk@263"}, /*seed=*/5);
+  const std::vector<std::string> poison = PoisonAt(263);
+  Launch("keep1", "data",
+         {"--steps", "520", "--set", "keep_checkpoints=1", "--set", "checkpoint_every=40"});
+  const auto list = Settle("keep1", absl::Minutes(5));
+  ASSERT_EQ(list.incidents_size(), 1) << list.ShortDebugString();
+  const v1::Incident i = Show(list.incidents(0).id());
+  EXPECT_EQ(i.verdict(), v1::DATA) << i.ShortDebugString();
+  EXPECT_THAT(Named(i), UnorderedElementsAreArray(poison));
+  for (const auto& p : i.probes()) {
+    EXPECT_THAT(p.detail(), ::testing::Not(HasSubstr("cannot open"))) << p.kind();
+  }
+  ExpectNoTimeout(i);
+  Figures("keep_checkpoints=1", i);
+}
+
+// Class 4: a second poison just outside the skip window. The skip probe's
+// spike is on another batch: that batch is skipped too, and both poisons are
+// the culprits (DATA, not FRAGILITY).
+TEST_F(DiagnosisScenario, SecondPoisonJustOutsideTheSkipWindow) {
+  MakeCorpus({"highbytes@331", "highbytes@336"}, /*seed=*/13);
+  std::vector<std::string> poison = PoisonAt(331);
+  const std::vector<std::string> second = PoisonAt(336);
+  poison.insert(poison.end(), second.begin(), second.end());
+  Launch("two", "data", {"--steps", "560"});
+  const auto list = Settle("two", absl::Minutes(6));
+  ASSERT_EQ(list.incidents_size(), 1) << list.ShortDebugString();
+  const v1::Incident i = Show(list.incidents(0).id());
+  EXPECT_EQ(i.verdict(), v1::DATA) << i.ShortDebugString();
+  EXPECT_THAT(Named(i), UnorderedElementsAreArray(poison));
+  EXPECT_THAT(Quarantined("two"), UnorderedElementsAreArray(poison));
+  ExpectNoTimeout(i);
+  Figures("second poison outside the window", i);
+}
+
+// Class 5: two culprit batches inside the window are both found.
+TEST_F(DiagnosisScenario, TwoCulpritsInsideTheWindow) {
+  MakeCorpus({"junk@377", "highbytes@379"}, /*seed=*/17);
+  std::vector<std::string> poison = PoisonAt(377);
+  const std::vector<std::string> b = PoisonAt(379);
+  poison.insert(poison.end(), b.begin(), b.end());
+  Launch("pair", "data", {"--steps", "560"});
+  const auto list = Settle("pair", absl::Minutes(6));
+  ASSERT_EQ(list.incidents_size(), 1) << list.ShortDebugString();
+  const v1::Incident i = Show(list.incidents(0).id());
+  EXPECT_EQ(i.verdict(), v1::DATA) << i.ShortDebugString();
+  EXPECT_THAT(i.culprit_positions(), ::testing::ElementsAre(377, 379));
+  EXPECT_THAT(Named(i), UnorderedElementsAreArray(poison));
+  EXPECT_THAT(Quarantined("pair"), UnorderedElementsAreArray(poison));
+  ExpectNoTimeout(i);
+  Figures("two culprits in the window", i);
+}
+
+// Class 6 (and 11, an explicit 0 in a policy): with min_steps_before_onset 0
+// the probes start at the checkpoint right before the culprit, so a bisect
+// probe feeds the culprit at its very first step; it is judged and named.
+TEST_F(DiagnosisScenario, CulpritAtTheProbesFirstStep) {
+  MakeCorpus({"highbytes@241"}, /*seed=*/19);
+  const std::vector<std::string> poison = PoisonAt(241);
+  const std::string policy = R"pb(
+    probe {
+      min_steps_before_onset: 0
+      max_steps_before_onset: 400
+      replay_steps_past_onset: 5
+      skip_before: 2
+      skip_after: 2
+      skip_horizon: 80
+    }
+    fix { verify_steps: 80 }
+  )pb";
+  Launch("first", "data", {"--steps", "480", "--set", "checkpoint_every=40"}, policy);
+  const auto list = Settle("first", absl::Minutes(5));
+  ASSERT_EQ(list.incidents_size(), 1) << list.ShortDebugString();
+  const v1::Incident i = Show(list.incidents(0).id());
+  EXPECT_EQ(i.verdict(), v1::DATA) << i.ShortDebugString();
+  ASSERT_GE(i.probes_size(), 3);
+  EXPECT_EQ(i.probes(0).checkpoint_step(), 240);  // the explicit 0 held
+  EXPECT_EQ(i.probes(0).outcome(), "spiked");
+  EXPECT_THAT(i.culprit_positions(), ::testing::ElementsAre(241));
+  EXPECT_THAT(Named(i), UnorderedElementsAreArray(poison));
+  ExpectNoTimeout(i);
+  Figures("culprit at the probe's first step", i);
+}
+
+// Classes 7 and 8: the data order the workers use is the run's. A worker
+// whose seed contradicts the run's manifest is refused, naming the field;
+// one the manifest leaves free has its order recorded, and the daemon names
+// every document of a position from that order, one spanning two batches at
+// both.
+TEST_F(DiagnosisScenario, DocumentsAreNamedFromTheWorkersDataOrder) {
+  MakeCorpus({}, /*seed=*/23);
+  daemon_ = cluster_.StartDaemon("first", daemon_args_);
+  const std::vector<std::string> worker = {
+      WORKER, "train", "--corpus", dir_.File("corpus"), "--checkpoint-dir", dir_.File("ckpt-{rank}"),
+      "--config", std::string(SCENARIO_DIR) + "/small.conf", "--steps", "40", "--addr", "{addr}",
+      "--run", "{run}", "--rank", "{rank}", "--world-size", "{world_size}", "--generation",
+      "{generation}", "--resume", "{resume}", "--plan", "{plan}", "--linger-s", "0", "--set",
+      "data_seed=99"};
+  auto spec = [&](const std::string& name, const std::string& manifest) {
+    std::ofstream f(dir_.File(name));
+    for (const auto& c : worker) f << "command: \"" << c << "\"\n";
+    f << "manifest { corpus_dir: \"" << dir_.File("corpus") << "\" " << manifest << " }\n";
+  };
+  spec("contradicts.textproto", "seed: 7");
+  spec("free.textproto", "");
+  ASSERT_EQ(cluster_.Spikectl({"runs", "create", "contra", "--world-size=1", "--mode=observe",
+                               "--spec=" + dir_.File("contradicts.textproto")},
+                              "create-contra")
+                .code,
+            0);
+  ASSERT_EQ(cluster_.Spikectl({"runs", "create", "free", "--world-size=1", "--mode=observe",
+                               "--spec=" + dir_.File("free.textproto")},
+                              "create-free")
+                .code,
+            0);
+  v1::Run free;
+  for (int k = 0; k < 600; ++k) {
+    free = ShowRun("free");
+    if (free.state() == "finished" || free.state() == "failed") break;
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  ASSERT_EQ(free.state(), "finished") << WorkerLog("free").substr(0, 3000);
+  EXPECT_THAT(WorkerLog("contra"), HasSubstr("seed"));
+  EXPECT_EQ(ShowRun("contra").last_step(), 0);
+
+  // What the daemon names, against the order seed 99 gives.
+  v1::ResolveManifestResponse resolved;
+  ASSERT_TRUE(cluster_.SpikectlJson({"manifest", "--run", "free", "--from", "0", "--to", "39"},
+                                    "manifest", &resolved));
+  ASSERT_EQ(resolved.steps_size(), 40);
+  auto corpus = storage::Corpus::Open(dir_.File("corpus"));
+  ASSERT_TRUE(corpus.ok()) << corpus.status();
+  auto meta = storage::ReadCorpusMetadata(dir_.File("corpus"));
+  ASSERT_TRUE(meta.ok()) << meta.status();
+  storage::Manifest m = meta->default_manifest;
+  m.dataset_fingerprint = (*corpus)->fingerprint();
+  m.seed = 99;
+  auto order = storage::DataOrder::Create(**corpus, m);
+  ASSERT_TRUE(order.ok()) << order.status();
+  std::map<std::string, int> positions_of;
+  for (const auto& step : resolved.steps()) {
+    auto docs = (*order)->DocumentsAt(step.data_position());
+    ASSERT_TRUE(docs.ok());
+    std::vector<std::string> want, got;
+    for (const auto& d : *docs) want.push_back(absl::StrCat(d.domain, ":", d.document));
+    for (const auto& d : step.documents()) {
+      got.push_back(absl::StrCat(d.domain(), ":", d.document_id()));
+      ++positions_of[got.back()];
+    }
+    EXPECT_THAT(got, UnorderedElementsAreArray(want)) << "step " << step.step();
+  }
+  int spanning = 0;
+  for (const auto& [doc, n] : positions_of) spanning += n > 1;
+  EXPECT_GT(spanning, 0) << "no document spans two batches in 40 steps";
+}
+
+}  // namespace
+}  // namespace spikeguard::testing
