@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
@@ -139,26 +140,16 @@ class IncidentE2E : public ::testing::Test {
   }
 
   // The documents of the poison placed at `position` (synth output).
-  std::vector<std::string> PoisonAt(int64_t position) const {
-    std::vector<std::string> docs;
-    for (absl::string_view line : absl::StrSplit(synth_out_, '\n')) {
-      if (line.substr(0, 7) != "poison ") continue;
-      // "poison KIND at position P: domain:id ..."
-      std::vector<std::string> head = absl::StrSplit(line.substr(0, line.find(':')), ' ');
-      if (head.empty() || head.back() != std::to_string(position)) continue;
-      std::vector<std::string> parts = absl::StrSplit(line.substr(line.find(':') + 1), ' ',
-                                                      absl::SkipEmpty());
-      docs.insert(docs.end(), parts.begin(), parts.end());
-    }
-    return docs;
-  }
-
+  std::vector<std::string> PoisonAt(int64_t position) const { return Placed("poison", position); }
   // The near-copies the synthesizer placed for the poison at `position`
-  // (--poison-echoes): "echo KIND at position P: domain:id ...".
-  std::vector<std::string> EchoesOf(int64_t position) const {
+  // (--poison-echoes).
+  std::vector<std::string> EchoesOf(int64_t position) const { return Placed("echo", position); }
+
+  // The documents of synth output lines "WHAT KIND at position P: domain:id ...".
+  std::vector<std::string> Placed(const std::string& what, int64_t position) const {
     std::vector<std::string> docs;
     for (absl::string_view line : absl::StrSplit(synth_out_, '\n')) {
-      if (line.substr(0, 5) != "echo ") continue;
+      if (!absl::StartsWith(line, what + " ")) continue;
       std::vector<std::string> head = absl::StrSplit(line.substr(0, line.find(':')), ' ');
       if (head.empty() || head.back() != std::to_string(position)) continue;
       std::vector<std::string> parts = absl::StrSplit(line.substr(line.find(':') + 1), ' ',
