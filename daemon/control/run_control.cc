@@ -96,6 +96,11 @@ absl::StatusOr<int64_t> RunControl::Rewind(const std::string& run, const inciden
   gen.set_reason(spec.reason);
   *gen.mutable_data_plan() = spec.plan;
   *gen.mutable_hparams() = spec.hparams;
+  // A warmup introduced by this rewind ramps from its checkpoint; recorded,
+  // so a later replay of this generation continues the same ramp.
+  if (spec.hparams.has_extra_warmup_steps() && !spec.hparams.has_warmup_start_step()) {
+    gen.mutable_hparams()->set_warmup_start_step(spec.checkpoint.step);
+  }
   gen.set_created_unix_ms(clock_->NowUnixMillis());
   SG_RETURN_IF_ERROR(catalog_->CreateGeneration(run, gen).status());
 
@@ -108,7 +113,7 @@ absl::StatusOr<int64_t> RunControl::Rewind(const std::string& run, const inciden
   command.set_new_generation(next);
   *command.mutable_data_plan() = spec.plan;
   command.set_stop_after_step(spec.stop_after_step);
-  const auto& h = spec.hparams;
+  const auto& h = gen.hparams();
   if (h.has_lr_scale() || h.has_extra_warmup_steps() || h.has_clip_norm() || h.has_beta2() ||
       h.has_eps()) {
     *command.mutable_hparams() = h;

@@ -865,6 +865,8 @@ struct IncidentEngine::State {
     if (!overrides) return h;
     const double inherited_lr = h.has_lr_scale() ? h.lr_scale() : 1.0;
     v1::HParams out = h;
+    // A new warmup ramps from the probe's own checkpoint.
+    if (overrides->has_extra_warmup_steps()) out.clear_warmup_start_step();
     out.MergeFrom(*overrides);
     if (overrides->has_lr_scale()) out.set_lr_scale(inherited_lr * overrides->lr_scale());
     return out;

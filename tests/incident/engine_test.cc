@@ -899,6 +899,7 @@ TEST_F(IncidentEngineTest, ACulpritAtTheCheckpointStepIsJudged) {
 TEST_F(IncidentEngineTest, ProbesInheritTheHyperparametersInForce) {
   v1::HParams fix;
   fix.set_extra_warmup_steps(50);
+  fix.set_warmup_start_step(400);  // the ramp of the fix is not restarted
   fix.set_eps(1e-6);
   view.hparams[1] = fix;
   Start({.fragile_until_rung = 1});
@@ -907,6 +908,7 @@ TEST_F(IncidentEngineTest, ProbesInheritTheHyperparametersInForce) {
   ASSERT_GE(ctl.executed.size(), 3u);
   for (size_t i = 0; i < 2; ++i) {  // replay and skip
     EXPECT_EQ(ctl.executed[i].hparams.extra_warmup_steps(), 50) << i;
+    EXPECT_EQ(ctl.executed[i].hparams.warmup_start_step(), 400) << i;
     EXPECT_DOUBLE_EQ(ctl.executed[i].hparams.eps(), 1e-6) << i;
     EXPECT_FALSE(ctl.executed[i].hparams.has_lr_scale()) << i;
   }

@@ -31,7 +31,7 @@ void ApplyHParams(const v1::HParams& h, kernels::HParamOverrides* hp) {
   if (h.has_lr_scale()) hp->lr_scale = h.lr_scale();
   if (h.has_extra_warmup_steps()) {
     hp->extra_warmup_steps = h.extra_warmup_steps();
-    hp->rewarm_start_step = -1;
+    hp->rewarm_start_step = h.has_warmup_start_step() ? h.warmup_start_step() : -1;
   }
   if (h.has_clip_norm()) hp->clip_norm = h.clip_norm();
   if (h.has_beta2()) hp->beta2 = h.beta2();
