@@ -985,7 +985,8 @@ struct IncidentEngine::State {
       e->set_incident_id(s.id());
       e->set_created_unix_ms(now_ms);
     }
-    a.set_reason(absl::StrCat("quarantine ", a.quarantine_size(), " document(s) of the window"));
+    a.set_reason(absl::StrCat("quarantine ", a.quarantine_size(), " document(s) of the ",
+                              s.culprits.empty() ? "window" : "culprit batch(es)"));
     lg::EventPayload p;
     p.set_detail(a.reason());
     *p.mutable_action() = a;
@@ -1349,8 +1350,10 @@ struct IncidentEngine::State {
     c->set_none_reproduced(b.none_reproduced);
     c->set_partial(b.partial);
     for (const auto& d : docs) *c->add_documents() = d;
+    // Each suspect once (a document spanning batches appears at each).
+    std::set<std::pair<std::string, int64_t>> listed = culprit_ids;
     for (const auto& d : suspects) {
-      if (!culprit_ids.count({d.domain(), d.document_id()})) *c->add_suspects() = d;
+      if (listed.insert({d.domain(), d.document_id()}).second) *c->add_suspects() = d;
     }
     if (!b.none_reproduced && !docs.empty()) {
       absl::StatusOr<std::vector<v1::NearDuplicate>> similar = view->NearDuplicates(s.run(), docs);
