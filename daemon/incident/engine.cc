@@ -454,7 +454,6 @@ struct Inc {
   bool leave_running = false;
   int64_t verdict_ms = 0;
 
-  int64_t window_lo = 0, window_hi = 0;
   // Every hole of the newest skip probe (the window, extended to spikes
   // found at other positions).
   std::vector<std::pair<int64_t, int64_t>> holes;
@@ -575,12 +574,7 @@ void Apply(Inc& s, int64_t seq, const std::string& kind, const lg::EventPayload&
       s.inc.set_fix(a.reason());
     }
     if (a.kind() == "rewind" && a.probe_kind() == kSkip) {
-      if (s.holes.empty()) {
-        s.window_lo = a.hole_begin();
-        s.window_hi = a.hole_end();
-      } else {
-        ++s.skip_extensions;
-      }
+      if (!s.holes.empty()) ++s.skip_extensions;
       s.holes.clear();
       for (const v1::DataRange& r : a.holes()) s.holes.emplace_back(r.begin(), r.end());
       if (s.holes.empty()) s.holes.emplace_back(a.hole_begin(), a.hole_end());
@@ -2042,8 +2036,8 @@ absl::Status IncidentEngine::OnDetection(const std::string& run, const Detection
   if (st.IsProbeGeneration(run, d.generation)) return absl::OkStatus();
   // One event, one incident: another detector firing for the same onset of
   // the same generation is evidence of the incident already opened for it.
-  const int64_t same_event = std::max<int64_t>(
-      8, st.view->PolicyFor(run).probe().skip_before() + st.view->PolicyFor(run).probe().skip_after());
+  const v1::ProbePolicy probe = st.view->PolicyFor(run).probe();
+  const int64_t same_event = std::max<int64_t>(8, probe.skip_before() + probe.skip_after());
   for (const State::Past& past : st.Known(run)) {
     if (past.generation != d.generation || std::llabs(past.onset - d.onset_step) > same_event) {
       continue;
