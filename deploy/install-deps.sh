@@ -8,6 +8,8 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libsqlite3-dev sqlite3 libgtest-dev libgmock-dev
   libbenchmark-dev libopenblas-dev
+  python3 python3-dev python3-pytest python3-numpy python3-protobuf python3-grpcio
+  python3-torch python3-pybind11 pybind11-dev
 )
 
 missing=()

@@ -1,0 +1,1 @@
+"""spikeguard: the Python client of the spikeguard daemon (worker side)."""
