@@ -1,0 +1,402 @@
+"""Atomic, checksummed PyTorch checkpoints for runs under spikeguard.
+
+A checkpoint holds what a rewound run needs to continue exactly where the
+original left off: model, optimizer and (optional) LR-scheduler state dicts,
+every RNG a trainer typically draws from (torch CPU, torch CUDA when
+available, Python's ``random``, NumPy's global RNG), the step (training steps
+completed: a resumed run's first step is ``step``) and the data position that
+step consumes, plus any picklable ``extra``. It records no generation: the
+daemon tracks generations and names the checkpoint to rewind to by its URI.
+
+    from spikeguard.checkpoint import save_checkpoint, load_checkpoint, retain
+
+    info = save_checkpoint(ckpt_dir, step, model=model, optimizer=opt,
+                           scheduler=sched, data_position=order.position_for_step(step))
+    client.checkpoint_saved(info["step"], info["uri"], ...)   # register it
+    retain(ckpt_dir, keep=3, pinned_uris=pinned)                # old ones go
+    ...
+    state = load_checkpoint(uri, model=model, optimizer=opt, scheduler=sched)
+    step = state["step"]
+
+File ``step-000000100.pt`` (``step-000000100-rank3.pt`` for rank 3):
+
+    b"SGTORCH1"                       8-byte magic
+    u32 little-endian header length   then the header, UTF-8 JSON:
+        {"format": 1, "step", "data_position", "rank", "payload_bytes",
+         "sha256" (of the payload), "saved_unix"}
+    payload                           torch.save() of the state dict
+
+so ``torch.load`` alone does not read it; ``load_checkpoint`` does, after
+checking the length and SHA-256 of the payload. Writes are atomic: the
+bytes go to a hidden temporary file in the same directory, which is flushed
+and fsynced, renamed to its final name, and the directory fsynced. A crash
+leaves either no checkpoint or the complete one, plus at most a hidden
+``.step-*.tmp-*`` file, which listings ignore and ``clean_temporaries``
+removes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import random
+import re
+import struct
+import time
+import urllib.parse
+from typing import Any, Dict, Iterable, List, Optional
+
+import numpy as np
+import torch
+
+__all__ = [
+    "CheckpointError",
+    "save_checkpoint",
+    "load_checkpoint",
+    "verify_checkpoint",
+    "read_header",
+    "list_checkpoints",
+    "latest_checkpoint",
+    "retain",
+    "clean_temporaries",
+    "checkpoint_path",
+]
+
+MAGIC = b"SGTORCH1"
+FORMAT = 1
+_HEADER_LEN = struct.Struct("<I")
+_MAX_HEADER = 1 << 20
+_NAME = re.compile(r"^step-(\d{9,})(?:-rank(\d+))?\.pt$")
+_TEMP = re.compile(r"^\.step-\d+.*\.tmp-")
+
+
+class CheckpointError(Exception):
+    """A checkpoint that cannot be used: missing, truncated, corrupt, not a
+    spikeguard checkpoint, or not loadable into the given objects. The
+    message names the file; ``path`` holds it."""
+
+    def __init__(self, path: str, problem: str):
+        super().__init__(f"checkpoint {path}: {problem}")
+        self.path = path
+        self.problem = problem
+
+
+def _path_of(path_or_uri) -> str:
+    s = os.fspath(path_or_uri)
+    if s.startswith("file://"):
+        s = urllib.parse.unquote(urllib.parse.urlparse(s).path)
+    elif "://" in s:
+        raise CheckpointError(s, "only file:// URIs and paths are supported")
+    return os.path.abspath(s)
+
+
+def _uri_of(path: str) -> str:
+    return "file://" + urllib.parse.quote(os.path.abspath(path))
+
+
+def checkpoint_path(directory, step: int, rank: int = 0) -> str:
+    """Where save_checkpoint puts the checkpoint of `step` (and `rank`)."""
+    name = f"step-{int(step):09d}.pt" if rank == 0 else f"step-{int(step):09d}-rank{int(rank)}.pt"
+    return os.path.join(os.path.abspath(os.fspath(directory)), name)
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _rng_state() -> Dict[str, Any]:
+    state = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: Dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"].cpu())
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        cuda = [s.cpu() for s in state["cuda"]]
+        if len(cuda) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda)
+        else:  # another machine shape: restore what maps
+            for i, s in enumerate(cuda[: torch.cuda.device_count()]):
+                torch.cuda.set_rng_state(s, i)
+
+
+def save_checkpoint(directory, step: int, *, model, optimizer, scheduler=None,
+                    data_position: int, extra: Optional[dict] = None, rank: int = 0) -> dict:
+    """Writes the checkpoint of `step` atomically; returns dict(path, uri,
+    step, data_position, bytes, checksum, rank). `model` may be a DDP
+    wrapper (its .module's state is saved, so a plain model loads it)."""
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step must be an int >= 0, got {step!r}")
+    if isinstance(data_position, bool) or not isinstance(data_position, int):
+        raise ValueError(f"data_position must be an int, got {data_position!r}")
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        raise ValueError(f"rank must be an int >= 0, got {rank!r}")
+    directory = os.path.abspath(os.fspath(directory))
+    os.makedirs(directory, exist_ok=True)
+    state = {
+        "spikeguard_checkpoint": FORMAT,
+        "step": step,
+        "data_position": data_position,
+        "model": _unwrap(model).state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict() if scheduler is not None else None,
+        "rng": _rng_state(),
+        "extra": extra,
+    }
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    payload = buf.getbuffer()
+    checksum = hashlib.sha256(payload).hexdigest()
+    header = json.dumps({
+        "format": FORMAT, "step": step, "data_position": data_position, "rank": rank,
+        "payload_bytes": len(payload), "sha256": checksum, "saved_unix": time.time(),
+    }, sort_keys=True).encode()
+    final = checkpoint_path(directory, step, rank)
+    tmp = os.path.join(directory, f".{os.path.basename(final)}.tmp-{os.getpid()}-{os.urandom(4).hex()}")
+    try:
+        with open(tmp, "xb") as f:
+            f.write(MAGIC)
+            f.write(_HEADER_LEN.pack(len(header)))
+            f.write(header)
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, final)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(directory)
+    return {
+        "path": final,
+        "uri": _uri_of(final),
+        "step": step,
+        "data_position": data_position,
+        "bytes": len(MAGIC) + _HEADER_LEN.size + len(header) + len(payload),
+        "checksum": checksum,
+        "rank": rank,
+    }
+
+
+def _unwrap(model):
+    return getattr(model, "module", model) if isinstance(
+        model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)) else model
+
+
+def _read_header(f, path: str) -> dict:
+    magic = f.read(len(MAGIC))
+    if len(magic) < len(MAGIC) or magic != MAGIC:
+        if len(magic) < len(MAGIC) and MAGIC.startswith(magic):
+            raise CheckpointError(path, f"truncated ({len(magic)} bytes, no complete header)")
+        raise CheckpointError(path, "not a spikeguard checkpoint (bad magic)")
+    raw = f.read(_HEADER_LEN.size)
+    if len(raw) < _HEADER_LEN.size:
+        raise CheckpointError(path, "truncated inside the header")
+    (n,) = _HEADER_LEN.unpack(raw)
+    if n > _MAX_HEADER:
+        raise CheckpointError(path, f"corrupt header (claims {n} bytes)")
+    body = f.read(n)
+    if len(body) < n:
+        raise CheckpointError(path, "truncated inside the header")
+    try:
+        header = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(path, f"corrupt header ({e})") from None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise CheckpointError(path, f"unsupported checkpoint format {header.get('format') if isinstance(header, dict) else header!r} (this build reads {FORMAT})")
+    for key in ("step", "data_position", "payload_bytes", "sha256"):
+        if key not in header:
+            raise CheckpointError(path, f"corrupt header (no {key})")
+    header["payload_offset"] = len(MAGIC) + _HEADER_LEN.size + n
+    return header
+
+
+def read_header(path_or_uri) -> dict:
+    """The header of a checkpoint (step, data_position, rank, payload_bytes,
+    sha256, ...) without reading or verifying the payload."""
+    path = _path_of(path_or_uri)
+    try:
+        with open(path, "rb") as f:
+            return _read_header(f, path)
+    except FileNotFoundError:
+        raise CheckpointError(path, "missing (no such file)") from None
+    except IsADirectoryError:
+        raise CheckpointError(path, "is a directory, not a checkpoint file") from None
+    except OSError as e:
+        raise CheckpointError(path, f"cannot read: {e.strerror or e}") from None
+
+
+def _read_verified(path: str):
+    try:
+        with open(path, "rb") as f:
+            header = _read_header(f, path)
+            payload = f.read(header["payload_bytes"] + 1)
+    except FileNotFoundError:
+        raise CheckpointError(path, "missing (no such file)") from None
+    except IsADirectoryError:
+        raise CheckpointError(path, "is a directory, not a checkpoint file") from None
+    except OSError as e:
+        raise CheckpointError(path, f"cannot read: {e.strerror or e}") from None
+    want = header["payload_bytes"]
+    if len(payload) < want:
+        raise CheckpointError(path, f"truncated: payload has {len(payload)} of {want} bytes")
+    if len(payload) > want:
+        raise CheckpointError(path, f"corrupt: trailing bytes after the {want}-byte payload")
+    got = hashlib.sha256(payload).hexdigest()
+    if got != header["sha256"]:
+        raise CheckpointError(path, f"checksum mismatch: payload sha256 {got}, header says {header['sha256']}")
+    return header, payload
+
+
+def verify_checkpoint(path_or_uri) -> dict:
+    """Reads the whole file and checks its checksum; returns its header or
+    raises CheckpointError."""
+    header, _ = _read_verified(_path_of(path_or_uri))
+    return header
+
+
+def load_checkpoint(path_or_uri, *, model, optimizer, scheduler=None, map_location="cpu") -> dict:
+    """Verifies the checkpoint and restores model, optimizer, scheduler and
+    every RNG from it; returns dict(step, data_position, extra, path, rank)."""
+    path = _path_of(path_or_uri)
+    header, payload = _read_verified(path)
+    try:
+        state = torch.load(io.BytesIO(payload), map_location=map_location)
+    except Exception as e:  # noqa: BLE001 - torch raises many types here
+        raise CheckpointError(path, f"payload does not unpickle: {type(e).__name__}: {e}") from None
+    if not isinstance(state, dict) or state.get("spikeguard_checkpoint") != FORMAT:
+        raise CheckpointError(path, "payload is not a spikeguard checkpoint state")
+    if state["step"] != header["step"] or state["data_position"] != header["data_position"]:
+        raise CheckpointError(path, "header and payload disagree on step/data_position")
+    if scheduler is not None and state["scheduler"] is None:
+        raise CheckpointError(path, "holds no scheduler state, but a scheduler was given")
+    try:
+        _unwrap(model).load_state_dict(state["model"])
+    except Exception as e:  # noqa: BLE001
+        raise CheckpointError(path, f"model state does not fit the model: {e}") from None
+    try:
+        optimizer.load_state_dict(state["optimizer"])
+    except Exception as e:  # noqa: BLE001
+        raise CheckpointError(path, f"optimizer state does not fit the optimizer: {e}") from None
+    if scheduler is not None:
+        scheduler.load_state_dict(state["scheduler"])
+    _set_rng_state(state["rng"])
+    return {
+        "step": state["step"],
+        "data_position": state["data_position"],
+        "extra": state["extra"],
+        "path": path,
+        "rank": header.get("rank", 0),
+    }
+
+
+def list_checkpoints(directory, rank: Optional[int] = None) -> List[dict]:
+    """Checkpoints in `directory` by (step, rank): dict(step, rank, path,
+    uri, bytes, data_position, checksum, valid, error). Reads only headers
+    (``valid`` False with ``error`` when a header is unreadable); use
+    verify_checkpoint for the payload. Hidden temporaries are ignored."""
+    directory = os.path.abspath(os.fspath(directory))
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    out = []
+    for name in names:
+        m = _NAME.match(name)
+        if not m:
+            continue
+        r = int(m.group(2) or 0)
+        if rank is not None and r != rank:
+            continue
+        path = os.path.join(directory, name)
+        entry = {"step": int(m.group(1)), "rank": r, "path": path, "uri": _uri_of(path),
+                 "bytes": None, "data_position": None, "checksum": None, "valid": True,
+                 "error": None}
+        try:
+            entry["bytes"] = os.path.getsize(path)
+            h = read_header(path)
+            entry["data_position"] = h["data_position"]
+            entry["checksum"] = h["sha256"]
+            if h["step"] != entry["step"]:
+                raise CheckpointError(path, f"header says step {h['step']}")
+        except (CheckpointError, OSError) as e:
+            entry["valid"] = False
+            entry["error"] = str(e)
+        out.append(entry)
+    out.sort(key=lambda e: (e["step"], e["rank"]))
+    return out
+
+
+def latest_checkpoint(directory, rank: int = 0) -> Optional[dict]:
+    """The newest checkpoint of `rank` whose payload verifies, or None."""
+    for entry in reversed(list_checkpoints(directory, rank=rank)):
+        try:
+            verify_checkpoint(entry["path"])
+        except CheckpointError:
+            continue
+        return entry
+    return None
+
+
+def retain(directory, keep: int, pinned_uris: Iterable[str] = ()) -> List[dict]:
+    """Deletes all but the newest `keep` checkpoint steps (every rank's file
+    of a step goes together), never a pinned one (a URI or path); returns
+    dict(step, uri) for each file deleted, oldest first. As in the C++
+    CheckpointDir::Retain, what stays is every pinned checkpoint plus the
+    newest `keep` unpinned ones. Files whose header does not read are left
+    alone and not counted."""
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise ValueError(f"keep must be an int >= 1, got {keep!r}")
+    pinned = {os.path.realpath(_path_of(u)) for u in pinned_uris}
+    # A file whose header does not read is neither counted nor deleted.
+    entries = [e for e in list_checkpoints(directory) if e["valid"]]
+    pinned_steps = {e["step"] for e in entries if os.path.realpath(e["path"]) in pinned}
+    steps = sorted({e["step"] for e in entries} - pinned_steps, reverse=True)
+    doomed = set(steps[keep:])
+    deleted = []
+    for e in entries:
+        if e["step"] not in doomed or os.path.realpath(e["path"]) in pinned:
+            continue
+        try:
+            os.unlink(e["path"])
+        except FileNotFoundError:
+            continue
+        deleted.append({"step": e["step"], "uri": e["uri"]})
+    if deleted:
+        _fsync_dir(os.path.abspath(os.fspath(directory)))
+    return deleted
+
+
+def clean_temporaries(directory) -> List[str]:
+    """Removes the hidden temporary files interrupted saves left behind; call
+    at start-up, before any rank saves. Returns the paths removed."""
+    directory = os.path.abspath(os.fspath(directory))
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return removed
+    for name in names:
+        if _TEMP.match(name):
+            try:
+                os.unlink(os.path.join(directory, name))
+                removed.append(os.path.join(directory, name))
+            except FileNotFoundError:
+                pass
+    return removed
