@@ -1,0 +1,754 @@
+"""The worker-side client of spikeguardd: one WorkerService.Attach stream per rank.
+
+The same delivery contract as the C++ client library (worker/client/worker_client.h):
+
+- ``report()`` appends a StepReport to the open batch and returns; a background
+  thread seals batches (``max_batch_reports`` reports or ``flush_interval``
+  seconds), numbers them, and sends them with heartbeats, checkpoint notices
+  and command results.
+- Reports are kept until the daemon acknowledges their batch, which it does
+  only after committing it. When the stream breaks (daemon restart, network
+  blip) the thread reconnects with exponential backoff and resends every
+  unacknowledged batch (except those the Welcome's ``committed_step`` says are
+  already stored); the daemon drops what it already committed. Nothing
+  acknowledged is lost and nothing is stored twice. Recent checkpoint notices,
+  deletions and the end of the generation are resent after a reconnect too
+  (the daemon's handling of them is idempotent).
+- Backpressure: when ``max_queued_reports`` reports wait for an
+  acknowledgement, ``report()`` blocks until the daemon catches up, and logs a
+  warning (once) saying so. Otherwise the training step never waits for the
+  network.
+- Commands from the daemon are queued by the thread and handed to the training
+  loop only through ``poll_command()``, i.e. at a step boundary the trainer
+  chooses. After a reconnect the daemon resends the commands it has no result
+  for, so an id may arrive twice: execute it once, and send its result again.
+- A Reject (unknown run, stale generation, invalid hello, ...) is final: the
+  thread stops, and ``start()``, ``report()`` and ``flush()`` raise
+  :class:`Rejected`.
+
+    from spikeguard import Client
+    from spikeguard.v1 import telemetry_pb2
+
+    client = Client("127.0.0.1:7070", "gpt-small", rank=0, world_size=8)
+    client.start()
+    for step in ...:
+        while (cmd := client.poll_command()) is not None:
+            handle(cmd)
+        client.report(telemetry_pb2.StepReport(step=step, loss=loss, ...))
+        client.set_current_step(step)
+    client.flush()
+    client.close()
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import logging
+import os
+import socket
+import threading
+import time
+import weakref
+from typing import Deque, Dict, List, Optional
+
+import grpc
+
+from spikeguard.v1 import telemetry_pb2, worker_pb2, worker_pb2_grpc
+
+__all__ = ["Client", "Rejected"]
+
+_log = logging.getLogger("spikeguard.client")
+
+# Checkpoint notices (and deletions) remembered for resending after a reconnect.
+_RECENT_CHECKPOINTS = 16
+# The daemon's limit on reports in one batch (daemon/ingest/limits.h).
+_MAX_BATCH_REPORTS = 4096
+
+
+class Rejected(Exception):
+    """spikeguardd refused this rank (final): the client has stopped.
+
+    ``reason`` is the Reject.Reason name ("STALE_GENERATION", "UNKNOWN_RUN",
+    "BAD_TOKEN", "VERSION_SKEW", "INVALID_HELLO", "DATA_ORDER_MISMATCH"),
+    ``message`` the daemon's explanation, ``current_generation`` the generation
+    the daemon considers current, ``reject`` the message itself.
+    """
+
+    def __init__(self, reject: worker_pb2.Reject):
+        self.reject = reject
+        self.reason = worker_pb2.Reject.Reason.Name(reject.reason)
+        self.message = reject.message
+        self.current_generation = reject.current_generation
+        super().__init__(f"rejected by spikeguardd ({self.reason}): {self.message}")
+
+
+class _Batch:
+    __slots__ = ("seq", "generation", "message", "count", "max_step", "sent")
+
+    def __init__(self, seq: int, generation: int, message: worker_pb2.WorkerMessage,
+                 count: int, max_step: int):
+        self.seq = seq
+        self.generation = generation
+        self.message = message  # WorkerMessage with .reports set
+        self.count = count
+        self.max_step = max_step
+        self.sent = False  # on the current connection
+
+
+class _Connection:
+    """One Attach stream: its call, its generation and what is in flight on it."""
+
+    __slots__ = ("generation", "call", "welcomed", "done", "inflight")
+
+    def __init__(self, generation: int):
+        self.generation = generation
+        self.call = None
+        self.welcomed = False
+        self.done = False
+        # The message last handed to gRPC and not yet known to be written.
+        self.inflight: Optional[object] = None
+
+
+_live_clients: "weakref.WeakSet[Client]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_clients() -> None:
+    # The connection thread is a daemon thread; close what is still open so
+    # that no stream is torn down by interpreter shutdown.
+    for client in list(_live_clients):
+        try:
+            client.close()
+        except Exception:  # pragma: no cover - best effort at exit
+            pass
+
+
+class Client:
+    """A rank's connection to spikeguardd (see the module docstring)."""
+
+    def __init__(self, address: str, run: str, rank: int = 0, world_size: int = 1,
+                 generation: int = 0, *,
+                 token: Optional[str] = None,
+                 host: Optional[str] = None,
+                 device_id: int = -1,
+                 config_fingerprint: str = "",
+                 resume_step: int = 0,
+                 data_order: Optional[worker_pb2.DataOrder] = None,
+                 total_steps: int = 0,
+                 max_batch_reports: int = 64,
+                 flush_interval: float = 0.05,
+                 heartbeat_interval: float = 1.0,
+                 max_queued_reports: int = 10000,
+                 initial_backoff: float = 0.1,
+                 max_backoff: float = 2.0,
+                 close_grace: float = 2.0):
+        if not run:
+            raise ValueError("run: empty")
+        if world_size <= 0 or not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not in [0, world size {world_size})")
+        if generation < 0:
+            raise ValueError(f"generation {generation} is negative")
+        self.address = address
+        self.run = run
+        self.rank = int(rank)
+        self.world_size = int(world_size)
+        if token is None:
+            token = os.environ.get("SPIKEGUARD_TOKEN")
+        self._token = token or None
+        self._host = host if host is not None else socket.gethostname()
+        self._device_id = int(device_id)
+        self._config_fingerprint = config_fingerprint
+        self._resume_step = int(resume_step)
+        self._data_order = data_order
+        self._total_steps = int(total_steps)
+        self._max_batch_reports = max(1, min(int(max_batch_reports), _MAX_BATCH_REPORTS))
+        self._flush_interval = float(flush_interval)
+        self._heartbeat_interval = float(heartbeat_interval)
+        self._max_queued_reports = max(1, int(max_queued_reports))
+        self._initial_backoff = float(initial_backoff)
+        self._max_backoff = max(float(max_backoff), self._initial_backoff)
+        self._close_grace = float(close_grace)
+
+        self._cond = threading.Condition(threading.Lock())
+        # Everything below is guarded by _cond.
+        self._started = False
+        self._stopping = False
+        self._closed = False
+        self._welcome: Optional[worker_pb2.Welcome] = None
+        self._rejection: Optional[worker_pb2.Reject] = None
+        self._generation = int(generation)
+        self._current_step = -1
+        self._next_seq = 1
+        self._open = telemetry_pb2.StepReportBatch()
+        self._open_count = 0
+        self._open_last_step: Optional[int] = None
+        self._open_since = 0.0
+        self._unacked: "collections.OrderedDict[int, _Batch]" = collections.OrderedDict()
+        self._unacked_reports = 0
+        # What the stream writes next, in order: _Batch entries and
+        # WorkerMessages (notices).
+        self._outbox: Deque[object] = collections.deque()
+        self._recent_checkpoints: Deque[worker_pb2.WorkerMessage] = collections.deque()
+        self._recent_deletions: Deque[worker_pb2.WorkerMessage] = collections.deque()
+        # Resent after a reconnect while the generation is its generation.
+        self._generation_ended: Optional[worker_pb2.WorkerMessage] = None
+        self._commands: Deque[worker_pb2.Command] = collections.deque()
+        self._conn: Optional[_Connection] = None
+        self._connected = False
+        self._reconnect_now = False
+        self._warned_backpressure = False
+        self._stats = {
+            "reports_acked": 0,
+            "reports_duplicate": 0,
+            "reports_rejected": 0,
+            "reports_dropped_stale": 0,
+            # Unacknowledged reports the Welcome's committed_step showed were
+            # already stored (their ack was lost with a stream): not resent.
+            "reports_already_committed": 0,
+            "batches_sent": 0,
+            "connects": 0,
+            "backpressure_waits": 0,
+            "commands_received": 0,
+            "last_ack_message": "",
+        }
+
+        options = [
+            ("grpc.max_receive_message_length", 64 << 20),
+            ("grpc.max_send_message_length", 64 << 20),
+            # Reconnect quickly after a daemon restart; the loop adds its own backoff.
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 1000),
+        ]
+        self._channel = grpc.insecure_channel(address, options=options)
+        self._stub = worker_pb2_grpc.WorkerServiceStub(self._channel)
+        self._metadata = (("authorization", f"Bearer {self._token}"),) if self._token else None
+        self._thread = threading.Thread(
+            target=self._connection_loop, name=f"spikeguard-client-{run}-{rank}", daemon=True)
+        _live_clients.add(self)
+
+    # ------------------------------------------------------------------ public
+
+    def start(self, timeout: float = 60.0) -> worker_pb2.Welcome:
+        """Starts the connection thread and waits for the daemon's first Welcome.
+
+        Raises Rejected when the daemon refuses this rank, TimeoutError when no
+        Welcome came within ``timeout`` seconds (the thread keeps trying; call
+        close() to give up).
+        """
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("spikeguard client is closed")
+            if not self._started:
+                self._started = True
+                self._thread.start()
+            self._cond.wait_for(lambda: self._welcome is not None or self._rejection is not None,
+                                timeout=timeout)
+            if self._rejection is not None:
+                raise Rejected(self._rejection)
+            if self._welcome is None:
+                raise TimeoutError(f"no welcome from spikeguardd at {self.address} within "
+                                   f"{timeout:g} s (run '{self.run}', rank {self.rank})")
+            return self._welcome
+
+    def report(self, report: telemetry_pb2.StepReport) -> None:
+        """Queues one StepReport. Blocks only under backpressure (see the module)."""
+        with self._cond:
+            self._check_usable_locked()
+            if self._queued_locked() >= self._max_queued_reports:
+                self._stats["backpressure_waits"] += 1
+                if not self._warned_backpressure:
+                    self._warned_backpressure = True
+                    _log.warning(
+                        "spikeguard: %d reports of run '%s' rank %d wait for an acknowledgement "
+                        "from spikeguardd at %s (%s); report() blocks until the daemon catches "
+                        "up (backpressure, max_queued_reports=%d)",
+                        self._queued_locked(), self.run, self.rank, self.address,
+                        "connected" if self._connected else "not connected",
+                        self._max_queued_reports)
+                self._cond.wait_for(
+                    lambda: self._stopping or self._queued_locked() < self._max_queued_reports)
+                if self._rejection is not None:
+                    raise Rejected(self._rejection)
+                if self._stopping:
+                    return
+            if self._open_count > 0 and report.step <= self._open_last_step:
+                # The daemon refuses a batch whose steps do not increase; a
+                # repeated or earlier step goes in a batch of its own (and is
+                # counted as a duplicate there).
+                self._seal_locked()
+            if self._open_count == 0:
+                self._open_since = time.monotonic()
+            self._open.reports.add().CopyFrom(report)
+            self._open_count += 1
+            self._open_last_step = report.step
+            if self._open_count >= self._max_batch_reports:
+                self._seal_locked()
+            self._cond.notify_all()
+
+    def checkpoint_saved(self, step: int, uri: str, *, data_position: int = 0,
+                         size_bytes: int = 0, checksum: str = "", has_rng_state: bool = True,
+                         has_data_loader_state: bool = True, complete: bool = True) -> None:
+        """Registers a checkpoint with the daemon (after the reports queued before it)."""
+        msg = worker_pb2.WorkerMessage()
+        msg.checkpoint.CopyFrom(worker_pb2.CheckpointSaved(
+            step=step, data_position=data_position, uri=uri, bytes=size_bytes,
+            checksum=checksum, has_rng_state=has_rng_state,
+            has_data_loader_state=has_data_loader_state, complete=complete))
+        with self._cond:
+            if not self._accepting_notices_locked():
+                return
+            self._seal_locked()
+            # Saved again: an older deletion notice must not be resent after it.
+            self._recent_deletions = collections.deque(
+                m for m in self._recent_deletions if m.checkpoint_deleted.uri != uri)
+            self._recent_checkpoints = collections.deque(
+                m for m in self._recent_checkpoints if m.checkpoint.uri != uri)
+            self._recent_checkpoints.append(msg)
+            while len(self._recent_checkpoints) > _RECENT_CHECKPOINTS:
+                self._recent_checkpoints.popleft()
+            self._outbox.append(msg)
+            self._cond.notify_all()
+
+    def checkpoint_deleted(self, step: int, uri: str) -> None:
+        """Tells the daemon that retention deleted a checkpoint file."""
+        msg = worker_pb2.WorkerMessage()
+        msg.checkpoint_deleted.CopyFrom(worker_pb2.CheckpointDeleted(step=step, uri=uri))
+        with self._cond:
+            if not self._accepting_notices_locked():
+                return
+            self._seal_locked()
+            self._recent_checkpoints = collections.deque(
+                m for m in self._recent_checkpoints if m.checkpoint.uri != uri)
+            self._recent_deletions = collections.deque(
+                m for m in self._recent_deletions if m.checkpoint_deleted.uri != uri)
+            self._recent_deletions.append(msg)
+            while len(self._recent_deletions) > _RECENT_CHECKPOINTS:
+                self._recent_deletions.popleft()
+            self._outbox.append(msg)
+            self._cond.notify_all()
+
+    def command_result(self, command_id: str, ok: bool, message: str = "", step: int = 0) -> None:
+        """The outcome of a command (sent after the reports queued before it)."""
+        msg = worker_pb2.WorkerMessage()
+        msg.command_result.CopyFrom(worker_pb2.CommandResult(
+            command_id=command_id, ok=ok, message=message, step=step))
+        self._queue_notice(msg)
+
+    def generation_ended(self, generation: int, last_step: int, reason: str) -> None:
+        """The generation ended before any horizon (end of the training schedule).
+
+        Sent after the reports queued before it, and again after a reconnect
+        until the generation changes.
+        """
+        msg = worker_pb2.WorkerMessage()
+        msg.generation_ended.CopyFrom(worker_pb2.GenerationEnded(
+            generation=generation, last_step=last_step, reason=reason))
+        with self._cond:
+            if not self._accepting_notices_locked():
+                return
+            self._seal_locked()
+            self._outbox.append(msg)
+            self._generation_ended = msg
+            self._cond.notify_all()
+
+    def set_current_step(self, step: int) -> None:
+        """The step the trainer is at, sent with heartbeats."""
+        with self._cond:
+            self._current_step = int(step)
+
+    def set_generation(self, generation: int) -> None:
+        """Adopts a new generation (after a REWIND).
+
+        The next Hello and every new batch carry it; unacknowledged reports of
+        other generations are dropped (counted in stats["reports_dropped_stale"]).
+        The stream reconnects at once.
+        """
+        with self._cond:
+            self._seal_locked()
+            generation = int(generation)
+            for seq in [s for s, b in self._unacked.items() if b.generation != generation]:
+                b = self._unacked.pop(seq)
+                self._stats["reports_dropped_stale"] += b.count
+                self._unacked_reports -= b.count
+            self._generation = generation
+            if (self._generation_ended is not None
+                    and self._generation_ended.generation_ended.generation != generation):
+                self._generation_ended = None
+            # The next Hello must carry the new generation.
+            if self._conn is not None and not self._conn.done:
+                self._reconnect_now = True
+                self._end_connection_locked(self._conn)
+            self._cond.notify_all()
+
+    def poll_command(self, timeout: float = 0.0) -> Optional[worker_pb2.Command]:
+        """The next command from the daemon, if one is queued or arrives within ``timeout``."""
+        with self._cond:
+            if not self._commands and timeout > 0:
+                self._cond.wait_for(lambda: self._commands or self._stopping, timeout=timeout)
+            return self._commands.popleft() if self._commands else None
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Seals the open batch and waits until every report is acknowledged and
+        every notice queued so far is written to the stream.
+
+        Raises Rejected, or TimeoutError naming what is still pending.
+        """
+        with self._cond:
+            if self._rejection is not None:
+                raise Rejected(self._rejection)
+            self._seal_locked()
+            self._cond.notify_all()
+            self._cond.wait_for(
+                lambda: (not self._pending_locked() or self._rejection is not None
+                         or self._stopping), timeout=timeout)
+            if self._rejection is not None:
+                raise Rejected(self._rejection)
+            if self._unacked:
+                raise TimeoutError(
+                    f"{self._unacked_reports} reports still unacknowledged by spikeguardd at "
+                    f"{self.address} after {timeout:g} s"
+                    + ("" if self._connected else " (not connected)")
+                    + (" (client closed)" if self._closed else ""))
+            if self._pending_locked():
+                raise TimeoutError(
+                    f"{self._pending_notices_locked()} notices still unsent to spikeguardd at "
+                    f"{self.address} after {timeout:g} s"
+                    + ("" if self._connected else " (not connected)")
+                    + (" (client closed)" if self._closed else ""))
+
+    def close(self) -> None:
+        """Stops the connection thread without waiting for acknowledgements.
+
+        When connected, what is queued is written and the stream half-closed;
+        the daemon then ends it once it has read everything (up to
+        ``close_grace`` seconds, after which the stream is cancelled).
+        Idempotent.
+        """
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._stopping = True
+            self._cond.notify_all()
+            deadline = time.monotonic() + self._close_grace
+            self._cond.wait_for(lambda: self._conn is None or not self._connected,
+                                timeout=max(0.0, deadline - time.monotonic()))
+            if self._conn is not None:
+                self._end_connection_locked(self._conn)
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=max(5.0, self._close_grace))
+        self._channel.close()
+        _live_clients.discard(self)
+
+    def __enter__(self) -> "Client":
+        if not self._started:
+            self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def rejection(self) -> Optional[worker_pb2.Reject]:
+        with self._cond:
+            return self._rejection
+
+    @property
+    def connected(self) -> bool:
+        with self._cond:
+            return self._connected
+
+    @property
+    def welcome(self) -> Optional[worker_pb2.Welcome]:
+        """The last Welcome received (None before the first)."""
+        with self._cond:
+            return self._welcome
+
+    @property
+    def generation(self) -> int:
+        with self._cond:
+            return self._generation
+
+    @property
+    def stats(self) -> Dict[str, object]:
+        with self._cond:
+            out = dict(self._stats)
+            out["reports_unacked"] = self._unacked_reports + self._open_count
+            return out
+
+    # ----------------------------------------------------------------- helpers
+
+    def _check_usable_locked(self) -> None:
+        if self._rejection is not None:
+            raise Rejected(self._rejection)
+        if self._closed:
+            raise RuntimeError("spikeguard client is closed")
+
+    def _accepting_notices_locked(self) -> bool:
+        if self._rejection is not None or self._closed:
+            _log.debug("spikeguard: notice dropped (client %s)",
+                       "rejected" if self._rejection is not None else "closed")
+            return False
+        return True
+
+    def _queue_notice(self, msg: worker_pb2.WorkerMessage) -> None:
+        with self._cond:
+            if not self._accepting_notices_locked():
+                return
+            self._seal_locked()
+            self._outbox.append(msg)
+            self._cond.notify_all()
+
+    def _queued_locked(self) -> int:
+        return self._unacked_reports + self._open_count
+
+    def _pending_notices_locked(self) -> int:
+        n = sum(1 for m in self._outbox if not isinstance(m, _Batch))
+        if self._conn is not None and self._conn.inflight is not None:
+            n += 1
+        return n
+
+    def _pending_locked(self) -> bool:
+        return bool(self._unacked) or self._open_count > 0 or self._pending_notices_locked() > 0
+
+    def _seal_locked(self) -> None:
+        if self._open_count == 0:
+            return
+        batch = self._open
+        batch.seq = self._next_seq
+        batch.generation = self._generation
+        msg = worker_pb2.WorkerMessage()
+        msg.reports.CopyFrom(batch)
+        b = _Batch(self._next_seq, self._generation, msg, self._open_count, self._open_last_step)
+        self._next_seq += 1
+        self._unacked[b.seq] = b
+        self._unacked_reports += b.count
+        self._outbox.append(b)
+        self._open = telemetry_pb2.StepReportBatch()
+        self._open_count = 0
+        self._open_last_step = None
+
+    def _end_connection_locked(self, conn: _Connection) -> None:
+        conn.done = True
+        if conn.call is not None:
+            conn.call.cancel()
+        self._cond.notify_all()
+
+    def _hello(self, generation: int) -> worker_pb2.WorkerMessage:
+        msg = worker_pb2.WorkerMessage()
+        h = msg.hello
+        h.run = self.run
+        h.rank = self.rank
+        h.world_size = self.world_size
+        h.generation = generation
+        h.host = self._host
+        h.device_id = self._device_id
+        h.config_fingerprint = self._config_fingerprint
+        h.resume_step = self._resume_step
+        h.protocol = "spikeguard.v1"
+        if self._data_order is not None:
+            h.data_order.CopyFrom(self._data_order)
+        h.total_steps = self._total_steps
+        return msg
+
+    # ------------------------------------------------------- connection thread
+
+    def _connection_loop(self) -> None:
+        backoff = self._initial_backoff
+        while True:
+            try:
+                keep_going, welcomed = self._run_connection()
+            except Exception:  # pragma: no cover - a bug; do not die silently
+                _log.exception("spikeguard: connection thread failed")
+                keep_going, welcomed = True, False
+            if not keep_going:
+                return
+            if welcomed:
+                backoff = self._initial_backoff
+            with self._cond:
+                if self._reconnect_now:
+                    self._reconnect_now = False
+                    continue
+                self._cond.wait_for(lambda: self._stopping or self._reconnect_now,
+                                    timeout=backoff)
+                if self._stopping:
+                    return
+                self._reconnect_now = False
+            backoff = min(backoff * 2, self._max_backoff)
+
+    def _run_connection(self):
+        """Runs one stream until it ends. Returns (keep_going, was_welcomed)."""
+        with self._cond:
+            if self._stopping:
+                return False, False
+            conn = _Connection(self._generation)
+            self._conn = conn
+        welcomed = False
+        try:
+            call = self._stub.Attach(self._requests(conn, self._hello(conn.generation)),
+                                     metadata=self._metadata)
+            with self._cond:
+                conn.call = call
+                if conn.done:  # closed or regenerated meanwhile
+                    call.cancel()
+            try:
+                for msg in call:
+                    kind = msg.WhichOneof("body")
+                    if kind == "welcome":
+                        welcomed = True
+                        self._on_welcome(conn, msg.welcome)
+                    elif kind == "reject":
+                        self._on_reject(msg.reject)
+                        return False, welcomed
+                    elif kind == "ack":
+                        self._on_ack(msg.ack)
+                    elif kind == "command":
+                        with self._cond:
+                            self._commands.append(msg.command)
+                            self._stats["commands_received"] += 1
+                            self._cond.notify_all()
+            except grpc.RpcError as e:
+                code = e.code() if hasattr(e, "code") else None
+                if code != grpc.StatusCode.CANCELLED:
+                    _log.info("spikeguard: stream to %s ended: %s %s", self.address,
+                              getattr(code, "name", code),
+                              e.details() if hasattr(e, "details") else e)
+        finally:
+            with self._cond:
+                self._end_connection_locked(conn)
+                # A notice handed to gRPC but not known to be written goes
+                # again on the next stream (report batches are resent from the
+                # unacknowledged ones, heartbeats are not needed).
+                if isinstance(conn.inflight, worker_pb2.WorkerMessage) and (
+                        conn.inflight.WhichOneof("body") not in ("heartbeat", "reports")):
+                    self._outbox.appendleft(conn.inflight)
+                conn.inflight = None
+                if self._conn is conn:
+                    self._conn = None
+                self._connected = False
+                self._cond.notify_all()
+        with self._cond:
+            return not self._stopping, welcomed
+
+    def _on_welcome(self, conn: _Connection, welcome: worker_pb2.Welcome) -> None:
+        with self._cond:
+            first = self._stats["connects"] == 0
+            self._stats["connects"] += 1
+            self._welcome = welcome
+            self._connected = True
+            conn.welcomed = True
+            # What the daemon already stored needs no resend.
+            for seq in [s for s, b in self._unacked.items()
+                        if b.generation == welcome.generation
+                        and b.max_step <= welcome.committed_step]:
+                b = self._unacked.pop(seq)
+                self._unacked_reports -= b.count
+                self._stats["reports_already_committed"] += b.count
+            for b in self._unacked.values():
+                b.sent = False
+            # The new order: every unacknowledged batch (in sequence), then on
+            # a reconnect the notices that may have died with the last stream
+            # (checkpoints saved, then deleted), then the notices not written
+            # yet, then the end of the generation.
+            pending: List[object] = [m for m in self._outbox if not isinstance(m, _Batch)]
+            outbox: List[object] = list(self._unacked.values())
+            if not first:
+                queued = {id(m) for m in pending}
+                outbox += [m for m in self._recent_checkpoints if id(m) not in queued]
+                outbox += [m for m in self._recent_deletions if id(m) not in queued]
+            outbox += pending
+            ended = self._generation_ended
+            if (not first and ended is not None and id(ended) not in {id(m) for m in pending}
+                    and ended.generation_ended.generation == conn.generation):
+                outbox.append(ended)
+            self._outbox = collections.deque(outbox)
+            self._cond.notify_all()
+
+    def _on_reject(self, reject: worker_pb2.Reject) -> None:
+        with self._cond:
+            self._rejection = reject
+            self._stopping = True
+            self._connected = False
+            if self._conn is not None:
+                self._end_connection_locked(self._conn)
+            self._cond.notify_all()
+        _log.error("spikeguard: spikeguardd rejected rank %d of run '%s' (%s): %s", self.rank,
+                   self.run, worker_pb2.Reject.Reason.Name(reject.reason), reject.message)
+
+    def _on_ack(self, ack: worker_pb2.Ack) -> None:
+        with self._cond:
+            b = self._unacked.pop(ack.seq, None)
+            if b is not None:
+                self._unacked_reports -= b.count
+            self._stats["reports_acked"] += ack.accepted
+            self._stats["reports_duplicate"] += ack.duplicates
+            self._stats["reports_rejected"] += ack.rejected
+            if ack.message:
+                self._stats["last_ack_message"] = ack.message
+                if ack.rejected > 0:
+                    _log.warning("spikeguard: spikeguardd refused batch %d: %s", ack.seq,
+                                 ack.message)
+            self._cond.notify_all()
+
+    def _next_message_locked(self, conn: _Connection):
+        while self._outbox:
+            item = self._outbox[0]
+            if isinstance(item, _Batch):
+                if item.seq not in self._unacked or item.sent:
+                    self._outbox.popleft()  # acknowledged, dropped or already sent
+                    continue
+                if item.generation != conn.generation:
+                    return None  # goes on the next stream, with its generation
+                self._outbox.popleft()
+                item.sent = True
+                self._stats["batches_sent"] += 1
+                return item.message
+            return self._outbox.popleft()
+        return None
+
+    def _requests(self, conn: _Connection, hello: worker_pb2.WorkerMessage):
+        """The request stream of one connection, consumed by a gRPC thread.
+
+        gRPC asks for the next message only once the previous one is written,
+        so resuming here means conn.inflight went out.
+        """
+        yield hello
+        with self._cond:
+            self._cond.wait_for(lambda: conn.welcomed or conn.done)
+            if conn.done:
+                return
+        last_heartbeat = time.monotonic()
+        while True:
+            with self._cond:
+                if conn.inflight is not None:
+                    conn.inflight = None
+                    self._cond.notify_all()
+                while True:
+                    if conn.done:
+                        return
+                    now = time.monotonic()
+                    finishing = self._stopping
+                    if self._open_count > 0 and (
+                            finishing or now - self._open_since >= self._flush_interval):
+                        self._seal_locked()
+                    msg = self._next_message_locked(conn)
+                    if msg is not None:
+                        break
+                    if finishing:
+                        # Everything queued is written: half-close, and the
+                        # daemon ends the stream once it has read it all.
+                        return
+                    if now - last_heartbeat >= self._heartbeat_interval:
+                        msg = worker_pb2.WorkerMessage()
+                        msg.heartbeat.step = self._current_step
+                        msg.heartbeat.unix_ms = int(time.time() * 1000)
+                        last_heartbeat = now
+                        break
+                    wake = last_heartbeat + self._heartbeat_interval
+                    if self._open_count > 0:
+                        wake = min(wake, self._open_since + self._flush_interval)
+                    self._cond.wait(timeout=max(0.0, wake - now))
+                conn.inflight = msg
+            yield msg
