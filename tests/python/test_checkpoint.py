@@ -74,7 +74,7 @@ def test_save_load_restores_everything_bit_exact(tmp_path):
     model, opt, sched = make()
     train(model, opt, sched, 3)
     info = save_checkpoint(tmp_path, 3, model=model, optimizer=opt, scheduler=sched,
-                           data_position=7, extra={"plan": "0-3,5-"})
+                           data_position=7, data_plan="0-3,5-", extra={"note": [1, 2]})
     saved = snapshot(model, opt, sched)
     want_rand = torch.rand(4)
     want_py, want_np = random.random(), np.random.rand()
@@ -90,7 +90,8 @@ def test_save_load_restores_everything_bit_exact(tmp_path):
 
     state = load_checkpoint(info["uri"], model=model, optimizer=opt, scheduler=sched)
     assert state["step"] == 3 and state["data_position"] == 7
-    assert state["extra"] == {"plan": "0-3,5-"}
+    assert state["data_plan"] == "0-3,5-" and state["extra"] == {"note": [1, 2]}
+    assert list_checkpoints(tmp_path)[0]["data_plan"] == "0-3,5-"
     same_state(snapshot(model, opt, sched), saved)
     assert torch.equal(torch.rand(4), want_rand)
     assert (random.random(), np.random.rand()) == (want_py, want_np)
@@ -107,6 +108,7 @@ def test_info_names_and_lists(tmp_path):
     path = str(tmp_path / "ck" / "step-000000100.pt")
     assert info["path"] == path and info["uri"] == "file://" + path
     assert (info["step"], info["data_position"], info["rank"]) == (100, 105, 0)
+    assert info["data_plan"] is None
     assert info["bytes"] == os.path.getsize(path)
     header = read_header(path)
     assert header["sha256"] == info["checksum"] and len(info["checksum"]) == 64

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from spikeguard import _corpus
-from spikeguard.data import Batch, Corpus, DataOrder, shard_bounds
+from spikeguard.data import Batch, Corpus, DataOrder, plan_text, shard_bounds
 
 BUILD = os.environ.get("SPIKEGUARD_BUILD_DIR",
                        os.path.join(os.path.dirname(__file__), "..", "..", "build"))
@@ -377,3 +377,45 @@ def test_batch_type(corpus):
     assert isinstance(b, Batch)
     assert (b.rows, b.global_rows, b.tokens_total) == (16, 16, 16 * 64)
     assert b.slots.tolist() == list(range(16))
+
+
+class _Range:
+    def __init__(self, begin, end):
+        self.begin, self.end = begin, end
+
+
+class _Mask:
+    def __init__(self, position, slots):
+        self.position, self.slots = position, slots
+
+
+class _Plan:
+    def __init__(self, ranges, masks=()):
+        self.ranges, self.masks = ranges, list(masks)
+
+
+def test_plan_text_from_text_and_messages(corpus):
+    assert plan_text(None) == "" and plan_text("  ") == ""
+    assert plan_text(" 0-300 , 305- ") == "0-300,305-"
+    assert plan_text(_Plan([])) == ""  # a REWIND without a plan
+    assert plan_text(_Plan([_Range(0, 300), _Range(305, -1)])) == "0-300,305-"
+    assert plan_text(_Plan([_Range(0, 10), _Range(10, 20)])) == "0-20"  # merged
+    with pytest.raises(ValueError, match="plan"):
+        plan_text(_Plan([_Range(5, 3)]))
+    with pytest.raises(ValueError, match="plan"):
+        plan_text(_Plan([_Range(0, -1), _Range(5, 9)]))
+    order = DataOrder(corpus).with_plan(_Plan([_Range(0, 300), _Range(305, -1)]))
+    assert order.plan == "0-300,305-" and order.position_for_step(300) == 305
+    if _masks_supported():
+        msg = _Plan([_Range(0, -1)], [_Mask(40, [3, 1])])
+        assert plan_text(msg) == _corpus.normalize_plan("0-;drop=40:1.3")
+        assert DataOrder(corpus, plan=msg).batch(40).rows == 14
+    try:
+        from spikeguard.v1 import worker_pb2
+    except ImportError:
+        return
+    msg = worker_pb2.DataPlan()
+    msg.ranges.add(begin=0, end=300)
+    msg.ranges.add(begin=305, end=-1)
+    assert plan_text(msg) == "0-300,305-"
+    assert plan_text(worker_pb2.DataPlan()) == ""

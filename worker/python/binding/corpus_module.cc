@@ -87,6 +87,23 @@ std::vector<int32_t> SlotsOf(const B& b) {
   return slots;
 }
 
+// DataPlan from ranges and sample masks (the proto DataPlan's content), as
+// the reference worker builds it from a REWIND command: FromRanges, then
+// WithMask per mask. Masks need a library that has them.
+template <typename Plan = st::DataPlan>
+std::string PlanFromParts(const std::vector<std::pair<int64_t, int64_t>>& ranges,
+                          const std::vector<std::pair<int64_t, std::vector<int32_t>>>& masks) {
+  std::vector<st::PositionRange> rs;
+  for (const auto& [b, e] : ranges) rs.push_back(st::PositionRange{b, e});
+  Plan plan = Check(Plan::FromRanges(rs));
+  if constexpr (requires(Plan p) { p.WithMask(int64_t{0}, std::vector<int32_t>{}); }) {
+    for (const auto& [position, slots] : masks) plan = Check(plan.WithMask(position, slots));
+  } else {
+    if (!masks.empty()) throw py::value_error("this build's data plan has no sample masks");
+  }
+  return plan.ToString();
+}
+
 class PyCorpus {
  public:
   static std::shared_ptr<PyCorpus> Open(const std::string& dir) {
@@ -287,5 +304,8 @@ PYBIND11_MODULE(_corpus, m) {
       "normalize_plan",
       [](const std::string& text) { return Check(st::DataPlan::Parse(text)).ToString(); },
       py::arg("text"), "DataPlan::Parse(text).ToString(); ValueError for a bad plan.");
+  m.def("plan_from_parts", &PlanFromParts<>, py::arg("ranges"), py::arg("masks"),
+        "Text form of the plan with `ranges` [(begin, end)], end -1 = unbounded, and sample "
+        "`masks` [(position, [slot, ...])]; ValueError for a bad plan.");
   m.attr("METADATA_FILE") = std::string(st::kCorpusMetadataFile);
 }

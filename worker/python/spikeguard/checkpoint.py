@@ -9,21 +9,26 @@ step consumes, plus any picklable ``extra``. It records no generation: the
 daemon tracks generations and names the checkpoint to rewind to by its URI.
 
     from spikeguard.checkpoint import save_checkpoint, load_checkpoint, retain
+    from spikeguard.data import plan_text
 
     info = save_checkpoint(ckpt_dir, step, model=model, optimizer=opt,
-                           scheduler=sched, data_position=order.position_for_step(step))
+                           scheduler=sched, data_position=order.position_for_step(step),
+                           data_plan=order.plan)
     client.checkpoint_saved(info["step"], info["uri"], ...)   # register it
     retain(ckpt_dir, keep=3, pinned_uris=pinned)                # old ones go
     ...
     state = load_checkpoint(uri, model=model, optimizer=opt, scheduler=sched)
     step = state["step"]
+    # REWIND: the command's plan; without one, the plan saved with the
+    # checkpoint (as the reference worker does); without that, the default.
+    order = order.with_plan(plan_text(command.data_plan) or state["data_plan"] or "")
 
 File ``step-000000100.pt`` (``step-000000100-rank3.pt`` for rank 3):
 
     b"SGTORCH1"                       8-byte magic
     u32 little-endian header length   then the header, UTF-8 JSON:
-        {"format": 1, "step", "data_position", "rank", "payload_bytes",
-         "sha256" (of the payload), "saved_unix"}
+        {"format": 1, "step", "data_position", "data_plan", "rank",
+         "payload_bytes", "sha256" (of the payload), "saved_unix"}
     payload                           torch.save() of the state dict
 
 so ``torch.load`` alone does not read it; ``load_checkpoint`` does, after
@@ -135,22 +140,29 @@ def _set_rng_state(state: Dict[str, Any]) -> None:
 
 
 def save_checkpoint(directory, step: int, *, model, optimizer, scheduler=None,
-                    data_position: int, extra: Optional[dict] = None, rank: int = 0) -> dict:
+                    data_position: int, extra: Optional[dict] = None, rank: int = 0,
+                    data_plan: Optional[str] = None) -> dict:
     """Writes the checkpoint of `step` atomically; returns dict(path, uri,
     step, data_position, bytes, checksum, rank). `model` may be a DDP
-    wrapper (its .module's state is saved, so a plain model loads it)."""
+    wrapper (its .module's state is saved, so a plain model loads it).
+    `data_plan` (the DataOrder's plan text) is kept as the reference worker
+    keeps it: a REWIND whose command carries no plan resumes under the plan
+    the checkpoint was saved with (load_checkpoint returns it)."""
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"step must be an int >= 0, got {step!r}")
     if isinstance(data_position, bool) or not isinstance(data_position, int):
         raise ValueError(f"data_position must be an int, got {data_position!r}")
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
         raise ValueError(f"rank must be an int >= 0, got {rank!r}")
+    if data_plan is not None and not isinstance(data_plan, str):
+        raise ValueError(f"data_plan must be a plan's text form, got {data_plan!r}")
     directory = os.path.abspath(os.fspath(directory))
     os.makedirs(directory, exist_ok=True)
     state = {
         "spikeguard_checkpoint": FORMAT,
         "step": step,
         "data_position": data_position,
+        "data_plan": data_plan,
         "model": _unwrap(model).state_dict(),
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
@@ -163,6 +175,7 @@ def save_checkpoint(directory, step: int, *, model, optimizer, scheduler=None,
     checksum = hashlib.sha256(payload).hexdigest()
     header = json.dumps({
         "format": FORMAT, "step": step, "data_position": data_position, "rank": rank,
+        "data_plan": data_plan,
         "payload_bytes": len(payload), "sha256": checksum, "saved_unix": time.time(),
     }, sort_keys=True).encode()
     final = checkpoint_path(directory, step, rank)
@@ -188,6 +201,7 @@ def save_checkpoint(directory, step: int, *, model, optimizer, scheduler=None,
         "uri": _uri_of(final),
         "step": step,
         "data_position": data_position,
+        "data_plan": data_plan,
         "bytes": len(MAGIC) + _HEADER_LEN.size + len(header) + len(payload),
         "checksum": checksum,
         "rank": rank,
@@ -273,7 +287,8 @@ def verify_checkpoint(path_or_uri) -> dict:
 
 def load_checkpoint(path_or_uri, *, model, optimizer, scheduler=None, map_location="cpu") -> dict:
     """Verifies the checkpoint and restores model, optimizer, scheduler and
-    every RNG from it; returns dict(step, data_position, extra, path, rank)."""
+    every RNG from it; returns dict(step, data_position, data_plan, extra,
+    path, rank)."""
     path = _path_of(path_or_uri)
     header, payload = _read_verified(path)
     try:
@@ -300,6 +315,7 @@ def load_checkpoint(path_or_uri, *, model, optimizer, scheduler=None, map_locati
     return {
         "step": state["step"],
         "data_position": state["data_position"],
+        "data_plan": state.get("data_plan"),
         "extra": state["extra"],
         "path": path,
         "rank": header.get("rank", 0),
@@ -326,12 +342,14 @@ def list_checkpoints(directory, rank: Optional[int] = None) -> List[dict]:
             continue
         path = os.path.join(directory, name)
         entry = {"step": int(m.group(1)), "rank": r, "path": path, "uri": _uri_of(path),
-                 "bytes": None, "data_position": None, "checksum": None, "valid": True,
+                 "bytes": None, "data_position": None, "data_plan": None, "checksum": None,
+                 "valid": True,
                  "error": None}
         try:
             entry["bytes"] = os.path.getsize(path)
             h = read_header(path)
             entry["data_position"] = h["data_position"]
+            entry["data_plan"] = h.get("data_plan")
             entry["checksum"] = h["sha256"]
             if h["step"] != entry["step"]:
                 raise CheckpointError(path, f"header says step {h['step']}")

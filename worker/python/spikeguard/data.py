@@ -53,7 +53,7 @@ import numpy as np
 
 from spikeguard import _corpus
 
-__all__ = ["Batch", "Corpus", "DataOrder", "shard_bounds"]
+__all__ = ["Batch", "Corpus", "DataOrder", "plan_text", "shard_bounds"]
 
 # The C++ Manifest's defaults (storage/corpus/data_order.h), for a corpus
 # directory without corpus.meta.
@@ -73,6 +73,36 @@ def _reraise(exc: Exception, prefix: str) -> Exception:
     if isinstance(exc, OSError):
         return OSError(msg)
     return type(exc)(msg)
+
+
+def plan_text(plan) -> str:
+    """A data plan's normalized text form from its text form or from a
+    ``spikeguard.v1.DataPlan`` message (ranges with end -1 = unbounded, and
+    sample masks), built by the C++ library as the reference worker builds it.
+
+    "" (or None, or a message without ranges) stays "": a REWIND without a
+    plan. The reference worker then keeps the plan saved in the checkpoint
+    (the corpus default when there is none); DataOrder takes "" as the
+    corpus default, so pass the checkpoint's plan in that case."""
+    if plan is None:
+        return ""
+    if isinstance(plan, str):
+        if plan.strip() == "":
+            return ""
+        try:
+            return _corpus.normalize_plan(plan)
+        except ValueError as e:
+            raise ValueError(f"plan {plan!r}: {e}") from None
+    if hasattr(plan, "ranges"):
+        ranges = [(int(r.begin), int(r.end)) for r in plan.ranges]
+        if not ranges:
+            return ""
+        masks = [(int(m.position), [int(x) for x in m.slots]) for m in getattr(plan, "masks", ())]
+        try:
+            return _corpus.plan_from_parts(ranges, masks)
+        except ValueError as e:
+            raise ValueError(f"plan {ranges} masks {masks}: {e}") from None
+    raise ValueError(f"plan must be a data plan's text form or a DataPlan message, got {plan!r}")
 
 
 class Corpus:
@@ -209,8 +239,9 @@ class DataOrder:
 
     Arguments left None take the corpus's default manifest (corpus.meta);
     ``plan`` is a DataPlan's text form ("0-300,305-", possibly with mask
-    suffixes such as ";drop=300:0.5") and "" or None means the corpus's
-    default plan. Thread-safe; materializing releases the GIL.
+    suffixes such as ";drop=300:0.5") or a ``spikeguard.v1.DataPlan``
+    message (see plan_text); "", None or a message without ranges mean the
+    corpus's default plan. Thread-safe; materializing releases the GIL.
     """
 
     def __init__(self, corpus: Corpus, seed=None, global_batch_size=None, sequence_length=None,
@@ -227,14 +258,7 @@ class DataOrder:
             "sequence_length", d["sequence_length"] if sequence_length is None else sequence_length,
             1, 2**31 - 2)
         self._blend = _blend_field(d["blend"] if blend is None else blend)
-        if plan is None or (isinstance(plan, str) and plan.strip() == ""):
-            plan = d["plan"]
-        if not isinstance(plan, str):
-            raise ValueError(f"plan must be a data plan's text form, got {plan!r}")
-        try:
-            _corpus.normalize_plan(plan)
-        except ValueError as e:
-            raise ValueError(f"plan {plan!r}: {e}") from None
+        plan = plan_text(plan) or d["plan"]
         try:
             self._native = _corpus.DataOrder(
                 corpus._native, corpus.fingerprint, self._seed, self._global_batch_size,
@@ -283,8 +307,9 @@ class DataOrder:
     def slots_per_domain(self) -> Dict[str, int]:
         return dict(zip(self._corpus.domain_names, self._native.slots_per_domain))
 
-    def with_plan(self, plan: Optional[str]) -> "DataOrder":
-        """The same order under another plan (on REWIND); "" = the corpus default."""
+    def with_plan(self, plan) -> "DataOrder":
+        """The same order under another plan (on REWIND): text or a DataPlan
+        message; "" = the corpus default (see plan_text)."""
         return DataOrder(self._corpus, seed=self._seed, global_batch_size=self._global_batch_size,
                          sequence_length=self._sequence_length, blend=self._blend, plan=plan)
 
