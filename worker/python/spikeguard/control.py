@@ -1,0 +1,360 @@
+"""spikeguard.control: the daemon's commands in a (multi-rank) training loop.
+
+The same behaviour towards spikeguardd as the C++ reference worker
+(worker/ref/reference_worker.cc: HandleCommand, WaitForGo, Run):
+
+- At every step boundary rank 0 polls its Client and the commands it got
+  are broadcast over the process group (all_gather_object, which also
+  carries every rank's rejection state), so every rank acts on the same
+  commands at the same step. The other ranks drain their own streams and
+  ignore those copies. Every rank reports its own CommandResult on its own
+  stream; a command id is executed at most once per rank (a re-sent one is
+  answered "already executed").
+- PAUSE holds before the next step; CONTINUE resumes and drops the horizon;
+  STOP ends the loop; SET_HPARAMS changes the fields it sets; REWIND flushes
+  the old generation, loads the checkpoint (through the trainer's callback),
+  switches the data plan and generation, takes the command's horizon
+  (stop_after_step) and its hparams ABSOLUTE over the configured base. A
+  rewind that fails is answered ok=false with the error, and the worker
+  pauses until the next command.
+- A horizon: train up to and including stop_after_step, flush, wait for a
+  command. The end of the schedule: flush, GenerationEnded once per
+  generation, then linger up to linger_s for a command (none: the loop ends).
+- Every command's pinned_uris replace the pins retention must keep
+  (``Controller.pinned_uris``).
+
+    ctl = Controller(client, total_steps=N, get_step=lambda: tr.step,
+                     rewind=tr.rewind, rank=rank, world_size=world)
+    while ctl.step_boundary():
+        lr = base_lr(tr.step) * ctl.hparams.lr_factor(tr.step)
+        ctl.hparams.apply_to_optimizer(opt, lr, betas=(0.9, 0.95), eps=1e-8)
+        ... train step tr.step with clip ctl.hparams.clip(base_clip) ...
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Callable, Iterable, List, Optional, Sequence
+
+log = logging.getLogger("spikeguard.control")
+
+try:
+    from spikeguard.v1 import worker_pb2
+except ImportError:  # pragma: no cover
+    worker_pb2 = None
+
+__all__ = ["HParamState", "Controller", "plan_text", "RejectedError"]
+
+
+class RejectedError(RuntimeError):
+    """The daemon rejected a rank's stream (final)."""
+
+
+def plan_text(data_plan) -> str:
+    """A DataPlan proto's ranges as the text form "b-e,b-e,b-" ("" when empty)."""
+    parts = []
+    for r in data_plan.ranges:
+        parts.append(f"{r.begin}-" if r.end < 0 else f"{r.begin}-{r.end}")
+    return ",".join(parts)
+
+
+@dataclasses.dataclass
+class HParamState:
+    """The supervisor's overrides over a trainer's configured hyperparameters
+    (kernels::HParamOverrides). Saved with checkpoints (to_dict/from_dict)."""
+
+    lr_scale: float = 1.0
+    extra_warmup_steps: int = 0
+    # The step the extra warmup ramps from; -1 = the next step trained.
+    rewarm_start_step: int = -1
+    clip_norm: Optional[float] = None
+    beta2: Optional[float] = None
+    eps: Optional[float] = None
+
+    def apply(self, h) -> None:
+        """Sets the fields a worker_pb2.HParams carries."""
+        if h.HasField("lr_scale"):
+            self.lr_scale = h.lr_scale
+        if h.HasField("extra_warmup_steps"):
+            self.extra_warmup_steps = h.extra_warmup_steps
+            self.rewarm_start_step = h.warmup_start_step if h.HasField("warmup_start_step") else -1
+        if h.HasField("clip_norm"):
+            self.clip_norm = h.clip_norm
+        if h.HasField("beta2"):
+            self.beta2 = h.beta2
+        if h.HasField("eps"):
+            self.eps = h.eps
+
+    def begin_step(self, step: int) -> None:
+        """Call once before training `step`: pins an unset warmup start."""
+        if self.extra_warmup_steps > 0 and self.rewarm_start_step < 0:
+            self.rewarm_start_step = step
+
+    def lr_factor(self, step: int) -> float:
+        """lr_scale times the extra warmup's ramp at `step`."""
+        f = 1.0
+        if self.extra_warmup_steps > 0:
+            start = step if self.rewarm_start_step < 0 else self.rewarm_start_step
+            if step >= start:
+                f = min(1.0, (step - start + 1) / self.extra_warmup_steps)
+        return self.lr_scale * f
+
+    def clip(self, base: Optional[float]) -> Optional[float]:
+        return self.clip_norm if self.clip_norm is not None else base
+
+    def apply_to_optimizer(self, optimizer, lr: float, *, betas=None, eps=None) -> None:
+        """Sets lr, betas (β2 overridden) and eps on every param group;
+        betas/eps are the configured base values (None: leave the group's)."""
+        for g in optimizer.param_groups:
+            g["lr"] = lr
+            if "betas" in g:
+                b1, b2 = betas if betas is not None else g["betas"]
+                g["betas"] = (b1, self.beta2 if self.beta2 is not None else b2)
+            if "eps" in g and (eps is not None or self.eps is not None):
+                g["eps"] = self.eps if self.eps is not None else eps
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Optional[dict]) -> "HParamState":
+        if not d:
+            return cls()
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
+
+
+def _kind_name(kind: int) -> str:
+    try:
+        return worker_pb2.Command.Kind.Name(kind)
+    except (ValueError, AttributeError):
+        return str(kind)
+
+
+class Controller:
+    """Commands at step boundaries for one rank of a run (see the module doc).
+
+    client: the rank's spikeguard.Client (None: no daemon; only the horizon
+        and the schedule apply).
+    total_steps: the schedule's length (steps [0, total_steps)).
+    get_step: the next step the trainer will train.
+    rewind: rewind(uri, plan_text, command) loads the checkpoint (model,
+        optimizer, scheduler, RNG, step) and switches to the plan ("" = the
+        default); raises on failure.
+    on_hparams: called with the HParamState after SET_HPARAMS or REWIND.
+    base_hparams: the configured base REWIND's hparams are absolute over.
+    """
+
+    def __init__(self, client, *, total_steps: int, get_step: Callable[[], int],
+                 rewind: Optional[Callable] = None, rank: int = 0, world_size: int = 1,
+                 group=None, generation: int = 0, stop_after_step: int = -1,
+                 linger_s: float = 0.0, poll_interval_s: float = 0.2,
+                 base_hparams: Optional[HParamState] = None,
+                 on_hparams: Optional[Callable[[HParamState], None]] = None,
+                 flush_timeout_s: float = 60.0):
+        self.client = client
+        self.total_steps = int(total_steps)
+        self.get_step = get_step
+        self._rewind = rewind
+        self.rank = rank
+        self.world_size = world_size
+        self.group = group
+        self.generation = int(generation)
+        self.stop_after = int(stop_after_step) if stop_after_step is not None and stop_after_step >= 0 else -1
+        self.linger_s = float(linger_s)
+        self.poll_interval_s = float(poll_interval_s)
+        self.base_hparams = dataclasses.replace(base_hparams) if base_hparams else HParamState()
+        self.hparams = dataclasses.replace(self.base_hparams)
+        self.on_hparams = on_hparams
+        self.flush_timeout_s = flush_timeout_s
+        self.paused = False
+        self.stopped = False
+        self.ended_generation: Optional[int] = None
+        self.pinned_uris: List[str] = []
+        self.executed: set = set()
+        self.results: list = []  # (id, ok, message, step) as sent, for tests and logs
+
+    # ---- the exchange -------------------------------------------------------
+    def _distributed(self) -> bool:
+        if self.world_size <= 1:
+            return False
+        import torch.distributed as dist
+        return dist.is_available() and dist.is_initialized()
+
+    def _exchange(self, timeout: float, flag: bool = False):
+        """One round: rank 0's commands (and its `flag`) as every rank sees them."""
+        mine: list = []
+        rejection = None
+        if self.client is not None:
+            if self.rank == 0:
+                c = self.client.poll_command(timeout=timeout)
+                while c is not None:
+                    mine.append(c.SerializeToString())
+                    c = self.client.poll_command(timeout=0.0)
+            else:
+                # Rank 0's copy is the one acted on; ours are dropped.
+                while self.client.poll_command(timeout=0.0) is not None:
+                    pass
+                if timeout > 0 and not self._distributed():
+                    time.sleep(timeout)
+            rej = getattr(self.client, "rejection", None)
+            if rej is not None:
+                rejection = str(getattr(rej, "message", "") or rej)
+        if self._distributed():
+            import torch.distributed as dist
+            payload = [None] * self.world_size
+            dist.all_gather_object(payload, (mine, rejection, flag), group=self.group)
+            commands, _, flag = payload[0]
+            for r, (_, rej, _) in enumerate(payload):
+                if rej is not None:
+                    raise RejectedError(f"rejected by spikeguardd (rank {r}): {rej}")
+        else:
+            commands = mine
+            if rejection is not None:
+                raise RejectedError(f"rejected by spikeguardd: {rejection}")
+        out = []
+        for blob in commands:
+            c = worker_pb2.Command()
+            c.ParseFromString(blob)
+            out.append(c)
+        return out, flag
+
+    def _all_ok(self, ok: bool) -> bool:
+        if not self._distributed():
+            return ok
+        import torch.distributed as dist
+        payload = [None] * self.world_size
+        dist.all_gather_object(payload, ok, group=self.group)
+        return all(payload)
+
+    # ---- commands --------------------------------------------------------------
+    def _result(self, command_id: str, ok: bool, message: str) -> None:
+        step = int(self.get_step())
+        self.results.append((command_id, ok, message, step))
+        if self.client is not None:
+            self.client.command_result(command_id, ok, message, step=step)
+
+    def handle(self, command) -> None:
+        """Executes one command (at most once per id) and answers it."""
+        cid = command.id
+        if cid and cid in self.executed:
+            self._result(cid, True, "already executed")
+            return
+        self.pinned_uris = list(command.pinned_uris)
+        kind = command.kind
+        log.info("rank %d: executing command %s (%s) at step %d", self.rank, cid,
+                 _kind_name(kind), self.get_step())
+        K = worker_pb2.Command
+        ok, message = True, "ok"
+        if kind == K.PAUSE:
+            self.paused = True
+        elif kind == K.CONTINUE:
+            self.paused = False
+            self.stop_after = -1
+        elif kind == K.STOP:
+            self.stopped = True
+        elif kind == K.SET_HPARAMS:
+            self.hparams.apply(command.hparams)
+            if self.on_hparams:
+                self.on_hparams(self.hparams)
+        elif kind == K.REWIND:
+            ok, message = self._do_rewind(command)
+        else:
+            ok, message = False, f"unknown command kind {int(kind)}"
+        if cid:
+            self.executed.add(cid)
+            self._result(cid, ok, message)
+        if not ok:
+            log.error("rank %d: command %s failed: %s", self.rank, cid, message)
+
+    def _do_rewind(self, command):
+        if self.client is not None:
+            try:
+                self.client.flush(timeout=30.0)  # the old generation's reports first
+            except Exception as e:  # a flush that times out is not the rewind's failure
+                log.warning("flush before rewind: %s", e)
+        uri = command.checkpoint.uri
+        plan = plan_text(command.data_plan) if len(command.data_plan.ranges) else ""
+        error = None
+        try:
+            if self._rewind is None:
+                raise RuntimeError("this trainer cannot rewind")
+            self._rewind(uri, plan, command)
+        except Exception as e:  # noqa: BLE001 - any failure is reported, not raised
+            error = f"rewind to {uri} failed: {e}"
+        if not self._all_ok(error is None):
+            if error is None:
+                error = f"rewind to {uri} failed on another rank"
+        if error is not None:
+            # Going on in the old generation would train where nobody expects
+            # it: hold until the daemon says what next.
+            self.paused = True
+            return False, error
+        self.generation = int(command.new_generation)
+        if self.client is not None:
+            self.client.set_generation(self.generation)
+        self.stop_after = command.stop_after_step if command.stop_after_step > 0 else -1
+        self.paused = False
+        self.hparams = dataclasses.replace(self.base_hparams)
+        self.hparams.apply(command.hparams)
+        if self.on_hparams:
+            self.on_hparams(self.hparams)
+        return True, "ok"
+
+    # ---- the loop ------------------------------------------------------------
+    def _past_horizon(self) -> bool:
+        return self.stop_after >= 0 and self.get_step() > self.stop_after
+
+    def _flush(self) -> None:
+        if self.client is not None:
+            self.client.flush(timeout=self.flush_timeout_s)
+
+    def step_boundary(self) -> bool:
+        """Between steps: runs the commands that came, waits while paused or
+        past the horizon, handles the end of the schedule. True: train the
+        step get_step() now; False: the loop ends (STOP, no daemon and done,
+        or no command while lingering)."""
+        while True:
+            commands, _ = self._exchange(0.0)
+            for c in commands:
+                self.handle(c)
+            if self.client is None:
+                if self.stopped or self._past_horizon() or self.get_step() >= self.total_steps:
+                    return False
+                return True
+            if not self.stopped and self._past_horizon():
+                self._flush()
+            while not self.stopped and (self.paused or self._past_horizon()):
+                commands, _ = self._exchange(self.poll_interval_s)
+                for c in commands:
+                    self.handle(c)
+            if self.stopped:
+                return False
+            step = self.get_step()
+            if step < self.total_steps:
+                return True
+            # The end of the schedule: deliver, say so once, linger.
+            self._flush()
+            if self.ended_generation != self.generation:
+                reason = f"end of training schedule (steps={self.total_steps})"
+                if self.stop_after >= step:
+                    reason += f" before the horizon at step {self.stop_after}"
+                log.info("rank %d: generation %d ended at step %d: %s", self.rank,
+                         self.generation, step - 1, reason)
+                self.client.generation_ended(self.generation, step - 1, reason)
+                self.ended_generation = self.generation
+                self._flush()
+            deadline = time.monotonic() + self.linger_s
+            handled = False
+            while not handled:
+                expired = self.rank == 0 and time.monotonic() >= deadline
+                commands, expired = self._exchange(self.poll_interval_s, flag=expired)
+                for c in commands:
+                    self.handle(c)
+                    handled = True
+                if handled:
+                    break
+                if expired:
+                    return False
+            # A command came: go round again (a rewind moved the step back,
+            # a stop ends, a pause waits).

@@ -1,0 +1,476 @@
+"""spikeguard.torch: fill a full StepReport from a PyTorch training step.
+
+What a trainer adds to its loop (DDP or not):
+
+    tel = Telemetry(model, optimizer=opt)            # finds the transformer blocks
+    for step in ...:
+        tel.before_step()
+        logits = model(x)
+        ce = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none")
+        tel.logits(logits)                            # output log-sum-exp, non-finite logits
+        tel.losses(ce.view(y.shape), domains=d)       # per-token losses of this rank's rows
+        (ce.sum() * world / global_tokens).backward()
+        grad_norm = tel.after_backward(clip_norm=1.0) # pre-clip global norm; clips in place
+        tel.before_optimizer_step()
+        opt.step()
+        tel.after_optimizer_step()
+        client.report(tel.report(step, data_position, lr=lr))
+
+Per-layer statistics (LayerStats) come from the layers' own parameters and
+forward hooks: residual-stream RMS leaving each layer, gradient norm
+(pre-clip), update-to-weight ratio ||w_after - w_before|| / ||w_before||,
+parameter norm after the update, and the max attention logit.
+
+Max attention logit, three ways (``Telemetry.attention_kind`` says which one
+a layer's number is; the wire field has no label, so the kind is also
+written into the JSON lines a trainer logs):
+
+- ``"explicit"``: the model computes attention scores itself and hands the
+  scaled, masked pre-softmax scores to ``record_attention_logits(layer,
+  scores)`` (or to ``attn.score_observer``, which Telemetry wires up when an
+  attention module has that attribute). Exact.
+- ``"exact"``: a fused-attention (SDPA) model calls ``record_qk(layer, q, k)``
+  with q, k as [B, H, T, D]; Telemetry computes q·kᵀ/√D under the causal mask
+  once more. Exact, at the cost of one extra score matmul per layer.
+- ``"bound"``: the same ``record_qk`` call, but only an upper bound is
+  computed: per head, max_i ‖q_i‖ · max_j ‖k_j‖ / √D (Cauchy-Schwarz), the
+  max over heads and batch. Never below the true max; cheap (norms only).
+
+Distributed: with an initialized process group, ``report`` makes one
+all_gather of a small float64 vector per step, so the loss (and its hash),
+the output log-sum-exp, the per-layer max attention logit and activation RMS
+are global and bit-identical on every rank; gradient statistics are
+identical because DDP already averaged the gradients. Token counts,
+non-finite counts and per-domain losses stay per rank (the daemon sums and
+token-weights them when it merges the ranks' reports).
+"""
+from __future__ import annotations
+
+import math
+import struct
+import time
+from typing import Iterable, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+try:  # the generated stubs; absent only in a broken build
+    from spikeguard.v1 import telemetry_pb2
+except ImportError:  # pragma: no cover
+    telemetry_pb2 = None
+
+__all__ = ["Telemetry", "loss_hash", "splitmix64", "discover_layers", "report_json"]
+
+_MASK64 = (1 << 64) - 1
+ATTENTION_KINDS = {
+    "explicit": "exact (scores recorded by the model)",
+    "exact": "exact (q·kᵀ/√d recomputed from q and k)",
+    "bound": "upper bound (max‖q‖·max‖k‖/√d per head, Cauchy-Schwarz)",
+    "off": "not measured",
+}
+
+
+def splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def loss_hash(loss: float) -> int:
+    """64-bit hash of the float64 bits of `loss` (the C++ trainer's LossHash)."""
+    bits = struct.unpack("<Q", struct.pack("<d", float(loss)))[0]
+    return splitmix64(bits)
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    while hasattr(model, "module") and isinstance(getattr(model, "module"), torch.nn.Module):
+        model = model.module
+    return model
+
+
+def _attention_child(block: torch.nn.Module) -> Optional[torch.nn.Module]:
+    for name, sub in block.named_modules():
+        if sub is block:
+            continue
+        leaf = name.rsplit(".", 1)[-1].lower()
+        cls = type(sub).__name__.lower()
+        if leaf in ("attn", "attention", "self_attn", "self_attention") or "attention" in cls:
+            return sub
+    return None
+
+
+def discover_layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """Transformer blocks: children of a ModuleList/Sequential that hold an
+    attention submodule; the container with the most such children wins."""
+    model = _unwrap(model)
+    best: list[tuple[str, torch.nn.Module]] = []
+    for name, mod in model.named_modules():
+        if not isinstance(mod, (torch.nn.ModuleList, torch.nn.Sequential)):
+            continue
+        found = [(f"{name}.{i}" if name else str(i), child)
+                 for i, child in enumerate(mod.children()) if _attention_child(child) is not None]
+        if len(found) > len(best):
+            best = found
+    return best
+
+
+class Telemetry:
+    """Per-step statistics of a PyTorch model for spikeguard's StepReport.
+
+    model: the model (a DDP wrapper is unwrapped).
+    layers: the transformer blocks, as modules or (name, module) pairs in
+        order; None finds them (see ``discover_layers``).
+    optimizer: unused today beyond validation; kept for the update statistics
+        of optimizers that own parameters outside the model.
+    attention: "explicit", "exact", "bound" or "off" (see the module doc).
+    first_layer: global index of the first layer (pipeline stages own
+        disjoint ranges).
+    domain_names: names of the domain ids the batches carry (per-domain loss).
+    group: the process group to reduce over (default: the world, when
+        torch.distributed is initialized).
+    """
+
+    def __init__(self, model: torch.nn.Module, layers: Optional[Sequence] = None,
+                 optimizer: Optional[torch.optim.Optimizer] = None, attention: str = "explicit",
+                 *, first_layer: int = 0, domain_names: Optional[Sequence[str]] = None,
+                 group=None):
+        if attention not in ATTENTION_KINDS:
+            raise ValueError(f"attention={attention!r}: one of {sorted(ATTENTION_KINDS)}")
+        self.model = _unwrap(model)
+        self.optimizer = optimizer
+        self.attention = attention
+        self.attention_kind = ATTENTION_KINDS[attention]
+        self.group = group
+        if layers is None:
+            pairs = discover_layers(self.model)
+            if not pairs:
+                raise ValueError("no transformer blocks found; pass layers=[...]")
+        else:
+            names = {id(m): n for n, m in self.model.named_modules()}
+            pairs = []
+            for item in layers:
+                if isinstance(item, tuple):
+                    pairs.append((str(item[0]), item[1]))
+                else:
+                    pairs.append((names.get(id(item), type(item).__name__), item))
+        self.layer_names = [n for n, _ in pairs]
+        self.layer_modules = [m for _, m in pairs]
+        self.layer_indices = [first_layer + i for i in range(len(pairs))]
+        self.domain_names = list(domain_names) if domain_names else []
+        L = len(pairs)
+
+        # Parameters: all of the model's (global grad norm) and each layer's.
+        self._all_params = [p for p in self.model.parameters() if p.requires_grad]
+        slot = {}
+        for li, m in enumerate(self.layer_modules):
+            for p in m.parameters():
+                if p.requires_grad:
+                    slot.setdefault(id(p), li)
+        self._layer_params = [p for p in self._all_params if id(p) in slot]
+        self._layer_of_layer_param = torch.tensor([slot[id(p)] for p in self._layer_params],
+                                                  dtype=torch.long)
+        # Bucket L collects the parameters outside the layers (embeddings, head).
+        self._bucket_list = [slot.get(id(p), L) for p in self._all_params]
+        self._bucket_of_param = torch.tensor(self._bucket_list,
+                                             dtype=torch.long)
+        self._hooks = []
+        for li, m in enumerate(self.layer_modules):
+            self._hooks.append(m.register_forward_hook(self._make_act_hook(li)))
+            if attention == "explicit":
+                attn = _attention_child(m)
+                if attn is not None and hasattr(attn, "score_observer"):
+                    attn.score_observer = self._make_score_observer(li)
+        self._reset()
+
+    # ---- lifecycle -------------------------------------------------------
+    def close(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        for m in self.layer_modules:
+            attn = _attention_child(m)
+            if attn is not None and getattr(attn, "score_observer", None) is not None:
+                attn.score_observer = None
+
+    def _reset(self) -> None:
+        L = len(self.layer_modules)
+        self._t0 = None
+        self._attn_max = [None] * L        # 0-d tensors
+        self._act_sq = [None] * L          # float64 sums of squares
+        self._act_n = [0] * L
+        self._loss_sum = None              # float64 0-d
+        self._loss_tokens = 0
+        self._loss_nonfinite = None
+        self._dom_sum = None
+        self._dom_tok = None
+        self._lse_sum = None
+        self._lse_n = 0
+        self._lse_max = None
+        self._logit_nonfinite = None
+        self._grad_norm = 0.0
+        self._clipped = False
+        self._grad_nonfinite = 0
+        self._layer_grad_sq = None
+        self._snap = None
+        self._before_sq = None
+        self._update_ratio = None
+        self._param_norm = None
+
+    def before_step(self) -> None:
+        """Start of a training step: clears the previous step's numbers, starts the clock."""
+        self._reset()
+        self._t0 = time.perf_counter()
+
+    # ---- forward ---------------------------------------------------------
+    def _make_act_hook(self, li: int):
+        def hook(_module, _inputs, output):
+            out = output[0] if isinstance(output, (tuple, list)) else output
+            if not torch.is_tensor(out) or out.numel() == 0:
+                return
+            with torch.no_grad():
+                sq = out.detach().double().square().sum()
+            self._act_sq[li] = sq if self._act_sq[li] is None else self._act_sq[li] + sq
+            self._act_n[li] += out.numel()
+        return hook
+
+    def _make_score_observer(self, li: int):
+        return lambda scores: self.record_attention_logits(self.layer_indices[li], scores)
+
+    def _slot(self, layer_index: int) -> int:
+        return layer_index - self.layer_indices[0]
+
+    def _note_attn(self, li: int, value: torch.Tensor) -> None:
+        prev = self._attn_max[li]
+        self._attn_max[li] = value if prev is None else torch.maximum(prev, value)
+
+    def record_attention_logits(self, layer_index: int, scores: torch.Tensor) -> None:
+        """Exact max of the scaled pre-softmax scores of a layer (global index);
+        masked entries must be -inf. Several calls in a step (micro-batches)
+        keep the max."""
+        if self.attention == "off" or scores.numel() == 0:
+            return
+        with torch.no_grad():
+            self._note_attn(self._slot(layer_index), scores.detach().amax().float())
+
+    def record_qk(self, layer_index: int, q: torch.Tensor, k: torch.Tensor, *,
+                  scale: Optional[float] = None, causal: bool = True) -> None:
+        """For fused attention: q, k as [B, H, T, D] (after any QK-norm/rotary).
+        attention="exact" recomputes the scores; "bound" records the
+        Cauchy-Schwarz bound max‖q‖·max‖k‖·scale per head (labelled a bound)."""
+        if self.attention == "off" or q.numel() == 0:
+            return
+        scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
+        with torch.no_grad():
+            q = q.detach().float()
+            k = k.detach().float()
+            if self.attention == "bound":
+                qn = q.norm(dim=-1).amax(dim=-1)      # [B, H]
+                kn = k.norm(dim=-1).amax(dim=-1)
+                value = (qn * kn).amax() * scale
+            else:
+                s = (q @ k.transpose(-2, -1)) * scale
+                if causal:
+                    Tq, Tk = s.shape[-2], s.shape[-1]
+                    keep = torch.ones(Tq, Tk, dtype=torch.bool, device=s.device).tril(Tk - Tq)
+                    s = s.masked_fill(~keep, float("-inf"))
+                value = s.amax()
+        self._note_attn(self._slot(layer_index), value)
+
+    def logits(self, logits: torch.Tensor) -> None:
+        """Output logits [..., V]: log-sum-exp mean/max and non-finite logits."""
+        if logits.numel() == 0:
+            return
+        with torch.no_grad():
+            x = logits.detach().reshape(-1, logits.size(-1)).float()
+            lse = torch.logsumexp(x, dim=-1)
+            s = lse.double().sum()
+            m = lse.amax()
+            bad = (~torch.isfinite(x)).sum()
+        self._lse_sum = s if self._lse_sum is None else self._lse_sum + s
+        self._lse_max = m if self._lse_max is None else torch.maximum(self._lse_max, m)
+        self._lse_n += lse.numel()
+        self._logit_nonfinite = bad if self._logit_nonfinite is None else self._logit_nonfinite + bad
+
+    def losses(self, token_losses: torch.Tensor, domains: Optional[torch.Tensor] = None) -> None:
+        """This rank's per-token losses [rows, T] (cross-entropy, not the
+        objective) and optionally each row's domain id [rows]. The step's loss
+        is their global mean (over all ranks' tokens)."""
+        with torch.no_grad():
+            tl = token_losses.detach()
+            if tl.dim() > 1:
+                rows = tl.flatten(1).double().sum(dim=1)
+                per_row = tl[0].numel() if tl.size(0) else 0
+            else:
+                rows, per_row = tl.double(), 1
+            s = rows.sum()
+            self._loss_sum = s if self._loss_sum is None else self._loss_sum + s
+            self._loss_tokens += tl.numel()
+            bad = (~torch.isfinite(tl)).sum()
+            self._loss_nonfinite = bad if self._loss_nonfinite is None else self._loss_nonfinite + bad
+            if domains is not None and self.domain_names:
+                D = len(self.domain_names)
+                d = domains.to(torch.long).reshape(-1)
+                ds = torch.zeros(D, dtype=torch.float64).index_add_(0, d, rows)
+                dt = torch.zeros(D, dtype=torch.float64).index_add_(
+                    0, d, torch.full((d.numel(),), float(per_row), dtype=torch.float64))
+                self._dom_sum = ds if self._dom_sum is None else self._dom_sum + ds
+                self._dom_tok = dt if self._dom_tok is None else self._dom_tok + dt
+
+    # ---- backward and optimizer -------------------------------------------
+    def after_backward(self, clip_norm: Optional[float] = None) -> float:
+        """Pre-clip global gradient norm (returned), per-layer gradient norms;
+        with clip_norm > 0 the gradients are scaled in place to clip_norm when
+        the norm exceeds it (and the norm is finite)."""
+        with torch.no_grad():
+            pairs = [(p.grad, b) for p, b in zip(self._all_params, self._bucket_list)
+                     if p.grad is not None]
+            if not pairs:
+                self._grad_norm = 0.0
+                return 0.0
+            grads = [g for g, _ in pairs]
+            buckets = torch.tensor([b for _, b in pairs], dtype=torch.long)
+            norms = torch.stack(torch._foreach_norm(grads)).double()
+            sq = norms.square()
+            L = len(self.layer_modules)
+            self._layer_grad_sq = torch.zeros(L + 1, dtype=torch.float64).index_add_(0, buckets, sq)[:L]
+            total = math.sqrt(float(sq.sum()))
+            self._grad_norm = total
+            if not math.isfinite(total):
+                self._grad_nonfinite = int(sum(int((~torch.isfinite(g)).sum()) for g in grads))
+            elif clip_norm is not None and clip_norm > 0 and total > clip_norm:
+                torch._foreach_mul_(grads, clip_norm / total)
+                self._clipped = True
+        return total
+
+    def before_optimizer_step(self) -> None:
+        """Snapshot the layers' weights (for the update-to-weight ratio)."""
+        if not self._layer_params:
+            return
+        with torch.no_grad():
+            self._snap = torch._foreach_mul(self._layer_params, 1.0)
+            n = torch.stack(torch._foreach_norm(self._snap)).double()
+            self._before_sq = self._layer_sums(n.square())
+
+    def after_optimizer_step(self) -> None:
+        """Update-to-weight ratio and parameter norm of each layer."""
+        if self._snap is None:
+            return
+        with torch.no_grad():
+            delta = torch._foreach_sub(self._layer_params, self._snap)
+            dsq = self._layer_sums(torch.stack(torch._foreach_norm(delta)).double().square())
+            psq = self._layer_sums(torch.stack(torch._foreach_norm(self._layer_params)).double().square())
+            self._update_ratio = torch.where(self._before_sq > 0, (dsq / self._before_sq).sqrt(),
+                                             torch.zeros_like(dsq))
+            self._param_norm = psq.sqrt()
+        self._snap = None
+
+    def _layer_sums(self, values: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(len(self.layer_modules), dtype=torch.float64).index_add_(
+            0, self._layer_of_layer_param, values)
+
+    # ---- the report --------------------------------------------------------
+    def _world(self) -> int:
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_world_size(self.group)
+        return 1
+
+    def report(self, step: int, data_position: int, lr: float, *, loss: Optional[float] = None,
+               tokens: Optional[int] = None, domain_losses: Optional[dict] = None,
+               loss_scale: float = 1.0, extra_nonfinite: int = 0, reduce: bool = True):
+        """The step's StepReport. loss: pass it to override the recorded
+        token losses (it is then taken as already global). domain_losses:
+        {name: (loss, tokens)} to override the recorded per-domain losses.
+        With reduce and a process group of more than one rank this is a
+        collective: every rank must call it at every step."""
+        L = len(self.layer_modules)
+        D = len(self.domain_names)
+        ninf = float("-inf")
+
+        def f(t, default=0.0):
+            return float(t) if t is not None else default
+
+        attn = [f(a, ninf) for a in self._attn_max]
+        act_sq = [f(a) for a in self._act_sq]
+        local = [f(self._loss_sum), float(self._loss_tokens), f(self._lse_sum), float(self._lse_n),
+                 f(self._lse_max, ninf)] + attn + act_sq + [float(n) for n in self._act_n]
+        world = self._world() if reduce else 1
+        if world > 1:
+            vec = torch.tensor(local, dtype=torch.float64)
+            gathered = [torch.empty_like(vec) for _ in range(world)]
+            dist.all_gather(gathered, vec, group=self.group)
+            allv = torch.stack(gathered)          # [world, n], summed in rank order
+            sums = allv.sum(dim=0).tolist()
+            maxs = allv.amax(dim=0).tolist()
+        else:
+            sums = maxs = local
+        loss_sum, loss_tok, lse_sum, lse_n = sums[0], sums[1], sums[2], sums[3]
+        lse_max = maxs[4]
+        attn_g = maxs[5:5 + L]
+        act_sq_g = sums[5 + L:5 + 2 * L]
+        act_n_g = sums[5 + 2 * L:5 + 3 * L]
+
+        if loss is None:
+            loss = loss_sum / loss_tok if loss_tok > 0 else float("nan")
+        nonfinite = int(extra_nonfinite) + self._grad_nonfinite
+        nonfinite += int(self._loss_nonfinite) if self._loss_nonfinite is not None else 0
+        nonfinite += int(self._logit_nonfinite) if self._logit_nonfinite is not None else 0
+        if not math.isfinite(loss) and nonfinite == 0:
+            nonfinite = 1
+
+        r = telemetry_pb2.StepReport()
+        r.step = int(step)
+        r.data_position = int(data_position)
+        r.loss = float(loss)
+        r.grad_norm = float(self._grad_norm)
+        r.clipped = bool(self._clipped)
+        r.lr = float(lr)
+        r.loss_scale = float(loss_scale)
+        r.tokens = int(tokens if tokens is not None else self._loss_tokens)
+        r.step_time_s = (time.perf_counter() - self._t0) if self._t0 is not None else 0.0
+        r.lse_mean = lse_sum / lse_n if lse_n > 0 else 0.0
+        r.lse_max = lse_max if lse_n > 0 else 0.0
+        r.nonfinite_count = nonfinite
+        r.loss_hash = loss_hash(loss)
+        if domain_losses is not None:
+            for name in sorted(domain_losses):
+                value, ntok = domain_losses[name]
+                d = r.domain_losses.add(domain=name, loss=float(value), tokens=int(ntok))
+        elif self._dom_sum is not None:
+            for i, name in enumerate(self.domain_names):
+                ntok = float(self._dom_tok[i])
+                if ntok > 0:
+                    r.domain_losses.add(domain=name, loss=float(self._dom_sum[i]) / ntok,
+                                        tokens=int(ntok))
+        grad_sq = self._layer_grad_sq.tolist() if self._layer_grad_sq is not None else [0.0] * L
+        ratio = self._update_ratio.tolist() if self._update_ratio is not None else [0.0] * L
+        if self._param_norm is not None:
+            pnorm = self._param_norm.tolist()
+        elif self._layer_params:
+            with torch.no_grad():
+                pnorm = self._layer_sums(torch.stack(
+                    torch._foreach_norm(self._layer_params)).double().square()).sqrt().tolist()
+        else:
+            pnorm = [0.0] * L
+        for li in range(L):
+            ls = r.layers.add()
+            ls.layer = self.layer_indices[li]
+            a = attn_g[li]
+            ls.max_attn_logit = a if a != ninf else 0.0
+            ls.grad_norm = math.sqrt(grad_sq[li])
+            ls.update_ratio = ratio[li]
+            ls.act_rms = math.sqrt(act_sq_g[li] / act_n_g[li]) if act_n_g[li] > 0 else 0.0
+            ls.param_norm = pnorm[li]
+        r.unix_ms = int(time.time() * 1000)
+        return r
+
+
+def report_json(report, attention_kind: Optional[str] = None) -> dict:
+    """A StepReport as a dict (proto field names, every field), with the
+    attention measurement's kind when given."""
+    from google.protobuf import json_format
+    d = json_format.MessageToDict(report, preserving_proto_field_name=True,
+                                  including_default_value_fields=True)
+    if attention_kind is not None:
+        d["max_attn_logit_kind"] = attention_kind
+    return d
