@@ -1,0 +1,198 @@
+"""spikeguard.torch: every StepReport field against a computation by hand."""
+import math
+import os
+import struct
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "worker", "examples", "torch_gpt"))
+
+from model import GPT, GPTConfig, token_losses  # noqa: E402
+from spikeguard.torch import (Telemetry, discover_layers, loss_hash, report_json,  # noqa: E402
+                              splitmix64)
+
+torch.set_num_threads(1)
+
+
+def small_model(**kw):
+    cfg = GPTConfig(layers=3, heads=2, width=32, context=16, **kw)
+    return GPT(cfg)
+
+
+def batch(seed=0, rows=4, T=16):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 128, (rows, T + 1), generator=g)
+    return x[:, :-1], x[:, 1:]
+
+
+def one_step(model, tel, opt, x, y, *, clip=None, domains=None):
+    tel.before_step()
+    logits = model(x)
+    ce, obj = token_losses(logits, y)
+    tel.logits(logits)
+    tel.losses(ce, domains)
+    opt.zero_grad()
+    obj.mean().backward()
+    gn = tel.after_backward(clip)
+    tel.before_optimizer_step()
+    opt.step()
+    tel.after_optimizer_step()
+    return logits.detach(), ce.detach(), gn
+
+
+def test_layers_are_discovered_with_names_and_global_indices():
+    m = small_model()
+    names = [n for n, _ in discover_layers(m)]
+    assert names == ["blocks.0", "blocks.1", "blocks.2"]
+    tel = Telemetry(m, first_layer=8)
+    assert tel.layer_names == names and tel.layer_indices == [8, 9, 10]
+    # A wrapper (as DDP's .module) is looked through; a user list is kept.
+    wrapper = torch.nn.Module()
+    wrapper.module = m
+    tel2 = Telemetry(wrapper, layers=[m.blocks[2], m.blocks[0]])
+    assert tel2.layer_names == ["blocks.2", "blocks.0"] and tel2.layer_indices == [0, 1]
+    with pytest.raises(ValueError):
+        Telemetry(torch.nn.Linear(3, 3))
+
+
+def test_report_matches_hand_computation():
+    torch.manual_seed(0)
+    m = small_model()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    tel = Telemetry(m, domain_names=["a", "b"])
+    x, y = batch()
+    # By hand: scores of each layer and residual stream leaving each block.
+    scores, acts = {}, {}
+    hooks = []
+    for i, b in enumerate(m.blocks):
+        hooks.append(b.register_forward_hook(lambda mod, inp, out, i=i: acts.__setitem__(i, out.detach())))
+    before = [torch.cat([p.detach().flatten() for p in b.parameters()]).clone() for b in m.blocks]
+    # Hand-computed max logits: wrap each observer.
+    for i, b in enumerate(m.blocks):
+        orig = b.attn.score_observer
+        b.attn.score_observer = (lambda s, i=i, orig=orig: (scores.__setitem__(i, s.detach().amax().item()), orig(s)))
+    domains = torch.tensor([0, 1, 1, 0])
+    logits, ce, gn = one_step(m, tel, opt, x, y, domains=domains)
+    for h in hooks:
+        h.remove()
+    r = tel.report(7, 70, lr=1e-2)
+    assert r.step == 7 and r.data_position == 70 and r.lr == 1e-2 and r.tokens == 64
+    loss = ce.double().sum().item() / 64
+    assert r.loss == pytest.approx(loss, rel=1e-12)
+    assert r.loss_hash == loss_hash(r.loss)
+    lse = torch.logsumexp(logits.reshape(-1, 256), -1)
+    assert r.lse_mean == pytest.approx(lse.double().mean().item(), rel=1e-9)
+    assert r.lse_max == pytest.approx(lse.max().item(), rel=1e-6)
+    assert r.nonfinite_count == 0 and not r.clipped
+    all_g = torch.cat([p.grad.flatten() for p in m.parameters()]).double()
+    assert r.grad_norm == pytest.approx(all_g.norm().item(), rel=1e-6) and gn == r.grad_norm
+    assert [l.layer for l in r.layers] == [0, 1, 2]
+    for i, (b, ls) in enumerate(zip(m.blocks, r.layers)):
+        g = torch.cat([p.grad.flatten() for p in b.parameters()]).double()
+        w = torch.cat([p.detach().flatten() for p in b.parameters()]).double()
+        assert ls.grad_norm == pytest.approx(g.norm().item(), rel=1e-6)
+        assert ls.param_norm == pytest.approx(w.norm().item(), rel=1e-6)
+        ratio = (w - before[i].double()).norm() / before[i].double().norm()
+        assert ls.update_ratio == pytest.approx(ratio.item(), rel=1e-4)
+        assert ls.act_rms == pytest.approx(acts[i].double().square().mean().sqrt().item(), rel=1e-9)
+        assert ls.max_attn_logit == pytest.approx(scores[i], rel=1e-6)
+    d = {dl.domain: dl for dl in r.domain_losses}
+    rows = ce.double().sum(1)
+    assert d["a"].tokens == 32 and d["b"].tokens == 32
+    assert d["a"].loss == pytest.approx(((rows[0] + rows[3]) / 32).item(), rel=1e-12)
+    assert d["b"].loss == pytest.approx(((rows[1] + rows[2]) / 32).item(), rel=1e-12)
+    assert r.step_time_s > 0 and r.unix_ms > 1.6e12
+    j = report_json(r, tel.attention_kind)
+    assert j["max_attn_logit_kind"].startswith("exact") and j["layers"][0]["layer"] == 0
+
+
+def test_clipping_scales_gradients_and_reports_the_pre_clip_norm():
+    torch.manual_seed(1)
+    m = small_model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.0)
+    tel = Telemetry(m)
+    x, y = batch(1)
+    _, _, gn = one_step(m, tel, opt, x, y, clip=1e-3)
+    after = torch.cat([p.grad.flatten() for p in m.parameters()]).double().norm().item()
+    r = tel.report(0, 0, lr=0.0)
+    assert r.clipped and gn > 1e-3 and r.grad_norm == gn
+    assert after == pytest.approx(1e-3, rel=1e-4)
+    # lr 0: no update, the ratio is 0.
+    assert all(ls.update_ratio == 0 for ls in r.layers)
+
+
+def test_nonfinite_values_are_counted():
+    torch.manual_seed(2)
+    m = small_model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.0)
+    tel = Telemetry(m)
+    x, y = batch(2)
+    tel.before_step()
+    logits = m(x)
+    logits = logits.clone()
+    logits[0, 0, 0] = float("inf")
+    ce, _ = token_losses(logits, y)
+    tel.logits(logits)
+    tel.losses(ce)
+    (ce.mean()).backward()
+    gn = tel.after_backward(1.0)
+    r = tel.report(0, 0, lr=0.0)
+    assert not math.isfinite(gn) and not r.clipped
+    assert r.nonfinite_count > 1 and not math.isfinite(r.loss)
+
+
+def test_fused_attention_helpers_exact_and_bound():
+    torch.manual_seed(3)
+    q = torch.randn(2, 3, 8, 16) * 3
+    k = torch.randn(2, 3, 8, 16)
+    s = (q @ k.transpose(-2, -1)) / 4.0
+    s = s.masked_fill(~torch.ones(8, 8, dtype=torch.bool).tril(), float("-inf"))
+    exact = s.amax().item()
+    m = small_model()
+    t_exact = Telemetry(m, attention="exact")
+    t_exact.before_step()
+    t_exact.record_qk(0, q, k)
+    t_bound = Telemetry(m, attention="bound")
+    t_bound.before_step()
+    t_bound.record_qk(0, q, k)
+    assert "bound" in t_bound.attention_kind and "exact" in t_exact.attention_kind
+    re = t_exact.report(0, 0, lr=0.0, loss=1.0)
+    rb = t_bound.report(0, 0, lr=0.0, loss=1.0)
+    assert re.layers[0].max_attn_logit == pytest.approx(exact, rel=1e-6)
+    assert rb.layers[0].max_attn_logit >= exact
+    # "exact"/"bound" do not wire the explicit observer.
+    assert m.blocks[0].attn.score_observer is None
+
+
+def test_loss_hash_is_splitmix_of_the_float64_bits():
+    bits = struct.unpack("<Q", struct.pack("<d", 2.5))[0]
+    assert loss_hash(2.5) == splitmix64(bits)
+    assert loss_hash(2.5) != loss_hash(math.nextafter(2.5, 3))
+    assert splitmix64(0) == 0xE220A8397B1DCDAF  # SplitMix64's first output from seed 0
+    assert 0 <= loss_hash(float("nan")) < 2**64
+
+
+def test_micro_batches_accumulate_and_hooks_go_on_close():
+    torch.manual_seed(4)
+    m = small_model()
+    tel = Telemetry(m)
+    x, y = batch(4, rows=4)
+    tel.before_step()
+    for part in (slice(0, 2), slice(2, 4)):
+        logits = m(x[part])
+        ce, _ = token_losses(logits, y[part])
+        tel.losses(ce)
+        tel.logits(logits)
+    r = tel.report(0, 0, lr=0.0)
+    full = token_losses(m(x), y)[0]
+    assert r.tokens == 64
+    assert r.loss == pytest.approx(full.double().mean().item(), rel=1e-6)
+    tel.close()
+    assert m.blocks[0].attn.score_observer is None
+    tel.before_step()
+    m(x)
+    assert tel._act_sq[0] is None
