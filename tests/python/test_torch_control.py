@@ -1,0 +1,272 @@
+"""spikeguard.control: the daemon's commands at step boundaries, with a fake
+client; one rank in process, and two gloo ranks that must act on rank 0's
+commands at the same step."""
+import collections
+import os
+import socket
+import threading
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from spikeguard.control import Controller, HParamState, RejectedError, plan_text
+from spikeguard.v1 import worker_pb2
+
+K = worker_pb2.Command
+
+
+class FakeClient:
+    """The parts of spikeguard.Client the controller uses, recording calls."""
+
+    def __init__(self):
+        self.commands = collections.deque()
+        self.results = []
+        self.ended = []
+        self.generations = []
+        self.flushes = 0
+        self.rejection = None
+        self.lock = threading.Lock()
+
+    def push(self, **kw):
+        with self.lock:
+            self.commands.append(worker_pb2.Command(**kw))
+
+    def poll_command(self, timeout=0.0):
+        with self.lock:
+            return self.commands.popleft() if self.commands else None
+
+    def command_result(self, command_id, ok, message="", step=0):
+        self.results.append((command_id, ok, message, step))
+
+    def generation_ended(self, generation, last_step, reason):
+        self.ended.append((generation, last_step, reason))
+
+    def set_generation(self, g):
+        self.generations.append(g)
+
+    def flush(self, timeout=30.0):
+        self.flushes += 1
+
+
+class FakeTrainer:
+    """Steps, checkpoints as {step: state}, and a log of what it trained."""
+
+    def __init__(self):
+        self.step = 0
+        self.trained = []
+        self.plans = []
+        self.saved = {}
+
+    def rewind(self, uri, plan, command):
+        if not uri.startswith("file:///ck/"):
+            raise FileNotFoundError(f"no checkpoint {uri}")
+        self.step = int(uri.rsplit("/", 1)[1])
+        self.plans.append(plan)
+
+
+def make(client, total=10, **kw):
+    tr = FakeTrainer()
+    ctl = Controller(client, total_steps=total, get_step=lambda: tr.step, rewind=tr.rewind,
+                     poll_interval_s=0.01, **kw)
+    return tr, ctl
+
+
+def drive(tr, ctl, on_step=None, limit=200):
+    """The trainer's loop; on_step(step) may push commands (the daemon)."""
+    while ctl.step_boundary():
+        tr.trained.append((ctl.generation, tr.step))
+        if on_step:
+            on_step(tr.step)
+        tr.step += 1
+        assert len(tr.trained) < limit
+
+
+def test_plan_text():
+    p = worker_pb2.DataPlan(ranges=[worker_pb2.DataRange(begin=0, end=300),
+                                    worker_pb2.DataRange(begin=305, end=-1)])
+    assert plan_text(p) == "0-300,305-"
+    assert plan_text(worker_pb2.DataPlan()) == ""
+
+
+def test_no_daemon_runs_the_schedule_or_up_to_the_horizon():
+    tr, ctl = make(None, total=5)
+    drive(tr, ctl)
+    assert [s for _, s in tr.trained] == [0, 1, 2, 3, 4]
+    tr, ctl = make(None, total=5, stop_after_step=2)
+    drive(tr, ctl)
+    assert [s for _, s in tr.trained] == [0, 1, 2]
+
+
+def test_rewind_with_horizon_then_continue_then_end_of_schedule():
+    c = FakeClient()
+    tr, ctl = make(c, total=8)
+    pushed = set()
+
+    def daemon(step):
+        if step == 5 and "r1" not in pushed:
+            pushed.add("r1")
+            c.push(id="r1", kind=K.REWIND, new_generation=1, stop_after_step=4,
+                   checkpoint=worker_pb2.CheckpointRef(uri="file:///ck/2"),
+                   data_plan=worker_pb2.DataPlan(ranges=[worker_pb2.DataRange(begin=0, end=3),
+                                                         worker_pb2.DataRange(begin=4, end=-1)]),
+                   hparams=worker_pb2.HParams(lr_scale=0.5), pinned_uris=["file:///ck/2"])
+        if step == 4 and ctl.generation == 1 and "c1" not in pushed:
+            # Re-sent rewind (a reconnect) and a continue, after the horizon.
+            pushed.add("c1")
+            c.push(id="r1", kind=K.REWIND, new_generation=1,
+                   checkpoint=worker_pb2.CheckpointRef(uri="file:///ck/2"))
+            c.push(id="c1", kind=K.CONTINUE)
+
+    drive(tr, ctl, daemon)
+    assert tr.trained == [(0, 0), (0, 1), (0, 2), (0, 3), (0, 4), (0, 5),
+                          (1, 2), (1, 3), (1, 4), (1, 5), (1, 6), (1, 7)]
+    assert tr.plans == ["0-3,4-"]
+    assert c.generations == [1]
+    assert ctl.pinned_uris == []  # the CONTINUE carried no pins
+    assert [(r[0], r[1], r[3]) for r in c.results] == [("r1", True, 2), ("r1", True, 5),
+                                                       ("c1", True, 5)]
+    assert c.results[1][2] == "already executed"
+    assert ctl.hparams.lr_scale == 0.5
+    # The end of the schedule: one GenerationEnded for generation 1.
+    assert c.ended == [(1, 7, "end of training schedule (steps=8)")]
+
+
+def test_failed_rewind_answers_not_ok_and_pauses_until_the_next_command():
+    c = FakeClient()
+    tr, ctl = make(c, total=6)
+
+    def daemon(step):
+        if step == 1:
+            c.push(id="bad", kind=K.REWIND, new_generation=1,
+                   checkpoint=worker_pb2.CheckpointRef(uri="file:///gone/0"))
+            # Arrives while paused: the worker must still be at step 2.
+            threading.Timer(0.2, lambda: c.push(id="go", kind=K.CONTINUE)).start()
+
+    drive(tr, ctl, daemon)
+    assert c.results[0][:2] == ("bad", False) and "no checkpoint file:///gone/0" in c.results[0][2]
+    assert c.results[0][3] == 2 and c.results[1] == ("go", True, "ok", 2)
+    assert ctl.generation == 0 and c.generations == []
+    assert [s for _, s in tr.trained] == [0, 1, 2, 3, 4, 5]
+
+
+def test_pause_stop_unknown_and_linger():
+    c = FakeClient()
+    tr, ctl = make(c, total=3, linger_s=5.0)
+
+    def daemon(step):
+        if step == 0:
+            c.push(id="x", kind=K.KIND_UNSPECIFIED)
+        if step == 2:
+            # After the schedule ends, while the worker lingers: a stop.
+            threading.Timer(0.3, lambda: c.push(id="s", kind=K.STOP)).start()
+
+    drive(tr, ctl, daemon)
+    assert c.results[0][:2] == ("x", False) and "unknown command kind" in c.results[0][2]
+    assert c.results[1] == ("s", True, "ok", 3)
+    assert len(c.ended) == 1
+
+
+def test_set_hparams_and_absolute_rewind_hparams():
+    hp = HParamState()
+    hp.apply(worker_pb2.HParams(lr_scale=0.7, extra_warmup_steps=4, clip_norm=1.0, beta2=0.95,
+                                eps=1e-6))
+    assert hp.rewarm_start_step == -1
+    hp.begin_step(10)
+    assert [round(hp.lr_factor(s), 6) for s in (9, 10, 11, 13, 20)] == [0.7, 0.175, 0.35, 0.7, 0.7]
+    hp2 = HParamState()
+    hp2.apply(worker_pb2.HParams(extra_warmup_steps=4, warmup_start_step=8))
+    hp2.begin_step(10)
+    assert hp2.lr_factor(10) == 0.75
+    assert HParamState.from_dict(hp.to_dict()) == hp
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=1.0, betas=(0.9, 0.999))
+    hp.apply_to_optimizer(opt, 0.5, betas=(0.9, 0.999), eps=1e-8)
+    g = opt.param_groups[0]
+    assert g["lr"] == 0.5 and g["betas"] == (0.9, 0.95) and g["eps"] == 1e-6
+    assert hp.clip(0.0) == 1.0 and HParamState().clip(2.0) == 2.0
+
+    c = FakeClient()
+    tr, ctl = make(c, total=4, base_hparams=HParamState(lr_scale=2.0))
+
+    def daemon(step):
+        if step == 0:
+            c.push(id="h", kind=K.SET_HPARAMS, hparams=worker_pb2.HParams(beta2=0.9))
+        if step == 1:
+            c.push(id="r", kind=K.REWIND, new_generation=3,
+                   checkpoint=worker_pb2.CheckpointRef(uri="file:///ck/3"),
+                   hparams=worker_pb2.HParams(clip_norm=0.5))
+
+    seen = []
+    while ctl.step_boundary():
+        seen.append((tr.step, ctl.hparams.lr_scale, ctl.hparams.beta2, ctl.hparams.clip_norm))
+        daemon(tr.step)
+        tr.step += 1
+    # SET_HPARAMS changes one field; REWIND's are absolute over the base.
+    assert seen == [(0, 2.0, None, None), (1, 2.0, 0.9, None), (3, 2.0, None, 0.5)]
+
+
+def test_rejection_raises():
+    c = FakeClient()
+    tr, ctl = make(c)
+    c.rejection = worker_pb2.Reject(message="stale generation")
+    with pytest.raises(RejectedError, match="stale generation"):
+        ctl.step_boundary()
+
+
+# ---- two ranks over gloo ---------------------------------------------------------
+
+def _rank_main(rank, port, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    c = FakeClient()
+    tr, ctl = make(c, total=12, rank=rank, world_size=2)
+    stop_at = {}
+
+    def daemon(step):
+        # The daemon sends every command to every rank's stream; rank 1's
+        # copies arrive at other steps than rank 0's, and a stray one only
+        # rank 1 got is never acted on.
+        delay = 0 if rank == 0 else 3
+        if step == 2 + delay:
+            c.push(id="p", kind=K.SET_HPARAMS, hparams=worker_pb2.HParams(lr_scale=0.25))
+        if step == 4 + delay:
+            c.push(id="r", kind=K.REWIND, new_generation=1, stop_after_step=6,
+                   checkpoint=worker_pb2.CheckpointRef(uri="file:///ck/1"))
+        if rank == 1 and step == 1:
+            c.push(id="stray", kind=K.STOP)
+        if rank == 0 and ctl.generation == 1 and step == 6 and "c" not in stop_at:
+            stop_at["c"] = True
+            threading.Timer(0.3, lambda: c.push(id="c", kind=K.CONTINUE)).start()
+
+    drive(tr, ctl, daemon)
+    out.put((rank, tr.trained, c.results, c.ended, ctl.hparams.lr_scale))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_two_ranks_act_on_rank0s_commands_at_the_same_step():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_rank_main, args=(r, port, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = dict((r[0], r[1:]) for r in (out.get(timeout=120) for _ in range(2)))
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    t0, res0, end0, lr0 = got[0]
+    t1, res1, end1, lr1 = got[1]
+    assert t0 == t1
+    assert [s for _, s in t0] == [0, 1, 2, 3, 4, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+    # Rank 0's daemon re-sends p and r when the replay passes steps 2 and 4
+    # again: answered, not executed twice.
+    assert res0 == [("p", True, "ok", 3), ("r", True, "ok", 1), ("p", True, "already executed", 3),
+                    ("r", True, "already executed", 5), ("c", True, "ok", 7)]
+    assert res1 == res0
+    assert end0 == end1 == [(1, 11, "end of training schedule (steps=12)")]
+    assert lr0 == lr1 == 1.0
