@@ -5,6 +5,7 @@ import json
 import os
 import socket
 import subprocess
+import time
 import sys
 
 import pytest
@@ -131,3 +132,52 @@ def test_plan_holes_and_qk_norm_z_loss(corpus, tmp_path):
     assert [int(d["data_position"]) for d in out[0]] == [0, 1, 5, 6]
     assert all(d["nonfinite_count"] == "0" for d in out[0])
     assert all(0 < d["layers"][0]["max_attn_logit"] < 50 for d in out[0])
+
+
+def test_two_ranks_under_spikeguardd_rewind_with_horizon_replays_bit_exact(corpus, tmp_path,
+                                                                             daemon):
+    from conftest import wait_until
+    daemon.create_run("tg", world_size=2, mode="observe")
+    ck = str(tmp_path / "ck")
+    port = free_port()
+    procs = []
+    for r in range(2):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+        log = open(tmp_path / f"d.r{r}.log", "w")
+        procs.append((subprocess.Popen(
+            [PYTHON, TRAIN, "--corpus", corpus, "--checkpoint-dir", ck, "--addr", daemon.address,
+             "--run", "tg", "--steps", "12", "--checkpoint-every", "4", "--keep-checkpoints", "2",
+             "--lr", "3e-3", "--warmup", "3", "--linger-s", "8"],
+            env=env, stdout=log, stderr=subprocess.STDOUT), log))
+
+    def logs():
+        return "\n".join(open(l.name).read()[-3000:] for _, l in procs)
+
+    def gen_steps(gen):
+        return {int(rec["step"]): rec for rec in daemon.telemetry("tg", gen=gen)
+                if int(rec.get("ranks_reported", 0)) == 2}
+
+    try:
+        wait_until(lambda: len(gen_steps(0)) == 12, timeout=120, what="generation 0\n" + logs())
+        # Retention kept two checkpoints and told the daemon of the deleted one.
+        wait_until(lambda: sorted(int(c["step"]) for c in daemon.checkpoints("tg")) == [8, 12],
+                   timeout=30, what="checkpoints")
+        # While the ranks linger at the end of the schedule: replay 8..10.
+        daemon.spikectl("rewind", "--run=tg", "--to-step=8", "--stop-after=10", check=True)
+        wait_until(lambda: len(gen_steps(1)) == 3, timeout=60, what="generation 1\n" + logs())
+        time.sleep(1.0)
+        assert sorted(gen_steps(1)) == [8, 9, 10]  # the horizon holds
+        g0, g1 = gen_steps(0), gen_steps(1)
+        for s in (8, 9, 10):
+            assert g1[s]["loss_hash"] == g0[s]["loss_hash"], s
+        daemon.spikectl("resume", "--run=tg", check=True)
+        for p, log in procs:
+            assert p.wait(timeout=90) == 0, logs()
+        assert sorted(gen_steps(1)) == list(range(8, 12))
+        assert gen_steps(1)[11]["loss_hash"] == g0[11]["loss_hash"]
+    finally:
+        for p, log in procs:
+            if p.poll() is None:
+                p.kill()
+            log.close()

@@ -181,7 +181,7 @@ class Trainer:
         fp = extra.get("config_fingerprint")
         if fp and fp != self.cfg.fingerprint():
             raise ValueError(f"checkpoint {path} is of model {fp}, not {self.cfg.fingerprint()}")
-        plan = plan_override or extra.get("plan", "")
+        plan = plan_override or state.get("data_plan") or extra.get("plan", "")
         self.order = self.base_order.with_plan(plan)
         self.step = int(state["step"])
         self.hparams = HParamState.from_dict(extra.get("hparams"))
@@ -209,7 +209,8 @@ class Trainer:
         extra = {"generation": self.generation, "plan": self.order.plan,
                  "hparams": self.hparams.to_dict(), "config_fingerprint": self.cfg.fingerprint()}
         info = sgckpt.save_checkpoint(self.args.checkpoint_dir, self.step, model=self.model,
-                                      optimizer=self.optimizer, data_position=position, extra=extra)
+                                      optimizer=self.optimizer, data_position=position, extra=extra,
+                                      data_plan=self.order.plan)
         deleted = sgckpt.retain(self.args.checkpoint_dir, self.args.keep_checkpoints,
                                 pinned_uris=self.controller.pinned_uris)
         if self.client is not None:

@@ -52,7 +52,19 @@ class RejectedError(RuntimeError):
 
 
 def plan_text(data_plan) -> str:
-    """A DataPlan proto's ranges as the text form "b-e,b-e,b-" ("" when empty)."""
+    """A DataPlan proto as its text form "b-e,b-e,b-" (with ";drop=P:S.S"
+    masks when it has any; "" without ranges), built by the C++ DataPlan
+    through spikeguard.data when the binding is there."""
+    if not len(data_plan.ranges):
+        return ""
+    try:
+        from spikeguard.data import plan_text as _native_plan_text
+    except ImportError:
+        _native_plan_text = None
+    if _native_plan_text is not None:
+        return _native_plan_text(data_plan)
+    if len(getattr(data_plan, "masks", ())):
+        raise ValueError("a data plan with sample masks needs spikeguard.data")
     parts = []
     for r in data_plan.ranges:
         parts.append(f"{r.begin}-" if r.end < 0 else f"{r.begin}-{r.end}")
@@ -274,9 +286,9 @@ class Controller:
             except Exception as e:  # a flush that times out is not the rewind's failure
                 log.warning("flush before rewind: %s", e)
         uri = command.checkpoint.uri
-        plan = plan_text(command.data_plan) if len(command.data_plan.ranges) else ""
         error = None
         try:
+            plan = plan_text(command.data_plan)
             if self._rewind is None:
                 raise RuntimeError("this trainer cannot rewind")
             self._rewind(uri, plan, command)
