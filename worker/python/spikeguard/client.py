@@ -213,15 +213,16 @@ class Client:
             "last_ack_message": "",
         }
 
-        options = [
+        self._channel_options = [
             ("grpc.max_receive_message_length", 64 << 20),
             ("grpc.max_send_message_length", 64 << 20),
-            # Reconnect quickly after a daemon restart; the loop adds its own backoff.
-            ("grpc.initial_reconnect_backoff_ms", 100),
-            ("grpc.min_reconnect_backoff_ms", 100),
-            ("grpc.max_reconnect_backoff_ms", 1000),
+            # Reconnect quickly after a daemon restart: gRPC's own backoff
+            # and re-resolution of the address are kept within the loop's.
+            ("grpc.initial_reconnect_backoff_ms", max(1, int(self._initial_backoff * 1000))),
+            ("grpc.max_reconnect_backoff_ms", max(1, int(self._max_backoff * 1000))),
+            ("grpc.dns_min_time_between_resolutions_ms", max(1, int(self._max_backoff * 1000))),
         ]
-        self._channel = grpc.insecure_channel(address, options=options)
+        self._channel = grpc.insecure_channel(address, options=self._channel_options)
         self._stub = worker_pb2_grpc.WorkerServiceStub(self._channel)
         self._metadata = (("authorization", f"Bearer {self._token}"),) if self._token else None
         self._thread = threading.Thread(
@@ -439,7 +440,9 @@ class Client:
                 self._end_connection_locked(self._conn)
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=max(5.0, self._close_grace))
-        self._channel.close()
+        with self._cond:
+            channel = self._channel  # not renewed once stopping
+        channel.close()
         _live_clients.discard(self)
 
     def __enter__(self) -> "Client":
@@ -571,12 +574,27 @@ class Client:
                 if self._reconnect_now:
                     self._reconnect_now = False
                     continue
+            # A channel whose connection failed waits out gRPC's own backoff
+            # (seconds, whatever the channel options say) before it dials
+            # again; a fresh one dials at once, so the retries follow this
+            # loop's backoff.
+            self._renew_channel()
+            with self._cond:
                 self._cond.wait_for(lambda: self._stopping or self._reconnect_now,
                                     timeout=backoff)
                 if self._stopping:
                     return
                 self._reconnect_now = False
             backoff = min(backoff * 2, self._max_backoff)
+
+    def _renew_channel(self) -> None:
+        with self._cond:
+            if self._stopping:
+                return
+            old = self._channel
+            self._channel = grpc.insecure_channel(self.address, options=self._channel_options)
+            self._stub = worker_pb2_grpc.WorkerServiceStub(self._channel)
+        old.close()
 
     def _run_connection(self):
         """Runs one stream until it ends. Returns (keep_going, was_welcomed)."""
@@ -585,9 +603,10 @@ class Client:
                 return False, False
             conn = _Connection(self._generation)
             self._conn = conn
+            stub = self._stub
         welcomed = False
         try:
-            call = self._stub.Attach(self._requests(conn, self._hello(conn.generation)),
+            call = stub.Attach(self._requests(conn, self._hello(conn.generation)),
                                      metadata=self._metadata)
             with self._cond:
                 conn.call = call
@@ -612,9 +631,12 @@ class Client:
             except grpc.RpcError as e:
                 code = e.code() if hasattr(e, "code") else None
                 if code != grpc.StatusCode.CANCELLED:
-                    _log.info("spikeguard: stream to %s ended: %s %s", self.address,
-                              getattr(code, "name", code),
-                              e.details() if hasattr(e, "details") else e)
+                    # Said once per outage; the retries that follow are debug.
+                    level = logging.WARNING if welcomed else logging.DEBUG
+                    _log.log(level, "spikeguard: stream of run '%s' rank %d to spikeguardd at %s "
+                             "ended (%s: %s); reconnecting", self.run, self.rank, self.address,
+                             getattr(code, "name", code),
+                             e.details() if hasattr(e, "details") else e)
         finally:
             with self._cond:
                 self._end_connection_locked(conn)
@@ -636,6 +658,11 @@ class Client:
         with self._cond:
             first = self._stats["connects"] == 0
             self._stats["connects"] += 1
+            if not first:
+                _log.info("spikeguard: run '%s' rank %d reattached to spikeguardd at %s "
+                          "(generation %d, committed step %d, %d reports unacknowledged)",
+                          self.run, self.rank, self.address, welcome.generation,
+                          welcome.committed_step, self._unacked_reports)
             self._welcome = welcome
             self._connected = True
             conn.welcomed = True
