@@ -98,7 +98,7 @@ def test_report_matches_hand_computation():
         assert ls.param_norm == pytest.approx(w.norm().item(), rel=1e-6)
         ratio = (w - before[i].double()).norm() / before[i].double().norm()
         assert ls.update_ratio == pytest.approx(ratio.item(), rel=1e-4)
-        assert ls.act_rms == pytest.approx(acts[i].double().square().mean().sqrt().item(), rel=1e-9)
+        assert ls.act_rms == pytest.approx(acts[i].double().square().mean().sqrt().item(), rel=1e-6)
         assert ls.max_attn_logit == pytest.approx(scores[i], rel=1e-6)
     d = {dl.domain: dl for dl in r.domain_losses}
     rows = ce.double().sum(1)

@@ -229,7 +229,8 @@ class Telemetry:
             if not torch.is_tensor(out) or out.numel() == 0:
                 return
             with torch.no_grad():
-                sq = out.detach().double().square().sum()
+                # One fp32 pass (a float64 copy costs 5x as much).
+                sq = torch.linalg.vector_norm(out.detach()).double().square()
             self._act_sq[li] = sq if self._act_sq[li] is None else self._act_sq[li] + sq
             self._act_n[li] += out.numel()
         return hook
@@ -286,7 +287,12 @@ class Telemetry:
             lse = torch.logsumexp(x, dim=-1)
             s = lse.double().sum()
             m = lse.amax()
-            bad = (~torch.isfinite(x)).sum()
+            # Counted in full only when the sum says there is something to
+            # count (-inf logits leave the log-sum-exp finite, not the sum).
+            if torch.isfinite(x.sum()):
+                bad = torch.zeros((), dtype=torch.long)
+            else:
+                bad = (~torch.isfinite(x)).sum()
         self._lse_sum = s if self._lse_sum is None else self._lse_sum + s
         self._lse_max = m if self._lse_max is None else torch.maximum(self._lse_max, m)
         self._lse_n += lse.numel()
@@ -306,7 +312,8 @@ class Telemetry:
             s = rows.sum()
             self._loss_sum = s if self._loss_sum is None else self._loss_sum + s
             self._loss_tokens += tl.numel()
-            bad = (~torch.isfinite(tl)).sum()
+            bad = (torch.zeros((), dtype=torch.long) if torch.isfinite(s)
+                   else (~torch.isfinite(tl)).sum())
             self._loss_nonfinite = bad if self._loss_nonfinite is None else self._loss_nonfinite + bad
             if domains is not None and self.domain_names:
                 D = len(self.domain_names)
@@ -357,8 +364,8 @@ class Telemetry:
         if self._snap is None:
             return
         with torch.no_grad():
-            delta = torch._foreach_sub(self._layer_params, self._snap)
-            dsq = self._layer_sums(torch.stack(torch._foreach_norm(delta)).double().square())
+            torch._foreach_sub_(self._snap, self._layer_params)  # before - after, in place
+            dsq = self._layer_sums(torch.stack(torch._foreach_norm(self._snap)).double().square())
             psq = self._layer_sums(torch.stack(torch._foreach_norm(self._layer_params)).double().square())
             self._update_ratio = torch.where(self._before_sq > 0, (dsq / self._before_sq).sqrt(),
                                              torch.zeros_like(dsq))
