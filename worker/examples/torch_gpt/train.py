@@ -35,7 +35,8 @@ from model import GPT, GPTConfig, token_losses  # noqa: E402
 from spikeguard import checkpoint as sgckpt  # noqa: E402
 from spikeguard.control import Controller, HParamState, RejectedError  # noqa: E402
 from spikeguard.data import Corpus, DataOrder  # noqa: E402
-from spikeguard.torch import Telemetry, report_json  # noqa: E402
+from spikeguard.torch import Telemetry, loss_hash, report_json  # noqa: E402
+from spikeguard.v1 import telemetry_pb2  # noqa: E402
 
 log = logging.getLogger("torch_gpt")
 
@@ -270,13 +271,19 @@ class Trainer:
         report = None
         if tel:
             report = tel.report(step, batch.position, lr)
-        else:
-            # Baseline without telemetry: the global loss only (for the logs).
-            s = ce.detach().double().sum()
+        elif self.client is not None or self.jsonl is not None:
+            # Without spikeguard.torch: the global loss and its hash only.
+            s = ce.detach().double().sum().reshape(1)
             if self.world > 1:
-                dist.all_reduce(s)
-            self._last_loss = float(s) / max(1, batch.tokens_total)
-        self._last_step_time = time.perf_counter() - t0
+                parts = [torch.empty_like(s) for _ in range(self.world)]
+                dist.all_gather(parts, s)
+                s = torch.cat(parts).sum()
+            global_loss = float(s) / max(1, batch.tokens_total)
+            report = telemetry_pb2.StepReport(
+                step=step, data_position=batch.position, loss=global_loss,
+                loss_hash=loss_hash(global_loss), grad_norm=grad_norm, lr=lr, loss_scale=1.0,
+                tokens=int(ce.numel()), step_time_s=time.perf_counter() - t0,
+                unix_ms=int(time.time() * 1000))
         self.step += 1
         return report
 
@@ -284,7 +291,7 @@ class Trainer:
         if report is None:
             return
         if self.jsonl is not None:
-            d = report_json(report, self.telemetry.attention_kind)
+            d = report_json(report, self.telemetry.attention_kind if self.telemetry else None)
             d["rank"] = self.rank
             d["generation"] = self.generation
             self.jsonl.write(json.dumps(d) + "\n")
