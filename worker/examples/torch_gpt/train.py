@@ -153,6 +153,9 @@ class Trainer:
         elif args.plan:
             self.order = self.base_order.with_plan(args.plan)
 
+        if args.lr_scale:
+            # As the reference worker: the flag wins over the checkpoint's.
+            self.hparams.lr_scale = args.lr_scale
         self.client = None
         if not args.no_daemon:
             if client_factory is None:
