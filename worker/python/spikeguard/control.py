@@ -327,13 +327,12 @@ class Controller:
         step get_step() now; False: the loop ends (STOP, no daemon and done,
         or no command while lingering)."""
         while True:
+            if self.client is None:  # the same on every rank: no exchange needed
+                return not (self.stopped or self._past_horizon()
+                            or self.get_step() >= self.total_steps)
             commands, _ = self._exchange(0.0)
             for c in commands:
                 self.handle(c)
-            if self.client is None:
-                if self.stopped or self._past_horizon() or self.get_step() >= self.total_steps:
-                    return False
-                return True
             if not self.stopped and self._past_horizon():
                 self._flush()
             while not self.stopped and (self.paused or self._past_horizon()):
