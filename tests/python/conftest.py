@@ -177,6 +177,19 @@ class Daemon:
     def status(self) -> Dict:
         return self.spikectl_json("status")
 
+    def command_state(self, command_id: str) -> Optional[str]:
+        """A command's state in the catalog ('pending', 'sent', 'acked',
+        'failed'; None when unknown). spikectl does not show commands; this
+        reads the daemon's SQLite catalog directly (read-only)."""
+        import sqlite3
+
+        db = sqlite3.connect(f"file:{self.data_dir / 'catalog.db'}?mode=ro", uri=True, timeout=10)
+        try:
+            row = db.execute("SELECT state FROM commands WHERE id = ?", (command_id,)).fetchone()
+        finally:
+            db.close()
+        return row[0] if row else None
+
 
 @pytest.fixture
 def daemon(tmp_path):

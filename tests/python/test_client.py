@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import logging
 import subprocess
-import sys
 import textwrap
 import threading
 import time
 
 import pytest
 
-from conftest import PYTHON, PYTHON_DIR, wait_until
+from conftest import PYTHON, PYTHON_DIR, free_port, wait_until
 from spikeguard import Client, Rejected
 from spikeguard.v1 import telemetry_pb2, worker_pb2
 
@@ -94,8 +93,9 @@ def test_kill9_of_the_daemon_mid_stream_stores_every_report_exactly_once(daemon)
     acked_before_kill = [c.stats["reports_acked"] for c in clients]
     daemon.kill9()
     killed.set()
+    wait_until(lambda: not any(c.connected for c in clients), timeout=10,
+               what="the clients to notice")
     time.sleep(0.3)  # reports pile up unacknowledged, the clients retry
-    assert not any(c.connected for c in clients)
     daemon.start()
     for t in threads:
         t.join(timeout=60)
@@ -171,7 +171,7 @@ def test_a_stale_generation_is_fenced_and_a_rewind_switches_generations(daemon, 
     assert pause.id and pause.id in out
     c.command_result(pause.id, True, "paused at step 19", step=19)
     c.flush(timeout=20)
-    wait_until(lambda: f"command {pause.id} ok" in daemon.log(), timeout=10,
+    wait_until(lambda: daemon.command_state(pause.id) == "acked", timeout=10,
                what="the daemon to record the command result")
 
     out = daemon.spikectl("rewind", "--run=cmds", "--to-step=10", "--stop-after=15",
@@ -221,10 +221,11 @@ def test_an_unacknowledged_command_comes_again_after_a_reconnect(daemon):
     # at most once and answers again.
     again = c.poll_command(timeout=20)
     assert again is not None and again.id == first.id
+    assert daemon.command_state(first.id) == "sent"
     c.command_result(again.id, True, "already executed")
     c.flush(timeout=20)
-    wait_until(lambda: f"command {first.id} ok" in daemon.log(), timeout=10,
-               what="the command result")
+    wait_until(lambda: daemon.command_state(first.id) == "acked", timeout=10,
+               what="the daemon to record the command result")
     daemon.kill9()
     daemon.start()
     wait_until(lambda: c.connected, timeout=20, what="a reconnect")
@@ -326,6 +327,14 @@ def test_flush_times_out_while_the_daemon_is_away(daemon):
     c.flush(timeout=20)
     assert c.stats["reports_acked"] == 1
     c.close()
+
+
+def test_start_times_out_when_no_daemon_listens_and_says_why():
+    c = Client(f"127.0.0.1:{free_port()}", "nobody", max_backoff=0.1)
+    with pytest.raises(TimeoutError, match="not connected; last error UNAVAILABLE"):
+        c.start(timeout=0.5)
+    c.close()
+    assert not c._thread.is_alive()
 
 
 def test_token_is_sent_as_bearer_metadata(monkeypatch, daemon):

@@ -198,6 +198,7 @@ class Client:
         self._connected = False
         self._reconnect_now = False
         self._warned_backpressure = False
+        self._last_error = ""  # why the last stream or attempt failed
         self._stats = {
             "reports_acked": 0,
             "reports_duplicate": 0,
@@ -250,7 +251,8 @@ class Client:
                 raise Rejected(self._rejection)
             if self._welcome is None:
                 raise TimeoutError(f"no welcome from spikeguardd at {self.address} within "
-                                   f"{timeout:g} s (run '{self.run}', rank {self.rank})")
+                                   f"{timeout:g} s (run '{self.run}', rank {self.rank})"
+                                   + self._why_disconnected_locked())
             return self._welcome
 
     def report(self, report: telemetry_pb2.StepReport) -> None:
@@ -410,13 +412,13 @@ class Client:
                 raise TimeoutError(
                     f"{self._unacked_reports} reports still unacknowledged by spikeguardd at "
                     f"{self.address} after {timeout:g} s"
-                    + ("" if self._connected else " (not connected)")
+                    + self._why_disconnected_locked()
                     + (" (client closed)" if self._closed else ""))
             if self._pending_locked():
                 raise TimeoutError(
                     f"{self._pending_notices_locked()} notices still unsent to spikeguardd at "
                     f"{self.address} after {timeout:g} s"
-                    + ("" if self._connected else " (not connected)")
+                    + self._why_disconnected_locked()
                     + (" (client closed)" if self._closed else ""))
 
     def close(self) -> None:
@@ -482,6 +484,12 @@ class Client:
             return out
 
     # ----------------------------------------------------------------- helpers
+
+    def _why_disconnected_locked(self) -> str:
+        if self._connected:
+            return ""
+        return f" (not connected; last error {self._last_error})" if self._last_error else \
+            " (not connected)"
 
     def _check_usable_locked(self) -> None:
         if self._rejection is not None:
@@ -607,7 +615,7 @@ class Client:
         welcomed = False
         try:
             call = stub.Attach(self._requests(conn, self._hello(conn.generation)),
-                                     metadata=self._metadata)
+                               metadata=self._metadata)
             with self._cond:
                 conn.call = call
                 if conn.done:  # closed or regenerated meanwhile
@@ -630,13 +638,15 @@ class Client:
                             self._cond.notify_all()
             except grpc.RpcError as e:
                 code = e.code() if hasattr(e, "code") else None
+                details = e.details() if hasattr(e, "details") else str(e)
                 if code != grpc.StatusCode.CANCELLED:
+                    with self._cond:
+                        self._last_error = f"{getattr(code, 'name', code)}: {details}"
                     # Said once per outage; the retries that follow are debug.
                     level = logging.WARNING if welcomed else logging.DEBUG
                     _log.log(level, "spikeguard: stream of run '%s' rank %d to spikeguardd at %s "
                              "ended (%s: %s); reconnecting", self.run, self.rank, self.address,
-                             getattr(code, "name", code),
-                             e.details() if hasattr(e, "details") else e)
+                             getattr(code, "name", code), details)
         finally:
             with self._cond:
                 self._end_connection_locked(conn)
