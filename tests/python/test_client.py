@@ -329,6 +329,24 @@ def test_flush_times_out_while_the_daemon_is_away(daemon):
     c.close()
 
 
+def test_ranks_that_disagree_on_the_data_order_are_refused(daemon):
+    daemon.create_run("order", world_size=2)
+    order = worker_pb2.DataOrder(dataset_fingerprint="corpus-abc", seed=7, global_batch_size=8,
+                                 sequence_length=64)
+    rank0 = client(daemon, "order", rank=0, world_size=2, data_order=order, total_steps=100)
+    rank0.start(timeout=20)
+    other = worker_pb2.DataOrder()
+    other.CopyFrom(order)
+    other.seed = 8
+    rank1 = client(daemon, "order", rank=1, world_size=2, data_order=other)
+    with pytest.raises(Rejected) as info:
+        rank1.start(timeout=20)
+    assert info.value.reason == "DATA_ORDER_MISMATCH"
+    assert "seed" in info.value.message
+    rank1.close()
+    rank0.close()
+
+
 def test_start_times_out_when_no_daemon_listens_and_says_why():
     c = Client(f"127.0.0.1:{free_port()}", "nobody", max_backoff=0.1)
     with pytest.raises(TimeoutError, match="not connected; last error UNAVAILABLE"):

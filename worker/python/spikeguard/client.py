@@ -125,7 +125,22 @@ def _close_live_clients() -> None:
 
 
 class Client:
-    """A rank's connection to spikeguardd (see the module docstring)."""
+    """A rank's connection to spikeguardd (see the module docstring).
+
+    address: "host:port" of spikeguardd. run, rank, world_size, generation: who
+    this rank is (the generation it believes it runs: 0, or the one it was
+    relaunched into). token: sent as "authorization: Bearer <token>" metadata
+    (default $SPIKEGUARD_TOKEN). host (default the hostname), device_id,
+    config_fingerprint, manifest_version, resume_step, data_order (a
+    worker_pb2.DataOrder: the daemon refuses a rank whose order contradicts
+    the run's manifest or the other ranks', and names documents with it) and
+    total_steps go in the Hello. A batch is sealed at max_batch_reports
+    reports or flush_interval seconds; heartbeats every heartbeat_interval
+    seconds; report() blocks while max_queued_reports reports are
+    unacknowledged; reconnects back off from initial_backoff to max_backoff
+    seconds; close() waits up to close_grace seconds for the daemon to read
+    what was written.
+    """
 
     def __init__(self, address: str, run: str, rank: int = 0, world_size: int = 1,
                  generation: int = 0, *,
@@ -133,6 +148,7 @@ class Client:
                  host: Optional[str] = None,
                  device_id: int = -1,
                  config_fingerprint: str = "",
+                 manifest_version: int = 0,
                  resume_step: int = 0,
                  data_order: Optional[worker_pb2.DataOrder] = None,
                  total_steps: int = 0,
@@ -159,6 +175,7 @@ class Client:
         self._host = host if host is not None else socket.gethostname()
         self._device_id = int(device_id)
         self._config_fingerprint = config_fingerprint
+        self._manifest_version = int(manifest_version)
         self._resume_step = int(resume_step)
         self._data_order = data_order
         self._total_steps = int(total_steps)
@@ -557,6 +574,7 @@ class Client:
         h.host = self._host
         h.device_id = self._device_id
         h.config_fingerprint = self._config_fingerprint
+        h.manifest_version = self._manifest_version
         h.resume_step = self._resume_step
         h.protocol = "spikeguard.v1"
         if self._data_order is not None:
