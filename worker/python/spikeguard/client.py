@@ -277,6 +277,9 @@ class Client:
         with self._cond:
             self._check_usable_locked()
             if self._queued_locked() >= self._max_queued_reports:
+                if not self._started:
+                    raise RuntimeError(f"{self._queued_locked()} reports queued before start(): "
+                                       "call start() to deliver them")
                 self._stats["backpressure_waits"] += 1
                 if not self._warned_backpressure:
                     self._warned_backpressure = True
