@@ -62,6 +62,10 @@ def parse_args(argv=None):
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--clip-norm", type=float, default=0.0, help="0 = no clipping")
     p.add_argument("--lr-scale", type=float, default=None, help="base lr scale (a relaunched fix)")
+    p.add_argument("--extra-warmup-steps", type=int, default=0,
+                   help="base hparams: a further linear warmup (as a fix's), from --warmup-start-step")
+    p.add_argument("--warmup-start-step", type=int, default=-1,
+                   help="the step the extra warmup ramps from; -1 = the first step trained")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--width", type=int, default=128)
@@ -127,7 +131,9 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=args.lr,
                                            betas=(args.beta1, args.beta2), eps=args.eps,
                                            weight_decay=args.weight_decay)
-        self.base_hparams = HParamState(lr_scale=args.lr_scale if args.lr_scale else 1.0)
+        self.base_hparams = HParamState(lr_scale=args.lr_scale if args.lr_scale else 1.0,
+                                        extra_warmup_steps=args.extra_warmup_steps,
+                                        rewarm_start_step=args.warmup_start_step)
         self.hparams = HParamState(**self.base_hparams.to_dict())
         self.order = self.base_order
         self.step = 0
@@ -153,9 +159,12 @@ class Trainer:
         elif args.plan:
             self.order = self.base_order.with_plan(args.plan)
 
+        # As the reference worker: the flags win over the checkpoint's.
         if args.lr_scale:
-            # As the reference worker: the flag wins over the checkpoint's.
             self.hparams.lr_scale = args.lr_scale
+        if args.extra_warmup_steps:
+            self.hparams.extra_warmup_steps = args.extra_warmup_steps
+            self.hparams.rewarm_start_step = args.warmup_start_step
         self.client = None
         if not args.no_daemon:
             if client_factory is None:
