@@ -73,6 +73,10 @@ std::string FormatDataPlan(const v1::DataPlan& plan) {
     ranges.push_back(absl::StrCat("[", r.begin(), ",", r.end() < 0 ? "inf" : absl::StrCat(r.end()),
                                   ")"));
   }
+  for (const v1::SampleMask& m : plan.masks()) {
+    ranges.push_back(absl::StrCat("(batch ", m.position(), " without sample(s) ",
+                                  absl::StrJoin(m.slots(), ","), ")"));
+  }
   return absl::StrJoin(ranges, " ");
 }
 

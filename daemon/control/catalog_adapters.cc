@@ -61,10 +61,32 @@ incident::StepObservation ToObservation(const v1::StepRecord& r) {
 }
 
 absl::StatusOr<storage::DataPlan> ToStoragePlan(const v1::DataPlan& plan) {
-  if (plan.ranges_size() == 0) return storage::DataPlan::Default();
-  std::vector<storage::PositionRange> ranges;
-  for (const auto& r : plan.ranges()) ranges.push_back({r.begin(), r.end()});
-  return storage::DataPlan::FromRanges(ranges);
+  storage::DataPlan out = storage::DataPlan::Default();
+  if (plan.ranges_size() > 0) {
+    std::vector<storage::PositionRange> ranges;
+    for (const auto& r : plan.ranges()) ranges.push_back({r.begin(), r.end()});
+    SG_ASSIGN_OR_RETURN(out, storage::DataPlan::FromRanges(ranges));
+  }
+  for (const v1::SampleMask& m : plan.masks()) {
+    SG_ASSIGN_OR_RETURN(out, out.WithMask(m.position(),
+                                          std::vector<int32_t>(m.slots().begin(), m.slots().end())));
+  }
+  return out;
+}
+
+v1::DataPlan ToProtoPlan(const storage::DataPlan& plan) {
+  v1::DataPlan out;
+  for (const auto& r : plan.ranges()) {
+    auto* pr = out.add_ranges();
+    pr->set_begin(r.begin);
+    pr->set_end(r.end);
+  }
+  for (const storage::SampleMask& m : plan.masks()) {
+    auto* pm = out.add_masks();
+    pm->set_position(m.position);
+    for (int32_t slot : m.slots) pm->add_slots(slot);
+  }
+  return out;
 }
 
 absl::StatusOr<std::vector<incident::CheckpointInfo>> CatalogRunView::Checkpoints(
@@ -192,6 +214,38 @@ absl::StatusOr<std::vector<v1::DocumentRef>> CatalogRunView::Documents(const std
   for (const auto& rs : *resolved) {
     for (const auto& d : rs.documents()) {
       if (seen.insert({d.domain(), d.document_id(), d.data_position()}).second) out.push_back(d);
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<incident::SampleContent>> CatalogRunView::Samples(
+    const std::string& run, int64_t generation, int64_t position) {
+  storage::Manifest manifest;
+  auto corpus = CorpusFor(run, &manifest);
+  if (absl::IsNotFound(corpus.status())) return std::vector<incident::SampleContent>{};
+  if (!corpus.ok()) return corpus.status();
+  SG_ASSIGN_OR_RETURN(std::unique_ptr<storage::DataOrder> order,
+                      storage::DataOrder::Create(**corpus, manifest));
+  SG_ASSIGN_OR_RETURN(storage::BatchRef batch, order->Resolve(position));
+  std::vector<incident::SampleContent> out;
+  for (const storage::SampleRef& sample : batch.samples) {
+    incident::SampleContent& row = out.emplace_back();
+    for (const storage::DocumentSpan& span : sample.spans) {
+      const std::string& domain = (*corpus)->domain_name(span.domain);
+      size_t k = 0;
+      while (k < row.documents.size() && !(row.documents[k].domain() == domain &&
+                                           row.documents[k].document_id() == span.document)) {
+        ++k;
+      }
+      if (k == row.documents.size()) {
+        v1::DocumentRef& ref = row.documents.emplace_back();
+        ref.set_domain(domain);
+        ref.set_document_id(span.document);
+        ref.set_data_position(position);
+        row.tokens.push_back(0);
+      }
+      row.tokens[k] += span.length;
     }
   }
   return out;

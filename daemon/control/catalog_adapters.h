@@ -28,6 +28,8 @@ incident::StepObservation ToObservation(const spikeguard::v1::StepRecord& record
 
 // Converts a v1 plan (empty = [0, inf)) to the storage type.
 absl::StatusOr<storage::DataPlan> ToStoragePlan(const spikeguard::v1::DataPlan& plan);
+// The wire form of a plan, ranges and sample masks.
+spikeguard::v1::DataPlan ToProtoPlan(const storage::DataPlan& plan);
 
 class CatalogRunView final : public incident::RunView {
  public:
@@ -47,6 +49,9 @@ class CatalogRunView final : public incident::RunView {
   absl::StatusOr<spikeguard::v1::HParams> HParams(const std::string& run,
                                                   int64_t generation) override;
   std::optional<int64_t> FinalStep(const std::string& run) override;
+  absl::StatusOr<std::vector<incident::SampleContent>> Samples(const std::string& run,
+                                                               int64_t generation,
+                                                               int64_t position) override;
   absl::StatusOr<std::vector<spikeguard::v1::NearDuplicate>> NearDuplicates(
       const std::string& run, const std::vector<spikeguard::v1::DocumentRef>& documents) override;
 

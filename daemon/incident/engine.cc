@@ -53,6 +53,7 @@ constexpr char kAborted[] = "aborted";
 constexpr char kReplay[] = "replay";
 constexpr char kSkip[] = "skip";
 constexpr char kBisect[] = "bisect";
+constexpr char kSampleBisect[] = "bisect_samples";
 constexpr char kTransplant[] = "transplant";
 constexpr char kFix[] = "fix";
 
@@ -216,6 +217,10 @@ std::string PlanString(const v1::DataPlan& plan) {
     parts.push_back(r.end() < 0 ? absl::StrCat("[", r.begin(), ",∞)")
                                 : absl::StrCat("[", r.begin(), ",", r.end(), ")"));
   }
+  for (const v1::SampleMask& m : plan.masks()) {
+    parts.push_back(absl::StrCat("(batch ", m.position(), " without sample(s) ",
+                                 absl::StrJoin(m.slots(), ","), ")"));
+  }
   return absl::StrJoin(parts, " ");
 }
 
@@ -247,7 +252,7 @@ v1::HParams RungHParams(const v1::FixPolicy& fix, int rung) {
 v1::IncidentState StateForProbe(const std::string& kind) {
   if (kind == kReplay) return v1::REPLAYING;
   if (kind == kSkip) return v1::SKIPPING;
-  if (kind == kBisect) return v1::BISECTING;
+  if (kind == kBisect || kind == kSampleBisect) return v1::BISECTING;
   if (kind == kTransplant) return v1::TRANSPLANTING;
   return v1::FIXING;
 }
@@ -460,6 +465,8 @@ struct Inc {
   int skip_extensions = 0;
   // Bisect: each probe's fed part of the window and whether it spiked.
   std::vector<std::pair<std::vector<int64_t>, bool>> bisect_tests;
+  // Sample bisect: per culprit batch, each probe's fed slots and outcome.
+  std::map<int64_t, std::vector<std::pair<std::vector<int64_t>, bool>>> sample_tests;
   bool bisect_done = false;
   bool transplant_done = false;
   std::vector<int64_t> culprits;
@@ -556,6 +563,7 @@ void Apply(Inc& s, int64_t seq, const std::string& kind, const lg::EventPayload&
     s.holes.clear();
     s.skip_extensions = 0;
     s.bisect_tests.clear();
+    s.sample_tests.clear();
     s.probe.reset();
     s.last_finished.reset();
     AppendNote(s, p.note());
@@ -632,6 +640,12 @@ void Apply(Inc& s, int64_t seq, const std::string& kind, const lg::EventPayload&
         (f.outcome() == "clean" || f.outcome() == "spiked" || f.outcome() == "nonfinite")) {
       s.bisect_tests.emplace_back(
           std::vector<int64_t>(s.probe->include().begin(), s.probe->include().end()),
+          f.outcome() != "clean");
+    }
+    if (probe_kind == kSampleBisect && s.probe &&
+        (f.outcome() == "clean" || f.outcome() == "spiked" || f.outcome() == "nonfinite")) {
+      s.sample_tests[s.probe->sample_position()].emplace_back(
+          std::vector<int64_t>(s.probe->kept_samples().begin(), s.probe->kept_samples().end()),
           f.outcome() != "clean");
     }
     if (probe_kind == kTransplant) {
@@ -877,7 +891,9 @@ struct IncidentEngine::State {
                              const std::optional<v1::HParams>& overrides, int64_t judge_from,
                              int rung, int64_t hole_begin, int64_t hole_end,
                              const std::string& why, const std::vector<int64_t>& include = {},
-                             const std::vector<std::pair<int64_t, int64_t>>& holes = {}) {
+                             const std::vector<std::pair<int64_t, int64_t>>& holes = {},
+                             int64_t sample_position = -1,
+                             const std::vector<int64_t>& kept_samples = {}) {
     const v1::Policy& pol = s.policy;
     stop_after = Clamp(s, stop_after);
     SG_ASSIGN_OR_RETURN(const v1::HParams hp, ProbeHParams(s, overrides));
@@ -910,6 +926,10 @@ struct IncidentEngine::State {
     a.set_hole_begin(hole_begin);
     a.set_hole_end(hole_end);
     for (int64_t x : include) a.add_include(x);
+    if (sample_position >= 0) {
+      a.set_sample_position(sample_position);
+      for (int64_t x : kept_samples) a.add_kept_samples(x);
+    }
     for (const auto& [b, e] : holes) {
       v1::DataRange* r = a.add_holes();
       r->set_begin(b);
@@ -1310,12 +1330,127 @@ struct IncidentEngine::State {
       b.partial = true;
       b.need.reset();
     }
+    if (pol.probe().bisect_documents() && !b.partial && !b.none_reproduced &&
+        !b.culprits.empty()) {
+      return SampleBisectStep(s, b);
+    }
     return CulpritsFound(s, b);
+  }
+
+  // Group testing over the samples of each culprit batch (NextBisect over
+  // slots: the whole batch fed alone spiked). A probe feeds the batch alone,
+  // as the bisect probe that named it, with the other slots masked out.
+  absl::Status SampleBisectStep(Inc& s, const Bisection& b) {
+    const v1::Policy& pol = s.policy;
+    const std::vector<int64_t> window = WindowPositions(s);
+    std::map<int64_t, std::vector<v1::DocumentRef>> refined;
+    std::vector<lg::SampleCulprit> results;
+    for (int64_t p : b.culprits) {
+      SG_ASSIGN_OR_RETURN(std::vector<SampleContent> rows,
+                          view->Samples(s.run(), s.opened.generation(), p));
+      if (rows.size() < 2) continue;  // unknown, or nothing to split
+      std::vector<int64_t> all(rows.size());
+      for (size_t j = 0; j < rows.size(); ++j) all[j] = static_cast<int64_t>(j);
+      const auto& tests = s.sample_tests[p];
+      Bisection r = NextBisect(all, -1, tests);
+      bool partial = false;
+      if (r.need) {
+        if (s.probes + 2 <= pol.budget().max_probes() &&
+            s.reexecuted < pol.budget().max_reexecuted_steps() &&
+            static_cast<int64_t>(tests.size()) < pol.probe().max_document_probes()) {
+          std::vector<int64_t> skipped;
+          for (int64_t x : window) {
+            if (x != p) skipped.push_back(x);
+          }
+          v1::DataPlan plan = WithHoles(s.chosen->plan(), Ranges(skipped));
+          v1::SampleMask* mask = plan.add_masks();
+          mask->set_position(p);
+          for (int64_t j : all) {
+            if (std::find(r.need->begin(), r.need->end(), j) == r.need->end()) {
+              mask->add_slots(static_cast<int32_t>(j));
+            }
+          }
+          int64_t step = StepOf(plan, p);
+          if (step < 0) step = s.onset();
+          const v1::ProbePolicy& probe = pol.probe();
+          const int64_t horizon = step + probe.skip_before() + probe.replay_steps_past_onset();
+          return RequestRewind(
+              s, kSampleBisect, Chosen(s), plan, horizon, std::nullopt,
+              std::max(step, s.chosen->checkpoint().step()), 0, 0, 0,
+              absl::StrCat("feed batch ", p, " alone with only sample(s) ",
+                           absl::StrJoin(*r.need, ","), " of its ", rows.size()),
+              {p}, Ranges(skipped), p, *r.need);
+        }
+        partial = true;
+      }
+      std::set<int64_t> cleared;
+      for (const auto& [set, spiked] : tests) {
+        if (!spiked) cleared.insert(set.begin(), set.end());
+      }
+      std::set<int64_t> named;
+      if (r.none_reproduced) {
+        named.insert(all.begin(), all.end());
+      } else {
+        named.insert(r.culprits.begin(), r.culprits.end());
+        named.insert(r.group.begin(), r.group.end());
+        if (partial) {
+          for (int64_t j : all) {
+            if (!cleared.count(j)) named.insert(j);
+          }
+        }
+      }
+      // A document is named when most of its tokens in this batch lie in
+      // the named samples; a named sample none of whose documents is named
+      // that way names all of them (a sample is not split further).
+      std::map<std::pair<std::string, int64_t>, std::pair<int64_t, int64_t>> tokens;
+      std::map<std::pair<std::string, int64_t>, v1::DocumentRef> refs;
+      for (size_t j = 0; j < rows.size(); ++j) {
+        const SampleContent& row = rows[j];
+        for (size_t k = 0; k < row.documents.size(); ++k) {
+          const auto key = std::make_pair(row.documents[k].domain(), row.documents[k].document_id());
+          const int64_t n = k < row.tokens.size() ? row.tokens[k] : 0;
+          (named.count(static_cast<int64_t>(j)) ? tokens[key].first : tokens[key].second) += n;
+          refs.emplace(key, row.documents[k]);
+        }
+      }
+      std::set<std::pair<std::string, int64_t>> chosen;
+      for (const auto& [key, counts] : tokens) {
+        if (counts.first > 0 && counts.first >= counts.second) chosen.insert(key);
+      }
+      for (int64_t j : named) {
+        const SampleContent& row = rows[j];
+        bool covered = false;
+        for (const auto& d : row.documents) {
+          covered = covered || chosen.count({d.domain(), d.document_id()}) > 0;
+        }
+        if (covered) continue;
+        for (const auto& d : row.documents) chosen.insert({d.domain(), d.document_id()});
+      }
+      std::vector<v1::DocumentRef>& docs = refined[p];
+      for (const auto& key : chosen) {
+        v1::DocumentRef d = refs[key];
+        d.set_data_position(p);
+        d.set_step(StepOf(s.chosen->plan(), p));
+        docs.push_back(d);
+      }
+      lg::SampleCulprit sc;
+      sc.set_position(p);
+      for (int64_t j : named) sc.add_slots(j);
+      sc.set_batch_samples(static_cast<int32_t>(rows.size()));
+      sc.set_partial(partial);
+      sc.set_none_reproduced(r.none_reproduced);
+      results.push_back(sc);
+    }
+    return CulpritsFound(s, b, refined, results);
   }
 
   // Logs the culprits (documents, suspects, near-duplicates), then the
   // verdict they support.
-  absl::Status CulpritsFound(Inc& s, Bisection b) {
+  // `refined`: for batches whose samples were bisected, the documents named
+  // there (the rest of those batches become suspects).
+  absl::Status CulpritsFound(Inc& s, Bisection b,
+                             const std::map<int64_t, std::vector<v1::DocumentRef>>& refined = {},
+                             const std::vector<lg::SampleCulprit>& samples = {}) {
     const std::vector<int64_t> window = WindowPositions(s);
     std::vector<int64_t> named = b.culprits;
     named.insert(named.end(), b.group.begin(), b.group.end());
@@ -1327,6 +1462,22 @@ struct IncidentEngine::State {
     }
     SG_ASSIGN_OR_RETURN(std::vector<v1::DocumentRef> docs, DocumentsAt(s, named));
     SG_ASSIGN_OR_RETURN(std::vector<v1::DocumentRef> suspects, DocumentsAt(s, others));
+    if (!refined.empty()) {
+      std::vector<v1::DocumentRef> kept;
+      std::set<std::pair<std::string, int64_t>> in_refined;
+      for (const auto& [p, list] : refined) {
+        for (const auto& d : list) in_refined.insert({d.domain(), d.document_id()});
+      }
+      for (const auto& d : docs) {
+        const auto r = refined.find(d.data_position());
+        if (r == refined.end() || in_refined.count({d.domain(), d.document_id()})) {
+          kept.push_back(d);
+        } else {
+          suspects.push_back(d);  // cleared by the sample bisect
+        }
+      }
+      docs = std::move(kept);
+    }
     // A document that spans a culprit batch and another is a culprit.
     std::set<std::pair<std::string, int64_t>> culprit_ids;
     for (const auto& d : docs) culprit_ids.insert({d.domain(), d.document_id()});
@@ -1343,6 +1494,7 @@ struct IncidentEngine::State {
     }
     c->set_none_reproduced(b.none_reproduced);
     c->set_partial(b.partial);
+    for (const auto& sc : samples) *c->add_samples() = sc;
     for (const auto& d : docs) *c->add_documents() = d;
     // Each suspect once (a document spanning batches appears at each).
     std::set<std::pair<std::string, int64_t>> listed = culprit_ids;
@@ -1383,6 +1535,16 @@ struct IncidentEngine::State {
                     : "",
           names.empty() ? "" : "; documents ", absl::StrJoin(names, " "),
           suspects.empty() ? "" : absl::StrCat("; ", c->suspects_size(), " suspect document(s)"));
+    }
+    for (const lg::SampleCulprit& sc : samples) {
+      absl::StrAppend(&note, "; batch ", sc.position(), ": ",
+                      sc.none_reproduced()
+                          ? "no single sample reproduces the spike, the batch is named whole"
+                          : absl::StrCat("sample(s) ", absl::StrJoin(sc.slots(), ","), " of ",
+                                         sc.batch_samples(), " spike",
+                                         sc.partial() ? " (sample probes ran out: the samples "
+                                                        "not cleared are kept)"
+                                                      : ""));
     }
     p.set_note(note);
     p.set_detail(note);
@@ -1802,7 +1964,7 @@ struct IncidentEngine::State {
           SG_RETURN_IF_ERROR(VerdictAfterSkip(s));
           return true;
         }
-        if (kind == kBisect) {
+        if (kind == kBisect || kind == kSampleBisect) {
           SG_RETURN_IF_ERROR(BisectStep(s));
           return true;
         }

@@ -64,6 +64,12 @@
 //   documents of the window. After bisect or transplant the run has moved:
 //   the fix is then a rewind with the skip plan, verified to onset +
 //   verify_steps, then continued.
+// - Sample bisect (probe.bisect_documents): each culprit batch is fed alone
+//   with some of its samples masked out (DataPlan masks), the same group
+//   testing over its sample slots, at most probe.max_document_probes probes
+//   per batch. A document is named when most of its tokens in the batch lie
+//   in the samples that spike (the rest are cleared, listed as suspects);
+//   the hole stays at the whole batch.
 // - Bisect: each probe skips the first half (rounded up) of the candidate
 //   positions; a clean probe keeps that half, a spiked one the other, so the
 //   culprit position is named after at most ⌈log2 W⌉ probes (confidence
@@ -153,6 +159,13 @@ struct Detection {
   std::vector<std::string> also;
 };
 
+// One sample (row) of a batch: the documents it holds, with the tokens each
+// gives it (parallel vectors).
+struct SampleContent {
+  std::vector<spikeguard::v1::DocumentRef> documents;
+  std::vector<int64_t> tokens;
+};
+
 struct CheckpointInfo {
   int64_t generation = 0;
   int64_t step = 0;
@@ -208,6 +221,13 @@ class RunView {
       const std::string& run, int64_t generation, int64_t from, int64_t to) = 0;
   virtual uint32_t WorldSize(const std::string& run) = 0;
   virtual spikeguard::v1::Policy PolicyFor(const std::string& run) = 0;
+  // The samples of batch `position` as `generation` reads it, by slot
+  // (sample bisect); empty when unknown (no manifest).
+  virtual absl::StatusOr<std::vector<SampleContent>> Samples(const std::string& run,
+                                                             int64_t generation,
+                                                             int64_t position) {
+    return std::vector<SampleContent>();
+  }
   // The hyperparameter overrides a generation trains with (a fix in force);
   // a probe replaying that generation inherits them.
   virtual absl::StatusOr<spikeguard::v1::HParams> HParams(const std::string& run,

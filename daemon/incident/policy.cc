@@ -108,6 +108,8 @@ v1::Policy DefaultPolicy() {
   // trigger the spike (two probes when the onset batch alone does).
   probe->set_bisect(true);
   probe->set_transplant(false);
+  probe->set_bisect_documents(false);
+  probe->set_max_document_probes(6);
 
   p.mutable_budget()->set_max_probes(12);
   p.mutable_budget()->set_max_reexecuted_steps(20000);
@@ -207,6 +209,10 @@ absl::Status ValidatePolicy(const v1::Policy& p) {
     return absl::InvalidArgumentError(
         absl::StrCat("probe.skip_horizon (", probe.skip_horizon(),
                      ") must exceed probe.skip_after (", probe.skip_after(), ")"));
+  }
+  if (probe.max_document_probes() <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "probe.max_document_probes must be positive (got ", probe.max_document_probes(), ")"));
   }
 
   if (p.budget().max_probes() <= 0) {

@@ -363,11 +363,7 @@ grpc::Status SupervisorServiceImpl::ManualRewind(const std::string& run, int64_t
   incident::RewindSpec spec;
   spec.request_id = request_id;
   spec.checkpoint = *ckpt;
-  for (const auto& r : edited.ranges()) {
-    auto* pr = spec.plan.add_ranges();
-    pr->set_begin(r.begin);
-    pr->set_end(r.end);
-  }
+  spec.plan = ToProtoPlan(edited);
   spec.stop_after_step = stop_after;
   spec.reason = reason;
   // A rewind keeps the hyperparameters in force (a fix applied earlier).

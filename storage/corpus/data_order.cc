@@ -215,15 +215,35 @@ absl::StatusOr<std::vector<DocumentId>> DataOrder::DocumentsAt(int64_t position)
 
 absl::StatusOr<Batch> DataOrder::Materialize(int64_t position) const {
   SG_ASSIGN_OR_RETURN(BatchRef ref, Resolve(position));
+  // The plan's sample mask of this batch, if any.
+  std::vector<int32_t> kept;
+  const SampleMask* mask = manifest_.plan.MaskAt(position);
+  for (int32_t j = 0; j < manifest_.global_batch_size; ++j) {
+    if (mask == nullptr || !std::binary_search(mask->slots.begin(), mask->slots.end(), j)) {
+      kept.push_back(j);
+    }
+  }
+  if (mask != nullptr) {
+    if (mask->slots.back() >= manifest_.global_batch_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data plan masks sample slot ", mask->slots.back(), " of batch ", position,
+                       ", which has only ", manifest_.global_batch_size, " samples"));
+    }
+    if (kept.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "data plan masks every sample of batch ", position, ": nothing left to train on"));
+    }
+  }
   Batch batch;
   batch.position = position;
-  batch.batch_size = manifest_.global_batch_size;
+  batch.batch_size = static_cast<int32_t>(kept.size());
   batch.sample_tokens = manifest_.sequence_length + 1;
   batch.tokens.resize(static_cast<size_t>(batch.batch_size) * batch.sample_tokens);
   batch.sample_domain.resize(batch.batch_size);
+  batch.sample_slots = kept;
   std::vector<int32_t> buf;
   for (int32_t i = 0; i < batch.batch_size; ++i) {
-    const SampleRef& s = ref.samples[i];
+    const SampleRef& s = ref.samples[kept[i]];
     batch.sample_domain[i] = s.domain;
     uint8_t* row = batch.tokens.data() + static_cast<size_t>(i) * batch.sample_tokens;
     for (const DocumentSpan& span : s.spans) {

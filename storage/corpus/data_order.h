@@ -100,13 +100,16 @@ struct BatchRef {
   std::vector<SampleRef> samples;  // B, in slot order
 };
 
-// What the trainer consumes: B rows of T + 1 byte tokens, row-major.
+// What the trainer consumes: B rows of T + 1 byte tokens, row-major. B is
+// the global batch size, less the samples the plan's mask of this position
+// drops (DataPlan::WithMask).
 struct Batch {
   int64_t position = 0;
   int32_t batch_size = 0;
   int32_t sample_tokens = 0;  // T + 1
   std::vector<uint8_t> tokens;          // batch_size * sample_tokens
   std::vector<int32_t> sample_domain;   // batch_size; index into domain_names()
+  std::vector<int32_t> sample_slots;    // batch_size; the slot each row fills
 };
 
 // The shuffled document order of one domain in one epoch: element i is the
@@ -146,7 +149,9 @@ class DataOrder {
   // batch. A document spanning several samples or batches is listed at every
   // position it reaches, once per position.
   absl::StatusOr<std::vector<DocumentId>> DocumentsAt(int64_t position) const;
-  // The tokens of batch `position`.
+  // The tokens of batch `position`, without the samples the manifest plan's
+  // mask of that position drops. INVALID_ARGUMENT when the mask names a slot
+  // past the batch or drops every sample.
   absl::StatusOr<Batch> Materialize(int64_t position) const;
 
  private:

@@ -1,6 +1,10 @@
 #include "storage/corpus/data_plan.h"
 
+#include <algorithm>
+
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -50,12 +54,51 @@ absl::StatusOr<DataPlan> DataPlan::FromRanges(std::vector<PositionRange> ranges)
 }
 
 absl::StatusOr<DataPlan> DataPlan::Parse(absl::string_view text) {
-  std::vector<PositionRange> ranges;
   std::string compact;
   for (char c : text) {
     if (!absl::ascii_isspace(static_cast<unsigned char>(c))) compact.push_back(c);
   }
   if (compact.empty()) return DataPlan({});
+  std::vector<absl::string_view> sections = absl::StrSplit(compact, ';');
+  const absl::string_view range_text = sections.front();
+  std::vector<std::pair<int64_t, std::vector<int32_t>>> masks;
+  for (size_t i = 1; i < sections.size(); ++i) {
+    absl::string_view m = sections[i];
+    const std::string what = absl::StrCat("data plan mask '", m, "'");
+    if (!absl::ConsumePrefix(&m, "drop=")) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " is not drop=POSITION:SLOT.SLOT..."));
+    }
+    std::vector<absl::string_view> parts = absl::StrSplit(m, absl::MaxSplits(':', 1));
+    int64_t position = 0;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &position) || parts[1].empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " is not drop=POSITION:SLOT.SLOT..."));
+    }
+    std::vector<int32_t> slots;
+    for (absl::string_view slot : absl::StrSplit(parts[1], '.')) {
+      int32_t v = 0;
+      if (!absl::SimpleAtoi(slot, &v)) {
+        return absl::InvalidArgumentError(absl::StrCat(what, ": slot '", slot, "' is not a number"));
+      }
+      slots.push_back(v);
+    }
+    masks.emplace_back(position, std::move(slots));
+  }
+  DataPlan plan({});
+  if (!range_text.empty()) {
+    SG_ASSIGN_OR_RETURN(plan, ParseRanges(range_text));
+  }
+  for (auto& [position, slots] : masks) {
+    if (plan.MaskAt(position) != nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data plan masks batch ", position, " twice"));
+    }
+    SG_ASSIGN_OR_RETURN(plan, plan.WithMask(position, std::move(slots)));
+  }
+  return plan;
+}
+
+absl::StatusOr<DataPlan> DataPlan::ParseRanges(absl::string_view compact) {
+  std::vector<PositionRange> ranges;
   for (absl::string_view part : absl::StrSplit(compact, ',')) {
     std::vector<absl::string_view> ends = absl::StrSplit(part, absl::MaxSplits('-', 1));
     PositionRange r;
@@ -77,6 +120,46 @@ std::string DataPlan::ToString() const {
     absl::StrAppend(&out, r.begin, "-");
     if (!r.unbounded()) absl::StrAppend(&out, r.end);
   }
+  for (const SampleMask& m : masks_) {
+    absl::StrAppend(&out, ";drop=", m.position, ":", absl::StrJoin(m.slots, "."));
+  }
+  return out;
+}
+
+const SampleMask* DataPlan::MaskAt(int64_t position) const {
+  for (const SampleMask& m : masks_) {
+    if (m.position == position) return &m;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<DataPlan> DataPlan::WithMask(int64_t position, std::vector<int32_t> slots) const {
+  if (position < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("sample mask: negative position ", position));
+  }
+  for (int32_t slot : slots) {
+    if (slot < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sample mask of batch ", position, ": negative slot ", slot));
+    }
+  }
+  std::sort(slots.begin(), slots.end());
+  slots.erase(std::unique(slots.begin(), slots.end()), slots.end());
+  DataPlan out = *this;
+  out.masks_.erase(std::remove_if(out.masks_.begin(), out.masks_.end(),
+                                  [&](const SampleMask& m) { return m.position == position; }),
+                   out.masks_.end());
+  if (!slots.empty()) {
+    out.masks_.push_back({position, std::move(slots)});
+    std::sort(out.masks_.begin(), out.masks_.end(),
+              [](const SampleMask& a, const SampleMask& b) { return a.position < b.position; });
+  }
+  return out;
+}
+
+DataPlan DataPlan::WithRangesOf(std::vector<PositionRange> ranges) const {
+  DataPlan out(std::move(ranges));
+  out.masks_ = masks_;
   return out;
 }
 
@@ -128,7 +211,8 @@ absl::StatusOr<DataPlan> DataPlan::WithHole(int64_t begin, int64_t end) const {
     if (r.begin < begin) out.push_back({r.begin, begin});
     if (r.unbounded() || r.end > end) out.push_back({end, r.end});
   }
-  return FromRanges(std::move(out));
+  SG_ASSIGN_OR_RETURN(DataPlan plan, FromRanges(std::move(out)));
+  return WithRangesOf(plan.ranges_);
 }
 
 absl::StatusOr<DataPlan> DataPlan::WithSplice(int64_t at_step, PositionRange inserted) const {
@@ -162,7 +246,8 @@ absl::StatusOr<DataPlan> DataPlan::WithSplice(int64_t at_step, PositionRange ins
     placed = true;
   }
   if (!placed) out.push_back(inserted);
-  return FromRanges(std::move(out));
+  SG_ASSIGN_OR_RETURN(DataPlan plan, FromRanges(std::move(out)));
+  return WithRangesOf(plan.ranges_);
 }
 
 }  // namespace spikeguard::storage

@@ -18,6 +18,13 @@
 //   std::string text = plan.ToString();                  // "0-600,610-"
 //   SG_ASSIGN_OR_RETURN(DataPlan back, DataPlan::Parse(text));
 //
+// A plan may also drop samples (rows) of single batches: a sample mask
+// {position 300, slots 0 1 5} feeds batch 300 without its sample slots 0, 1
+// and 5 (document-level bisection inside a culprit batch feeds parts of one
+// batch). Text form: the ranges, then ";drop=POSITION:SLOT.SLOT..." per
+// masked batch, e.g. "0-600,610-;drop=300:0.1.5". A plan without masks
+// prints exactly as before.
+//
 // Rules (Validate): begin >= 0; a bounded range is non-empty (end > begin);
 // only the last range may be unbounded (end = kUnbounded), since nothing after
 // it could ever be reached. Overlapping ranges ARE allowed: a transplant from
@@ -47,6 +54,13 @@ struct PositionRange {
   bool operator==(const PositionRange&) const = default;
 };
 
+// Sample slots a plan leaves out of the batch at `position`.
+struct SampleMask {
+  int64_t position = 0;
+  std::vector<int32_t> slots;  // sorted, distinct, >= 0
+  bool operator==(const SampleMask&) const = default;
+};
+
 class DataPlan {
  public:
   // [0, ∞).
@@ -61,6 +75,10 @@ class DataPlan {
   static absl::Status Validate(const std::vector<PositionRange>& ranges);
 
   const std::vector<PositionRange>& ranges() const { return ranges_; }
+  // By position.
+  const std::vector<SampleMask>& masks() const { return masks_; }
+  // The mask of batch `position`, or nullptr.
+  const SampleMask* MaskAt(int64_t position) const;
   std::string ToString() const;
 
   // Number of steps the plan feeds; -1 when unbounded.
@@ -78,14 +96,25 @@ class DataPlan {
   // before keep their positions, then `inserted` (bounded), then the rest of
   // the plan continues where it left off. at_step may equal StepCount().
   absl::StatusOr<DataPlan> WithSplice(int64_t at_step, PositionRange inserted) const;
+  // The plan with batch `position` fed without sample `slots` (replacing any
+  // mask it had there; empty slots removes the mask). INVALID_ARGUMENT for a
+  // negative position or slot. Whether a slot exists is the data order's to
+  // check (it knows the batch size).
+  absl::StatusOr<DataPlan> WithMask(int64_t position, std::vector<int32_t> slots) const;
 
-  bool operator==(const DataPlan& other) const { return ranges_ == other.ranges_; }
+  bool operator==(const DataPlan& other) const {
+    return ranges_ == other.ranges_ && masks_ == other.masks_;
+  }
 
  private:
   explicit DataPlan(std::vector<PositionRange> ranges) : ranges_(std::move(ranges)) {}
   static std::vector<PositionRange> Normalize(std::vector<PositionRange> ranges);
+  static absl::StatusOr<DataPlan> ParseRanges(absl::string_view compact);
+  // `ranges` with this plan's masks.
+  DataPlan WithRangesOf(std::vector<PositionRange> ranges) const;
 
   std::vector<PositionRange> ranges_;
+  std::vector<SampleMask> masks_;
 };
 
 }  // namespace spikeguard::storage

@@ -583,6 +583,91 @@ TEST_F(IncidentEngineTest, BisectFindsAnOnsetCulpritInTwoProbes) {
   EXPECT_EQ(store.quarantine.size(), 2u);
 }
 
+// --- Sample (document-level) bisect --------------------------------------------------
+
+int CountKind(const v1::Incident& inc, const std::string& kind) {
+  int n = 0;
+  for (const auto& p : inc.probes()) n += p.kind() == kind;
+  return n;
+}
+
+TEST_F(IncidentEngineTest, SampleBisectNamesOnlyTheDocumentOfTheSpikingSample) {
+  view.policy.mutable_probe()->set_bisect(true);
+  view.policy.mutable_probe()->set_bisect_documents(true);
+  view.policy.mutable_budget()->set_max_probes(20);
+  // Batch 1003 spikes because of its sample 6 alone (document 10031).
+  Start({.poison = {1003}, .poison_slots = {{1003, {6}}}});
+  RunProtocol();
+  const v1::Incident inc = Only();
+  EXPECT_EQ(inc.verdict(), v1::DATA);
+  EXPECT_EQ(inc.state(), v1::CLOSED);
+  EXPECT_THAT(inc.culprit_positions(), ElementsAre(1003));
+  // Group testing over 8 samples: a descent to the sample, its confirmation
+  // and the batch without it; never more than the per-batch cap.
+  EXPECT_GE(CountKind(inc, "bisect_samples"), 3);
+  EXPECT_LE(CountKind(inc, "bisect_samples"), 6);
+  ASSERT_EQ(inc.documents_size(), 1);
+  EXPECT_EQ(inc.documents(0).document_id(), 10031);
+  EXPECT_EQ(inc.documents(0).data_position(), 1003);
+  // The other document of the batch is cleared: a suspect, not quarantined.
+  bool cleared_listed = false;
+  for (const auto& d : inc.suspects()) cleared_listed |= d.document_id() == 10030;
+  EXPECT_TRUE(cleared_listed);
+  ASSERT_EQ(store.quarantine.size(), 1u);
+  EXPECT_EQ(store.quarantine[0].document_id(), 10031);
+  EXPECT_THAT(inc.note(), HasSubstr("batch 1003: sample(s) 6 of 8 spike"));
+  // Every sample probe fed batch 1003 alone with a mask there.
+  for (const auto& p : inc.probes()) {
+    if (p.kind() != "bisect_samples") continue;
+    ASSERT_EQ(p.data_plan().masks_size(), 1);
+    EXPECT_EQ(p.data_plan().masks(0).position(), 1003);
+  }
+  // The fix still holes the whole batch.
+  const auto& fix = inc.probes(inc.probes_size() - 1);
+  EXPECT_EQ(fix.kind(), "fix");
+  EXPECT_EQ(fix.data_plan().masks_size(), 0);
+  ExpectEachRequestOnce();
+}
+
+TEST_F(IncidentEngineTest, ASpikingSampleSharedByTwoDocumentsNamesBoth) {
+  view.policy.mutable_probe()->set_bisect(true);
+  view.policy.mutable_probe()->set_bisect_documents(true);
+  // Sample 3 holds the end of 10030 and the start of 10031: neither has most
+  // of its tokens there, but the sample triggers, so both are named.
+  Start({.poison = {1000}, .poison_slots = {{1000, {3}}}});
+  RunProtocol();
+  const v1::Incident inc = Only();
+  EXPECT_EQ(inc.verdict(), v1::DATA);
+  std::set<int64_t> ids;
+  for (const auto& d : inc.documents()) ids.insert(d.document_id());
+  EXPECT_THAT(ids, ElementsAre(10000, 10001));
+  EXPECT_THAT(inc.note(), HasSubstr("batch 1000: sample(s) 3 of 8 spike"));
+}
+
+TEST_F(IncidentEngineTest, SampleProbesRunningOutKeepTheSamplesNotCleared) {
+  view.policy.mutable_probe()->set_bisect(true);
+  view.policy.mutable_probe()->set_bisect_documents(true);
+  view.policy.mutable_probe()->set_max_document_probes(1);
+  Start({.poison = {1000}, .poison_slots = {{1000, {6}}}});
+  RunProtocol();
+  const v1::Incident inc = Only();
+  EXPECT_EQ(inc.verdict(), v1::DATA);
+  EXPECT_EQ(CountKind(inc, "bisect_samples"), 1);
+  // The first probe fed samples 0-3 (clean): they are cleared; 4-7 stay.
+  ASSERT_EQ(inc.documents_size(), 1);
+  EXPECT_EQ(inc.documents(0).document_id(), 10001);
+  EXPECT_THAT(inc.note(), HasSubstr("sample probes ran out"));
+}
+
+TEST_F(IncidentEngineTest, SampleBisectIsOffByDefault) {
+  view.policy.mutable_probe()->set_bisect(true);
+  Start({.poison = {1000}, .poison_slots = {{1000, {6}}}});
+  RunProtocol();
+  const v1::Incident inc = Only();
+  EXPECT_EQ(CountKind(inc, "bisect_samples"), 0);
+  EXPECT_EQ(inc.documents_size(), 2);
+}
+
 TEST_F(IncidentEngineTest, TransplantRecordsDataTimesState) {
   view.policy.mutable_probe()->set_bisect(true);
   view.policy.mutable_probe()->set_transplant(true);

@@ -97,6 +97,31 @@ absl::StatusOr<v1::DataPlan> FakeView::Plan(const std::string& run, int64_t gene
   return it == plans.end() ? v1::DataPlan() : it->second;
 }
 
+absl::StatusOr<std::vector<SampleContent>> FakeView::Samples(const std::string& run,
+                                                             int64_t generation,
+                                                             int64_t position) {
+  std::vector<SampleContent> out;
+  if (!has_manifest) return out;
+  auto doc = [&](int k) {
+    v1::DocumentRef d;
+    d.set_domain("web");
+    d.set_document_id(10 * position + k);
+    d.set_data_position(position);
+    return d;
+  };
+  for (int j = 0; j < 8; ++j) {
+    SampleContent& row = out.emplace_back();
+    if (j == 3) {
+      row.documents = {doc(0), doc(1)};
+      row.tokens = {40, 25};
+    } else {
+      row.documents = {doc(j < 3 ? 0 : 1)};
+      row.tokens = {65};
+    }
+  }
+  return out;
+}
+
 absl::StatusOr<std::vector<v1::DocumentRef>> FakeView::Documents(const std::string& run,
                                                                  int64_t generation, int64_t from,
                                                                  int64_t to) {
@@ -216,6 +241,15 @@ StepObservation World::Make(int64_t generation, int64_t step) const {
   if (scenario_.poison.count(o.data_position) &&
       !(scenario_.poison_needs_full_lr && Rung(generation) >= 1)) {
     spike = true;
+    auto slots = scenario_.poison_slots.find(o.data_position);
+    if (slots != scenario_.poison_slots.end()) {
+      std::set<int32_t> masked;
+      for (const v1::SampleMask& m : plan.masks()) {
+        if (m.position() == o.data_position) masked.insert(m.slots().begin(), m.slots().end());
+      }
+      spike = false;
+      for (int32_t slot : slots->second) spike = spike || !masked.count(slot);
+    }
   }
   if (scenario_.fragile_until_rung > 0 && step == scenario_.onset &&
       Rung(generation) < scenario_.fragile_until_rung) {

@@ -75,6 +75,11 @@ class FakeView final : public RunView {
   absl::StatusOr<std::vector<spikeguard::v1::NearDuplicate>> NearDuplicates(
       const std::string& run, const std::vector<spikeguard::v1::DocumentRef>& documents) override;
 
+  // Eight samples per batch p: slots 0-2 hold document 10p, slot 3 holds
+  // 40 tokens of 10p and 25 of 10p + 1, slots 4-7 hold 10p + 1.
+  absl::StatusOr<std::vector<SampleContent>> Samples(const std::string& run, int64_t generation,
+                                                     int64_t position) override;
+
   std::map<int64_t, spikeguard::v1::HParams> hparams;
   std::optional<int64_t> final_step;
 
@@ -131,6 +136,9 @@ struct Scenario {
   int nonfinite_layer = 3;
   // Replays' losses differ in the last bits (non-determinism).
   bool nondeterministic = false;
+  // Poisoned positions whose trigger is only in these sample slots: a plan
+  // masking all of them feeds the batch clean.
+  std::map<int64_t, std::set<int32_t>> poison_slots = {};
   // Spike the grad norm instead of the loss.
   bool grad_spike = false;
   // A spike (at the step consuming the last of them) only when every one of

@@ -38,11 +38,17 @@ void ApplyHParams(const v1::HParams& h, kernels::HParamOverrides* hp) {
   if (h.has_eps()) hp->eps = h.eps();
 }
 
-storage::DataPlan PlanFromProto(const v1::DataPlan& p) {
+absl::StatusOr<storage::DataPlan> PlanFromProto(const v1::DataPlan& p) {
   std::vector<storage::PositionRange> ranges;
   for (const auto& r : p.ranges()) ranges.push_back({r.begin(), r.end()});
-  auto plan = storage::DataPlan::FromRanges(ranges);
-  return plan.ok() ? *plan : storage::DataPlan::Default();
+  // No ranges: the whole stream (masks alone still apply).
+  if (ranges.empty()) ranges.push_back({0, storage::PositionRange::kUnbounded});
+  SG_ASSIGN_OR_RETURN(storage::DataPlan plan, storage::DataPlan::FromRanges(ranges));
+  for (const v1::SampleMask& m : p.masks()) {
+    SG_ASSIGN_OR_RETURN(plan, plan.WithMask(m.position(), std::vector<int32_t>(m.slots().begin(),
+                                                                                m.slots().end())));
+  }
+  return plan;
 }
 
 }  // namespace
@@ -329,10 +335,16 @@ absl::Status ReferenceWorker::HandleCommand(const v1::Command& command, bool* st
       // Everything of the old generation is delivered before the switch.
       (void)client_->Flush(absl::Seconds(30));
       std::string plan_text;
-      if (command.data_plan().ranges_size() > 0) {
-        plan_text = PlanFromProto(command.data_plan()).ToString();
+      if (command.data_plan().ranges_size() > 0 || command.data_plan().masks_size() > 0) {
+        absl::StatusOr<storage::DataPlan> plan = PlanFromProto(command.data_plan());
+        if (plan.ok()) {
+          plan_text = plan->ToString();
+        } else {
+          status = absl::InvalidArgumentError(
+              absl::StrCat("rewind: bad data plan: ", plan.status().message()));
+        }
       }
-      status = LoadCheckpoint(PathFromUri(command.checkpoint().uri()), plan_text);
+      if (status.ok()) status = LoadCheckpoint(PathFromUri(command.checkpoint().uri()), plan_text);
       if (status.ok()) {
         generation_ = command.new_generation();
         client_->SetGeneration(generation_);

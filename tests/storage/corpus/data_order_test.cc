@@ -192,6 +192,47 @@ TEST_F(DataOrderTest, HoleShiftsLaterStepsToLaterBatches) {
   }
 }
 
+TEST_F(DataOrderTest, SampleMaskDropsExactlyTheMaskedRowsOfThatBatch) {
+  auto plain = Order(manifest_);
+  Manifest masked_m = manifest_;
+  masked_m.plan = *DataPlan::Default().WithMask(7, {0, 3, 6});
+  auto masked = Order(masked_m);
+  ASSERT_TRUE(plain && masked);
+  auto full = plain->Materialize(7);
+  auto part = masked->Materialize(7);
+  ASSERT_TRUE(full.ok() && part.ok()) << part.status();
+  const int32_t t = full->sample_tokens;
+  ASSERT_EQ(part->batch_size, full->batch_size - 3);
+  EXPECT_EQ(part->sample_slots, (std::vector<int32_t>{1, 2, 4, 5, 7}));
+  for (int32_t i = 0; i < part->batch_size; ++i) {
+    const int32_t slot = part->sample_slots[i];
+    EXPECT_EQ(std::string(part->tokens.begin() + i * t, part->tokens.begin() + (i + 1) * t),
+              std::string(full->tokens.begin() + slot * t, full->tokens.begin() + (slot + 1) * t))
+        << "row " << i;
+    EXPECT_EQ(part->sample_domain[i], full->sample_domain[slot]);
+  }
+  // Other batches are whole.
+  auto other = masked->Materialize(8);
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(other->tokens, plain->Materialize(8)->tokens);
+  EXPECT_EQ(other->sample_slots.size(), static_cast<size_t>(manifest_.global_batch_size));
+}
+
+TEST_F(DataOrderTest, SampleMaskPastTheBatchOrOfEveryRowIsRefused) {
+  Manifest past = manifest_;
+  past.plan = *DataPlan::Default().WithMask(2, {8});
+  auto batch = Order(past)->Materialize(2);
+  EXPECT_EQ(batch.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(batch.status().message().find("slot 8 of batch 2"), std::string::npos)
+      << batch.status();
+  Manifest all = manifest_;
+  all.plan = *DataPlan::Default().WithMask(2, {0, 1, 2, 3, 4, 5, 6, 7});
+  batch = Order(all)->Materialize(2);
+  EXPECT_EQ(batch.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(batch.status().message().find("every sample of batch 2"), std::string::npos)
+      << batch.status();
+}
+
 TEST_F(DataOrderTest, ManifestErrorsNameTheProblem) {
   Manifest m = manifest_;
   m.dataset_fingerprint = "0000000000000000";

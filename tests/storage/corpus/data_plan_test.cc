@@ -113,5 +113,47 @@ TEST(DataPlanTest, ParseRoundTripsAndRejectsGarbage) {
   }
 }
 
+TEST(DataPlanTest, SampleMasksRoundTripAndSurviveHolesAndSplices) {
+  auto plan = DataPlan::Default().WithHole(600, 610);
+  ASSERT_TRUE(plan.ok());
+  auto masked = plan->WithMask(300, {5, 0, 1, 5});
+  ASSERT_TRUE(masked.ok()) << masked.status();
+  EXPECT_EQ(masked->ToString(), "0-600,610-;drop=300:0.1.5");
+  ASSERT_NE(masked->MaskAt(300), nullptr);
+  EXPECT_EQ(masked->MaskAt(300)->slots, (std::vector<int32_t>{0, 1, 5}));
+  EXPECT_EQ(masked->MaskAt(301), nullptr);
+  // Positions are unchanged by a mask; the text form parses back equal.
+  EXPECT_EQ(Pos(*masked, 300), 300);
+  auto back = DataPlan::Parse(masked->ToString());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, *masked);
+  EXPECT_NE(*back, *plan);
+  // Holes and splices keep the masks; an empty slot list removes one.
+  auto holed = masked->WithHole(100, 105);
+  ASSERT_TRUE(holed.ok());
+  EXPECT_EQ(holed->ToString(), "0-100,105-600,610-;drop=300:0.1.5");
+  auto spliced = masked->WithSplice(50, {300, 301});
+  ASSERT_TRUE(spliced.ok());
+  EXPECT_NE(spliced->MaskAt(300), nullptr);
+  auto cleared = masked->WithMask(300, {});
+  ASSERT_TRUE(cleared.ok());
+  EXPECT_EQ(cleared->ToString(), "0-600,610-");
+  // A plan without masks prints as before.
+  EXPECT_EQ(DataPlan::Parse("0-600,610-")->ToString(), "0-600,610-");
+}
+
+TEST(DataPlanTest, BadSampleMasksAreRefusedNamingThePart) {
+  for (const char* text : {"0-;drop=300", "0-;drop=x:1", "0-;drop=300:1.a", "0-;keep=300:1",
+                           "0-;drop=300:1;drop=300:2", "0-;drop=-1:1", "0-;drop=300:-2"}) {
+    auto plan = DataPlan::Parse(text);
+    EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument) << text;
+  }
+  auto plan = DataPlan::Parse("0-;drop=300:1.a");
+  EXPECT_NE(plan.status().message().find("slot 'a'"), std::string::npos) << plan.status();
+  auto twice = DataPlan::Parse("0-;drop=300:1;drop=300:2");
+  EXPECT_NE(twice.status().message().find("masks batch 300 twice"), std::string::npos)
+      << twice.status();
+}
+
 }  // namespace
 }  // namespace spikeguard::storage
