@@ -23,12 +23,36 @@ The same behaviour towards spikeguardd as the C++ reference worker
 - Every command's pinned_uris replace the pins retention must keep
   (``Controller.pinned_uris``).
 
-    ctl = Controller(client, total_steps=N, get_step=lambda: tr.step,
-                     rewind=tr.rewind, rank=rank, world_size=world)
+The lines a DDP training loop adds (worker/examples/torch_gpt/train.py is
+the complete trainer):
+
+    client = Client(addr, run, rank=rank, world_size=world, generation=gen,
+                    resume_step=step, total_steps=N, data_order=order.data_order_proto())
+    client.start()
+    tel = Telemetry(model)                      # spikeguard.torch
+    st = {"step": step, "order": order}
+    def rewind(uri, plan, command):
+        ck = load_checkpoint(uri, model=model, optimizer=opt)
+        st["step"] = ck["step"]
+        st["order"] = order.with_plan(plan or ck.get("data_plan") or "")
+    ctl = Controller(client, total_steps=N, get_step=lambda: st["step"], rewind=rewind,
+                     rank=rank, world_size=world, generation=gen)
     while ctl.step_boundary():
-        lr = base_lr(tr.step) * ctl.hparams.lr_factor(tr.step)
-        ctl.hparams.apply_to_optimizer(opt, lr, betas=(0.9, 0.95), eps=1e-8)
-        ... train step tr.step with clip ctl.hparams.clip(base_clip) ...
+        s = st["step"]; hp = ctl.hparams; hp.begin_step(s)
+        lr = base_lr(s) * hp.lr_factor(s)
+        hp.apply_to_optimizer(opt, lr, betas=(0.9, 0.999), eps=1e-8)
+        tel.before_step()
+        ... forward; tel.logits(logits); tel.losses(token_losses, domains); backward ...
+        tel.after_backward(hp.clip(base_clip)); tel.before_optimizer_step()
+        opt.step(); tel.after_optimizer_step()
+        client.report(tel.report(s, batch.position, lr))
+        st["step"] += 1
+        if st["step"] % K == 0 and rank == 0:
+            info = save_checkpoint(dir, st["step"], model=model, optimizer=opt,
+                                   data_position=..., data_plan=st["order"].plan)
+            for gone in retain(dir, keep, pinned_uris=ctl.pinned_uris):
+                client.checkpoint_deleted(gone["step"], gone["uri"])
+            client.checkpoint_saved(info["step"], info["uri"], ...)
 """
 from __future__ import annotations
 
