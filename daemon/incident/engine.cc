@@ -645,7 +645,7 @@ void Apply(Inc& s, int64_t seq, const std::string& kind, const lg::EventPayload&
     if (probe_kind == kSampleBisect && s.probe &&
         (f.outcome() == "clean" || f.outcome() == "spiked" || f.outcome() == "nonfinite")) {
       s.sample_tests[s.probe->sample_position()].emplace_back(
-          std::vector<int64_t>(s.probe->kept_samples().begin(), s.probe->kept_samples().end()),
+          std::vector<int64_t>(s.probe->kept_documents().begin(), s.probe->kept_documents().end()),
           f.outcome() != "clean");
     }
     if (probe_kind == kTransplant) {
@@ -893,7 +893,7 @@ struct IncidentEngine::State {
                              const std::string& why, const std::vector<int64_t>& include = {},
                              const std::vector<std::pair<int64_t, int64_t>>& holes = {},
                              int64_t sample_position = -1,
-                             const std::vector<int64_t>& kept_samples = {}) {
+                             const std::vector<int64_t>& kept_documents = {}) {
     const v1::Policy& pol = s.policy;
     stop_after = Clamp(s, stop_after);
     SG_ASSIGN_OR_RETURN(const v1::HParams hp, ProbeHParams(s, overrides));
@@ -928,7 +928,7 @@ struct IncidentEngine::State {
     for (int64_t x : include) a.add_include(x);
     if (sample_position >= 0) {
       a.set_sample_position(sample_position);
-      for (int64_t x : kept_samples) a.add_kept_samples(x);
+      for (int64_t x : kept_documents) a.add_kept_documents(x);
     }
     for (const auto& [b, e] : holes) {
       v1::DataRange* r = a.add_holes();
@@ -1337,9 +1337,12 @@ struct IncidentEngine::State {
     return CulpritsFound(s, b);
   }
 
-  // Group testing over the samples of each culprit batch (NextBisect over
-  // slots: the whole batch fed alone spiked). A probe feeds the batch alone,
-  // as the bisect probe that named it, with the other slots masked out.
+  // Group testing over the documents of each culprit batch (NextBisect over
+  // them: the whole batch fed alone spiked). A probe feeds the batch alone,
+  // as the bisect probe that named it, with only the samples made entirely
+  // of the documents under test: the others are masked out. A set of
+  // documents without a sample of its own feeds nothing and counts as clean
+  // without a probe (it clears nobody).
   absl::Status SampleBisectStep(Inc& s, const Bisection& b) {
     const v1::Policy& pol = s.policy;
     const std::vector<int64_t> window = WindowPositions(s);
@@ -1348,16 +1351,45 @@ struct IncidentEngine::State {
     for (int64_t p : b.culprits) {
       SG_ASSIGN_OR_RETURN(std::vector<SampleContent> rows,
                           view->Samples(s.run(), s.opened.generation(), p));
-      if (rows.size() < 2) continue;  // unknown, or nothing to split
-      std::vector<int64_t> all(rows.size());
-      for (size_t j = 0; j < rows.size(); ++j) all[j] = static_cast<int64_t>(j);
-      const auto& tests = s.sample_tests[p];
+      // The batch's documents in the order their samples come.
+      std::vector<v1::DocumentRef> docs;
+      std::map<std::pair<std::string, int64_t>, int64_t> index;
+      std::vector<std::vector<int64_t>> row_docs(rows.size());
+      for (size_t j = 0; j < rows.size(); ++j) {
+        for (const auto& d : rows[j].documents) {
+          auto [it, added] = index.emplace(std::make_pair(d.domain(), d.document_id()),
+                                           static_cast<int64_t>(docs.size()));
+          if (added) docs.push_back(d);
+          row_docs[j].push_back(it->second);
+        }
+      }
+      if (docs.size() < 2 || rows.size() < 2) continue;  // unknown, or nothing to split
+      auto kept_rows = [&](const std::vector<int64_t>& kept_docs) {
+        std::vector<int64_t> out;
+        for (size_t j = 0; j < rows.size(); ++j) {
+          bool all = true;
+          for (int64_t d : row_docs[j]) {
+            all = all && std::find(kept_docs.begin(), kept_docs.end(), d) != kept_docs.end();
+          }
+          if (all) out.push_back(static_cast<int64_t>(j));
+        }
+        return out;
+      };
+      std::vector<int64_t> all(docs.size());
+      for (size_t k = 0; k < docs.size(); ++k) all[k] = static_cast<int64_t>(k);
+      const auto& probed = s.sample_tests[p];
+      std::vector<std::pair<std::vector<int64_t>, bool>> tests = probed;
       Bisection r = NextBisect(all, -1, tests);
+      while (r.need && kept_rows(*r.need).empty()) {
+        tests.emplace_back(*r.need, false);  // feeds nothing: clean, no probe
+        r = NextBisect(all, -1, tests);
+      }
       bool partial = false;
       if (r.need) {
         if (s.probes + 2 <= pol.budget().max_probes() &&
             s.reexecuted < pol.budget().max_reexecuted_steps() &&
-            static_cast<int64_t>(tests.size()) < pol.probe().max_document_probes()) {
+            static_cast<int64_t>(probed.size()) < pol.probe().max_document_probes()) {
+          const std::vector<int64_t> keep = kept_rows(*r.need);
           std::vector<int64_t> skipped;
           for (int64_t x : window) {
             if (x != p) skipped.push_back(x);
@@ -1365,8 +1397,8 @@ struct IncidentEngine::State {
           v1::DataPlan plan = WithHoles(s.chosen->plan(), Ranges(skipped));
           v1::SampleMask* mask = plan.add_masks();
           mask->set_position(p);
-          for (int64_t j : all) {
-            if (std::find(r.need->begin(), r.need->end(), j) == r.need->end()) {
+          for (size_t j = 0; j < rows.size(); ++j) {
+            if (std::find(keep.begin(), keep.end(), static_cast<int64_t>(j)) == keep.end()) {
               mask->add_slots(static_cast<int32_t>(j));
             }
           }
@@ -1374,18 +1406,19 @@ struct IncidentEngine::State {
           if (step < 0) step = s.onset();
           const v1::ProbePolicy& probe = pol.probe();
           const int64_t horizon = step + probe.skip_before() + probe.replay_steps_past_onset();
+          std::vector<std::string> names;
+          for (int64_t k : *r.need) {
+            names.push_back(absl::StrCat(docs[k].domain(), ":", docs[k].document_id()));
+          }
           return RequestRewind(
               s, kSampleBisect, Chosen(s), plan, horizon, std::nullopt,
               std::max(step, s.chosen->checkpoint().step()), 0, 0, 0,
-              absl::StrCat("feed batch ", p, " alone with only sample(s) ",
-                           absl::StrJoin(*r.need, ","), " of its ", rows.size()),
+              absl::StrCat("feed batch ", p, " alone with only the sample(s) ",
+                           absl::StrJoin(keep, ","), " of document(s) ",
+                           absl::StrJoin(names, " ")),
               {p}, Ranges(skipped), p, *r.need);
         }
         partial = true;
-      }
-      std::set<int64_t> cleared;
-      for (const auto& [set, spiked] : tests) {
-        if (!spiked) cleared.insert(set.begin(), set.end());
       }
       std::set<int64_t> named;
       if (r.none_reproduced) {
@@ -1394,51 +1427,37 @@ struct IncidentEngine::State {
         named.insert(r.culprits.begin(), r.culprits.end());
         named.insert(r.group.begin(), r.group.end());
         if (partial) {
-          for (int64_t j : all) {
-            if (!cleared.count(j)) named.insert(j);
+          // Every document a clean probe did not feed stays a culprit.
+          std::set<int64_t> cleared;
+          for (const auto& [set, spiked] : probed) {
+            if (!spiked) cleared.insert(set.begin(), set.end());
+          }
+          for (int64_t k : all) {
+            if (!cleared.count(k)) named.insert(k);
           }
         }
       }
-      // A document is named when most of its tokens in this batch lie in
-      // the named samples; a named sample none of whose documents is named
-      // that way names all of them (a sample is not split further).
-      std::map<std::pair<std::string, int64_t>, std::pair<int64_t, int64_t>> tokens;
-      std::map<std::pair<std::string, int64_t>, v1::DocumentRef> refs;
-      for (size_t j = 0; j < rows.size(); ++j) {
-        const SampleContent& row = rows[j];
-        for (size_t k = 0; k < row.documents.size(); ++k) {
-          const auto key = std::make_pair(row.documents[k].domain(), row.documents[k].document_id());
-          const int64_t n = k < row.tokens.size() ? row.tokens[k] : 0;
-          (named.count(static_cast<int64_t>(j)) ? tokens[key].first : tokens[key].second) += n;
-          refs.emplace(key, row.documents[k]);
-        }
-      }
-      std::set<std::pair<std::string, int64_t>> chosen;
-      for (const auto& [key, counts] : tokens) {
-        if (counts.first > 0 && counts.first >= counts.second) chosen.insert(key);
-      }
-      for (int64_t j : named) {
-        const SampleContent& row = rows[j];
-        bool covered = false;
-        for (const auto& d : row.documents) {
-          covered = covered || chosen.count({d.domain(), d.document_id()}) > 0;
-        }
-        if (covered) continue;
-        for (const auto& d : row.documents) chosen.insert({d.domain(), d.document_id()});
-      }
-      std::vector<v1::DocumentRef>& docs = refined[p];
-      for (const auto& key : chosen) {
-        v1::DocumentRef d = refs[key];
-        d.set_data_position(p);
-        d.set_step(StepOf(s.chosen->plan(), p));
-        docs.push_back(d);
-      }
+      std::vector<v1::DocumentRef>& out = refined[p];
       lg::SampleCulprit sc;
       sc.set_position(p);
-      for (int64_t j : named) sc.add_slots(j);
+      std::set<int64_t> named_rows;
+      for (int64_t k : named) {
+        v1::DocumentRef d = docs[k];
+        d.set_data_position(p);
+        d.set_step(StepOf(s.chosen->plan(), p));
+        out.push_back(d);
+      }
+      for (size_t j = 0; j < rows.size(); ++j) {
+        for (int64_t k : row_docs[j]) {
+          if (named.count(k)) named_rows.insert(static_cast<int64_t>(j));
+        }
+      }
+      for (int64_t j : named_rows) sc.add_slots(j);
       sc.set_batch_samples(static_cast<int32_t>(rows.size()));
       sc.set_partial(partial);
       sc.set_none_reproduced(r.none_reproduced);
+      sc.set_documents(static_cast<int32_t>(docs.size()));
+      sc.set_named_documents(static_cast<int32_t>(named.size()));
       results.push_back(sc);
     }
     return CulpritsFound(s, b, refined, results);
@@ -1537,14 +1556,17 @@ struct IncidentEngine::State {
           suspects.empty() ? "" : absl::StrCat("; ", c->suspects_size(), " suspect document(s)"));
     }
     for (const lg::SampleCulprit& sc : samples) {
-      absl::StrAppend(&note, "; batch ", sc.position(), ": ",
-                      sc.none_reproduced()
-                          ? "no single sample reproduces the spike, the batch is named whole"
-                          : absl::StrCat("sample(s) ", absl::StrJoin(sc.slots(), ","), " of ",
-                                         sc.batch_samples(), " spike",
-                                         sc.partial() ? " (sample probes ran out: the samples "
-                                                        "not cleared are kept)"
-                                                      : ""));
+      absl::StrAppend(
+          &note, "; batch ", sc.position(), ": ",
+          sc.none_reproduced()
+              ? absl::StrCat("no document of its ", sc.documents(),
+                             " reproduces the spike in its own samples: all are named")
+              : absl::StrCat(sc.named_documents(), " of its ", sc.documents(),
+                             " documents spike in their own samples (",
+                             absl::StrJoin(sc.slots(), ","), " of ", sc.batch_samples(), ")",
+                             sc.partial() ? "; the document probes ran out: the documents not "
+                                            "cleared are kept"
+                                          : ""));
     }
     p.set_note(note);
     p.set_detail(note);

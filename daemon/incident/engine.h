@@ -64,12 +64,13 @@
 //   documents of the window. After bisect or transplant the run has moved:
 //   the fix is then a rewind with the skip plan, verified to onset +
 //   verify_steps, then continued.
-// - Sample bisect (probe.bisect_documents): each culprit batch is fed alone
-//   with some of its samples masked out (DataPlan masks), the same group
-//   testing over its sample slots, at most probe.max_document_probes probes
-//   per batch. A document is named when most of its tokens in the batch lie
-//   in the samples that spike (the rest are cleared, listed as suspects);
-//   the hole stays at the whole batch.
+// - Document bisect (probe.bisect_documents): each culprit batch is fed
+//   alone, with only the samples made entirely of the documents under test
+//   (DataPlan sample masks); the same group testing over its documents, at
+//   most probe.max_document_probes probes per batch. A document is named
+//   after it spiked in its own samples; when none does alone, or the probes
+//   run out, the documents not cleared by a clean probe stay named. The hole
+//   stays at the whole batch.
 // - Bisect: each probe skips the first half (rounded up) of the candidate
 //   positions; a clean probe keeps that half, a spiked one the other, so the
 //   culprit position is named after at most ⌈log2 W⌉ probes (confidence
@@ -222,7 +223,7 @@ class RunView {
   virtual uint32_t WorldSize(const std::string& run) = 0;
   virtual spikeguard::v1::Policy PolicyFor(const std::string& run) = 0;
   // The samples of batch `position` as `generation` reads it, by slot
-  // (sample bisect); empty when unknown (no manifest).
+  // (document bisect); empty when unknown (no manifest).
   virtual absl::StatusOr<std::vector<SampleContent>> Samples(const std::string& run,
                                                              int64_t generation,
                                                              int64_t position) {

@@ -1,11 +1,15 @@
 #include "daemon/launch/local_launcher.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
+#include <map>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -18,6 +22,29 @@
 namespace spikeguard::daemon {
 
 namespace v1 = spikeguard::v1;
+
+namespace {
+
+// A TCP port on 127.0.0.1 nobody listens on now (the kernel's choice).
+absl::StatusOr<int> FreeLoopbackPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::UnavailableError("socket() failed");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  int port = -1;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  if (port <= 0) return absl::UnavailableError("no free TCP port on 127.0.0.1");
+  return port;
+}
+
+}  // namespace
 
 LocalLauncher::LocalLauncher(Options options, storage::Catalog* catalog, RunRegistry* registry,
                              Clock* clock)
@@ -70,6 +97,7 @@ absl::Status LocalLauncher::Launch(const std::string& run) {
   r.spec = row.spec();
   r.world_size = std::max<uint32_t>(1, row.world_size());
   r.ranks.resize(r.world_size);
+  SG_ASSIGN_OR_RETURN(r.master_port, FreeLoopbackPort());
   for (uint32_t rank = 0; rank < r.world_size; ++rank) {
     SG_RETURN_IF_ERROR(StartRank(run, r, rank, /*restart=*/false));
   }
@@ -114,7 +142,8 @@ absl::Status LocalLauncher::StartRank(const std::string& run, Run& r, uint32_t r
                             {"addr", options_.daemon_address},
                             {"generation", absl::StrCat(generation)},
                             {"resume", resume},
-                            {"plan", plan_text}});
+                            {"plan", plan_text},
+                            {"master_port", absl::StrCat(r.master_port)}});
   const std::string log_dir = (std::filesystem::path(options_.data_dir) / "runs" / run).string();
   std::error_code ec;
   std::filesystem::create_directories(log_dir, ec);
@@ -126,7 +155,26 @@ absl::Status LocalLauncher::StartRank(const std::string& run, Run& r, uint32_t r
   for (auto& a : storage) args.push_back(a.data());
   args.push_back(nullptr);
   std::vector<std::string> env_storage;
-  for (char** e = environ; *e != nullptr; ++e) env_storage.emplace_back(*e);
+  const std::map<std::string, std::string> ours = {
+      {"RANK", absl::StrCat(rank)},
+      {"WORLD_SIZE", absl::StrCat(r.world_size)},
+      {"LOCAL_RANK", absl::StrCat(rank)},
+      {"LOCAL_WORLD_SIZE", absl::StrCat(r.world_size)},
+      {"MASTER_ADDR", "127.0.0.1"},
+      {"MASTER_PORT", absl::StrCat(r.master_port)},
+      {"SPIKEGUARD_ADDR", options_.daemon_address},
+      {"SPIKEGUARD_RUN", run},
+      {"SPIKEGUARD_GENERATION", absl::StrCat(generation)}};
+  for (char** e = environ; *e != nullptr; ++e) {
+    const absl::string_view entry(*e);
+    const absl::string_view key = entry.substr(0, entry.find('='));
+    if (ours.count(std::string(key)) == 0 && r.spec.env().count(std::string(key)) == 0) {
+      env_storage.emplace_back(entry);
+    }
+  }
+  for (const auto& [k, v] : ours) {
+    if (r.spec.env().count(k) == 0) env_storage.push_back(k + "=" + v);
+  }
   for (const auto& [k, v] : r.spec.env()) env_storage.push_back(k + "=" + v);
   std::vector<char*> envp;
   for (auto& e : env_storage) envp.push_back(e.data());
@@ -221,6 +269,10 @@ void LocalLauncher::MonitorLoop() {
             (void)catalog_->SetRunState(name, "failed");
             break;
           }
+          if (r.spec.restart_all_ranks() && r.world_size > 1) {
+            RestartAll(name, r, rank);
+            break;  // every rank was just started again
+          }
           if (auto s = StartRank(name, r, rank, /*restart=*/true); !s.ok()) {
             SG_LOG(ERROR) << "run " << name << ": restart of rank " << rank << " failed: " << s;
           }
@@ -231,6 +283,42 @@ void LocalLauncher::MonitorLoop() {
         (void)catalog_->SetRunState(name, "finished");
         SG_LOG(INFO) << "run " << name << " finished";
       }
+    }
+  }
+}
+
+void LocalLauncher::RestartAll(const std::string& run, Run& r, uint32_t dead_rank) {
+  SG_LOG(WARNING) << "run " << run << ": rank " << dead_rank
+                  << " died; stopping the other ranks to restart all of them together";
+  std::vector<pid_t> pids;
+  for (Rank& rk : r.ranks) {
+    if (rk.pid > 0) pids.push_back(rk.pid);
+  }
+  for (pid_t p : pids) kill(p, SIGTERM);
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  for (pid_t p : pids) {
+    int status = 0;
+    while (waitpid(p, &status, WNOHANG) == 0) {
+      if (absl::Now() > deadline) {
+        kill(p, SIGKILL);
+        waitpid(p, &status, 0);
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  }
+  auto port = FreeLoopbackPort();
+  if (!port.ok()) {
+    SG_LOG(ERROR) << "run " << run << ": no free port to restart the ranks: " << port.status();
+    return;
+  }
+  r.master_port = *port;
+  for (uint32_t rank = 0; rank < r.ranks.size(); ++rank) {
+    Rank& rk = r.ranks[rank];
+    rk.pid = -1;
+    rk.done = false;
+    if (auto s = StartRank(run, r, rank, /*restart=*/rank == dead_rank); !s.ok()) {
+      SG_LOG(ERROR) << "run " << run << ": restart of rank " << rank << " failed: " << s;
     }
   }
 }

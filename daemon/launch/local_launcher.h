@@ -10,11 +10,21 @@
 //             that becomes empty is dropped, together with a preceding
 //             "--resume"-style flag when written as two arguments)
 //   {plan}    the current generation's data plan ("0-600,610-")
+//   {master_port}  the rendezvous port of this start of the ranks
+// Every rank also gets torch.distributed's environment: RANK, WORLD_SIZE,
+// LOCAL_RANK, LOCAL_WORLD_SIZE (one machine: the rank and the world size),
+// MASTER_ADDR=127.0.0.1 and MASTER_PORT (a free port, new at each start of
+// the ranks, so a restarted group never meets the old one), plus
+// SPIKEGUARD_ADDR, SPIKEGUARD_RUN and SPIKEGUARD_GENERATION. The spec's env
+// is applied last and wins.
 // A rank's output goes to DATA_DIR/runs/RUN/rank-R.log.
 //
 // A rank that exits 0 is done; when every rank of a run is done the run is
 // "finished". Exit code 3 (rejected by the daemon) is final: the run is
-// "failed". Other exits are crashes, restarted up to max_restarts times.
+// "failed". Other exits are crashes, restarted up to max_restarts times:
+// the dead rank alone, or, with RunSpec.restart_all_ranks, every rank (the
+// others are stopped first), all from the newest complete checkpoint of the
+// generation.
 #pragma once
 
 #include <sys/types.h>
@@ -65,6 +75,7 @@ class LocalLauncher {
   struct Run {
     spikeguard::v1::RunSpec spec;
     uint32_t world_size = 1;
+    int master_port = 0;
     std::vector<Rank> ranks;
     bool finished = false;
   };
@@ -72,6 +83,9 @@ class LocalLauncher {
   absl::Status StartRank(const std::string& run, Run& r, uint32_t rank, bool restart)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MonitorLoop();
+  // Stops every other live rank of `r`, then starts all of them again.
+  void RestartAll(const std::string& run, Run& r, uint32_t dead_rank)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
   storage::Catalog* const catalog_;

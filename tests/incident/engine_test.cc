@@ -602,10 +602,9 @@ TEST_F(IncidentEngineTest, SampleBisectNamesOnlyTheDocumentOfTheSpikingSample) {
   EXPECT_EQ(inc.verdict(), v1::DATA);
   EXPECT_EQ(inc.state(), v1::CLOSED);
   EXPECT_THAT(inc.culprit_positions(), ElementsAre(1003));
-  // Group testing over 8 samples: a descent to the sample, its confirmation
-  // and the batch without it; never more than the per-batch cap.
-  EXPECT_GE(CountKind(inc, "bisect_samples"), 3);
-  EXPECT_LE(CountKind(inc, "bisect_samples"), 6);
+  // Group testing over the batch's two documents: 10030 in its own samples
+  // 0-2 (clean), then 10031 in 4-7 (spiked).
+  EXPECT_EQ(CountKind(inc, "bisect_samples"), 2);
   ASSERT_EQ(inc.documents_size(), 1);
   EXPECT_EQ(inc.documents(0).document_id(), 10031);
   EXPECT_EQ(inc.documents(0).data_position(), 1003);
@@ -615,13 +614,18 @@ TEST_F(IncidentEngineTest, SampleBisectNamesOnlyTheDocumentOfTheSpikingSample) {
   EXPECT_TRUE(cleared_listed);
   ASSERT_EQ(store.quarantine.size(), 1u);
   EXPECT_EQ(store.quarantine[0].document_id(), 10031);
-  EXPECT_THAT(inc.note(), HasSubstr("batch 1003: sample(s) 6 of 8 spike"));
-  // Every sample probe fed batch 1003 alone with a mask there.
+  EXPECT_THAT(inc.note(),
+              HasSubstr("batch 1003: 1 of its 2 documents spike in their own samples (3,4,5,6,7 of 8)"));
+  // Every document probe fed batch 1003 alone with a mask there: first
+  // without 10031's samples (3-7), then without 10030's (0-3).
+  std::vector<std::vector<int32_t>> masks;
   for (const auto& p : inc.probes()) {
     if (p.kind() != "bisect_samples") continue;
     ASSERT_EQ(p.data_plan().masks_size(), 1);
     EXPECT_EQ(p.data_plan().masks(0).position(), 1003);
+    masks.emplace_back(p.data_plan().masks(0).slots().begin(), p.data_plan().masks(0).slots().end());
   }
+  EXPECT_THAT(masks, ElementsAre(ElementsAre(3, 4, 5, 6, 7), ElementsAre(0, 1, 2, 3)));
   // The fix still holes the whole batch.
   const auto& fix = inc.probes(inc.probes_size() - 1);
   EXPECT_EQ(fix.kind(), "fix");
@@ -632,8 +636,8 @@ TEST_F(IncidentEngineTest, SampleBisectNamesOnlyTheDocumentOfTheSpikingSample) {
 TEST_F(IncidentEngineTest, ASpikingSampleSharedByTwoDocumentsNamesBoth) {
   view.policy.mutable_probe()->set_bisect(true);
   view.policy.mutable_probe()->set_bisect_documents(true);
-  // Sample 3 holds the end of 10030 and the start of 10031: neither has most
-  // of its tokens there, but the sample triggers, so both are named.
+  // Sample 3 holds the end of 10030 and the start of 10031: neither spikes
+  // in its own samples, so no document is cleared and both are named.
   Start({.poison = {1000}, .poison_slots = {{1000, {3}}}});
   RunProtocol();
   const v1::Incident inc = Only();
@@ -641,7 +645,7 @@ TEST_F(IncidentEngineTest, ASpikingSampleSharedByTwoDocumentsNamesBoth) {
   std::set<int64_t> ids;
   for (const auto& d : inc.documents()) ids.insert(d.document_id());
   EXPECT_THAT(ids, ElementsAre(10000, 10001));
-  EXPECT_THAT(inc.note(), HasSubstr("batch 1000: sample(s) 3 of 8 spike"));
+  EXPECT_THAT(inc.note(), HasSubstr("batch 1000: no document of its 2 reproduces the spike"));
 }
 
 TEST_F(IncidentEngineTest, SampleProbesRunningOutKeepTheSamplesNotCleared) {
@@ -653,10 +657,11 @@ TEST_F(IncidentEngineTest, SampleProbesRunningOutKeepTheSamplesNotCleared) {
   const v1::Incident inc = Only();
   EXPECT_EQ(inc.verdict(), v1::DATA);
   EXPECT_EQ(CountKind(inc, "bisect_samples"), 1);
-  // The first probe fed samples 0-3 (clean): they are cleared; 4-7 stay.
+  // The one probe fed 10000's own samples (clean): it is cleared, 10001
+  // stays named.
   ASSERT_EQ(inc.documents_size(), 1);
   EXPECT_EQ(inc.documents(0).document_id(), 10001);
-  EXPECT_THAT(inc.note(), HasSubstr("sample probes ran out"));
+  EXPECT_THAT(inc.note(), HasSubstr("the document probes ran out"));
 }
 
 TEST_F(IncidentEngineTest, SampleBisectIsOffByDefault) {
