@@ -181,3 +181,17 @@ def test_two_ranks_under_spikeguardd_rewind_with_horizon_replays_bit_exact(corpu
             if p.poll() is None:
                 p.kill()
             log.close()
+
+
+def test_resume_newest_continues_after_the_newest_checkpoint(corpus, tmp_path):
+    ck = str(tmp_path / "ck")
+    common = ["--corpus", corpus, "--checkpoint-dir", ck, "--checkpoint-every", "3",
+              "--batch-size", "8", "--lr", "3e-3", "--warmup", "2"]
+    full = run_ranks(1, str(tmp_path), "full", common + ["--steps", "8"])
+    os.unlink(os.path.join(ck, "step-000000006.pt"))  # newest left: step 3
+    # A hidden temporary of an interrupted save is cleaned, not loaded.
+    open(os.path.join(ck, ".step-000000007.pt.tmp-1-ab"), "w").close()
+    resumed = run_ranks(1, str(tmp_path), "resumed", common + ["--steps", "8", "--resume", "newest"])
+    assert [int(d["step"]) for d in resumed[0]] == [3, 4, 5, 6, 7]
+    assert [d["loss_hash"] for d in resumed[0]] == [d["loss_hash"] for d in full[0][3:]]
+    assert not any(n.startswith(".") for n in os.listdir(ck))
