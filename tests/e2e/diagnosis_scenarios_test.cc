@@ -294,5 +294,73 @@ TEST_F(DiagnosisScenario, DocumentsAreNamedFromTheWorkersDataOrder) {
   EXPECT_GT(spanning, 0) << "no document spans two batches in 40 steps";
 }
 
+// Document-level bisection (issue 8, "Also"): a near-copy of a junk poison
+// fills only the code samples of an otherwise ordinary batch. Batch bisect
+// names the batch; document bisect feeds parts of it (sample masks) and
+// names the junk document alone, the rest of the batch being cleared.
+TEST_F(DiagnosisScenario, DocumentBisectNamesTheJunkDocumentInsideItsBatch) {
+  // The poison itself lies past the run's last position; its one echo (code)
+  // starts a batch in [400, 600) of its own.
+  MakeCorpus({"junk@599"}, /*seed=*/11, {"--positions", "600", "--poison-echoes", "1"});
+  const std::vector<std::string> echo = EchoesOf(599);
+  ASSERT_EQ(echo.size(), 1u) << synth_out_;
+  const std::string policy = R"pb(
+    probe {
+      min_steps_before_onset: 50
+      max_steps_before_onset: 500
+      replay_steps_past_onset: 5
+      skip_before: 2
+      skip_after: 2
+      skip_horizon: 100
+      bisect_documents: true
+      max_document_probes: 6
+    }
+    budget { max_probes: 24 }
+    fix { verify_steps: 100 }
+  )pb";
+  Launch("docs", "data", {"--steps", "598"}, policy);
+  const auto list = Settle("docs", absl::Minutes(6));
+  ASSERT_EQ(list.incidents_size(), 1) << list.ShortDebugString();
+  const v1::Incident i = Show(list.incidents(0).id());
+  EXPECT_EQ(i.verdict(), v1::DATA) << i.ShortDebugString();
+  ASSERT_EQ(i.culprit_positions_size(), 1);
+  int document_probes = 0;
+  for (const auto& p : i.probes()) {
+    if (p.kind() != "bisect_samples") continue;
+    ++document_probes;
+    ASSERT_EQ(p.data_plan().masks_size(), 1) << p.ShortDebugString();
+    EXPECT_EQ(p.data_plan().masks(0).position(), i.culprit_positions(0));
+  }
+  EXPECT_GE(document_probes, 2);
+  // Exactly the junk document; the batch's other documents are suspects.
+  EXPECT_THAT(Named(i), UnorderedElementsAreArray(echo));
+  EXPECT_THAT(Quarantined("docs"), UnorderedElementsAreArray(echo));
+  // The culprit batch's other documents (under the corpus's own order) were
+  // cleared: each is listed as a suspect.
+  auto corpus = storage::Corpus::Open(dir_.File("corpus"));
+  ASSERT_TRUE(corpus.ok()) << corpus.status();
+  auto meta = storage::ReadCorpusMetadata(dir_.File("corpus"));
+  ASSERT_TRUE(meta.ok()) << meta.status();
+  storage::Manifest m = meta->default_manifest;
+  m.dataset_fingerprint = (*corpus)->fingerprint();
+  auto order = storage::DataOrder::Create(**corpus, m);
+  ASSERT_TRUE(order.ok()) << order.status();
+  auto batch = (*order)->DocumentsAt(i.culprit_positions(0));
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  std::vector<std::string> suspects;
+  for (const auto& d : i.suspects()) suspects.push_back(absl::StrCat(d.domain(), ":", d.document_id()));
+  int cleared = 0;
+  for (const auto& d : *batch) {
+    const std::string name = absl::StrCat(d.domain, ":", d.document);
+    if (name == echo[0]) continue;
+    ++cleared;
+    EXPECT_THAT(suspects, ::testing::Contains(name));
+  }
+  EXPECT_GE(cleared, 2);
+  EXPECT_THAT(i.note(), HasSubstr("1 of its"));
+  ExpectNoTimeout(i);
+  Figures("document bisect inside the culprit batch", i);
+}
+
 }  // namespace
 }  // namespace spikeguard::testing
