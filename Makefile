@@ -1,11 +1,12 @@
 # spikeguard: two commands.
 #   make demo   the daemon supervising a demo run (installs, builds, runs)
 #   make test   the test suite (installs, builds, runs ctest)
+#   make demo-torch  the demo's incident with the PyTorch trainer (2 DDP ranks)
 BUILD ?= build
 GENERATOR ?= Ninja
 CTEST_ARGS ?=
 
-.PHONY: all deps configure build test demo bench clean
+.PHONY: all deps configure build test demo demo-torch bench clean
 
 all: build
 
@@ -25,6 +26,10 @@ test: build
 
 demo: build
 	./deploy/demo.sh $(BUILD)
+
+# The same incident with the PyTorch trainer: two torch.distributed ranks.
+demo-torch: build
+	./deploy/demo.sh $(BUILD) torch
 
 # Every benchmark, with a markdown summary in $(BUILD)/bench-results/SUMMARY.md.
 bench: build

@@ -5,9 +5,13 @@
 # to an earlier checkpoint, replays, skips the batches around the spike,
 # concludes DATA, keeps the hole, quarantines the culprit documents, verifies
 # the fix and closes the incident.
-# Usage: deploy/demo.sh [BUILD_DIR]
+# With "torch", the same incident with the PyTorch trainer
+# (worker/examples/torch_gpt): two torch.distributed ranks (gloo, CPU) that
+# report through the Python client, poisoned batch at data position 160.
+# Usage: deploy/demo.sh [BUILD_DIR] [cpp|torch]
 set -euo pipefail
 BUILD="${1:-build}"
+TRAINER="${2:-cpp}"
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
 BUILD="$(cd "$BUILD" && pwd)"
@@ -24,9 +28,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
-echo "== 1. a synthetic corpus with bytes the model never saw at data position 300"
-"$WORKER" corpus synth --out "$DEMO/corpus" --seed 7 --poison highbytes@300 --poison-echoes 2 \
-  | tee "$DEMO/synth.txt"
+if [ "$TRAINER" = torch ]; then POISON_AT=160; SEED=23; else POISON_AT=300; SEED=7; fi
+echo "== 1. a synthetic corpus with bytes the model never saw at data position $POISON_AT"
+"$WORKER" corpus synth --out "$DEMO/corpus" --seed "$SEED" --poison "highbytes@$POISON_AT" \
+  --poison-echoes 2 | tee "$DEMO/synth.txt"
 
 echo "== 2. spikeguardd on the embedded SQLite catalog ($DATA/catalog.db)"
 "$BUILD/daemon/spikeguardd" --listen=127.0.0.1:0 --data-dir="$DATA" --port-file="$PORT_FILE" \
@@ -45,6 +50,38 @@ fix { verify_steps: 100 }
 PB
 "${SPIKECTL[@]}" policy set --file "$DEMO/policy.textproto" >/dev/null
 
+if [ "$TRAINER" = torch ]; then
+echo "== 4. spikectl runs create demo --world-size=2 --mode=auto --spec=... (the daemon launches"
+echo "      two ranks of worker/examples/torch_gpt/train.py with torch.distributed's environment)"
+cat > "$DEMO/spec.textproto" <<PB
+command: "/usr/bin/python3"
+command: "$ROOT/worker/examples/torch_gpt/train.py"
+command: "--corpus"
+command: "$DEMO/corpus"
+command: "--checkpoint-dir"
+command: "$DEMO/ckpt"
+command: "--steps"
+command: "300"
+command: "--checkpoint-every"
+command: "50"
+command: "--addr"
+command: "{addr}"
+command: "--run"
+command: "{run}"
+command: "--generation"
+command: "{generation}"
+command: "--resume"
+command: "{resume}"
+command: "--plan"
+command: "{plan}"
+command: "--linger-s"
+command: "120"
+env { key: "PYTHONPATH" value: "$BUILD/python" }
+restart_all_ranks: true
+manifest { corpus_dir: "$DEMO/corpus" }
+PB
+"${SPIKECTL[@]}" runs create demo --world-size=2 --mode=auto --spec="$DEMO/spec.textproto"
+else
 echo "== 4. spikectl runs create demo --mode=auto --spec=... (the daemon launches the worker)"
 cat > "$DEMO/spec.textproto" <<PB
 command: "$WORKER"
@@ -76,6 +113,7 @@ command: "120"
 manifest { corpus_dir: "$DEMO/corpus" }
 PB
 "${SPIKECTL[@]}" runs create demo --world-size=1 --mode=auto --spec="$DEMO/spec.textproto"
+fi
 
 echo "== 5. the incident as it progresses (spikectl incidents watch --run demo)"
 "${SPIKECTL[@]}" incidents watch --run demo &
@@ -122,5 +160,5 @@ echo
 echo "While a daemon runs, query it with spikectl, e.g.:"
 echo "  $BUILD/cli/spikectl --addr=$ADDR incidents list"
 echo "  $BUILD/cli/spikectl --addr=$ADDR --output=json incidents show $ID"
-echo "  $BUILD/cli/spikectl --addr=$ADDR telemetry --run demo --gen 0 --from 295 --to 305"
+echo "  $BUILD/cli/spikectl --addr=$ADDR telemetry --run demo --gen 0 --from $((POISON_AT - 5)) --to $((POISON_AT + 5))"
 echo "(this demo's daemon stops now; its catalog stays in $DATA/catalog.db)"

@@ -105,7 +105,8 @@ absl::Status LocalLauncher::Launch(const std::string& run) {
   return absl::OkStatus();
 }
 
-absl::Status LocalLauncher::StartRank(const std::string& run, Run& r, uint32_t rank, bool restart) {
+absl::Status LocalLauncher::StartRank(const std::string& run, Run& r, uint32_t rank, bool restart,
+                                      bool count_restart) {
   SG_ASSIGN_OR_RETURN(v1::Run row, catalog_->GetRun(run));
   const int64_t generation = row.current_generation();
   std::string resume, plan_text = "0-";
@@ -199,7 +200,7 @@ absl::Status LocalLauncher::StartRank(const std::string& run, Run& r, uint32_t r
   rk.pid = pid;
   rk.done = false;
   rk.started = clock_->Now();
-  if (restart) ++rk.restarts;
+  if (restart && count_restart) ++rk.restarts;
   SG_LOG(INFO) << "run " << run << ": rank " << rank << (restart ? " restarted" : " started")
                << " (pid " << pid << ", generation " << generation
                << (resume.empty() ? "" : ", from " + resume) << "), log " << log_path;
@@ -317,7 +318,10 @@ void LocalLauncher::RestartAll(const std::string& run, Run& r, uint32_t dead_ran
     Rank& rk = r.ranks[rank];
     rk.pid = -1;
     rk.done = false;
-    if (auto s = StartRank(run, r, rank, /*restart=*/rank == dead_rank); !s.ok()) {
+    // Every rank resumes from the same checkpoint; only the dead one spends
+    // a restart.
+    if (auto s = StartRank(run, r, rank, /*restart=*/true, /*count_restart=*/rank == dead_rank);
+        !s.ok()) {
       SG_LOG(ERROR) << "run " << run << ": restart of rank " << rank << " failed: " << s;
     }
   }

@@ -80,7 +80,10 @@ class LocalLauncher {
     bool finished = false;
   };
 
-  absl::Status StartRank(const std::string& run, Run& r, uint32_t rank, bool restart)
+  // `restart`: resume from the newest complete checkpoint of the generation
+  // (and, with `count_restart`, spend one of the rank's restarts).
+  absl::Status StartRank(const std::string& run, Run& r, uint32_t rank, bool restart,
+                         bool count_restart = true)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MonitorLoop();
   // Stops every other live rank of `r`, then starts all of them again.

@@ -1,0 +1,198 @@
+"""The PyTorch trainer taken end to end to a verdict: a real spikeguardd on
+its SQLite catalog launches two torch.distributed (gloo) ranks of
+worker/examples/torch_gpt/train.py from a run spec, they report through
+spikeguard.Client, and the incident engine rewinds them in place (rank 0's
+commands broadcast to both), classifies and fixes.
+
+    DATA       a batch of bytes the model never saw -> the culprit batch found
+               by bisection, exactly its documents named and quarantined
+    FRAGILITY  a high lr with no QK-norm -> lr fix verified, the run finishes
+    kill -9    one rank killed mid-run -> both restarted from the newest
+               checkpoint of the generation, no step stored twice
+    clean      no incident
+
+Each test prints a `[figures]` line (probes, steps re-executed, seconds to
+verdict) for the closing note.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+
+from conftest import PYTHON, PYTHON_DIR, REPO, SPIKEGUARD_WORKER, wait_until
+
+TRAIN = REPO / "worker" / "examples" / "torch_gpt" / "train.py"
+
+# The probe policy of the C++ end-to-end tests (tests/e2e/probe_policy.h).
+POLICY = """
+probe {
+  min_steps_before_onset: 50
+  max_steps_before_onset: 500
+  replay_steps_past_onset: 5
+  skip_before: 2
+  skip_after: 2
+  skip_horizon: 100
+}
+fix { verify_steps: 100 }
+"""
+
+
+def synth(directory: Path, seed: int, poisons: List[str]) -> Dict[int, List[str]]:
+    """Synthesizes a corpus; returns position -> the poison's documents."""
+    argv = [str(SPIKEGUARD_WORKER), "corpus", "synth", "--out", str(directory), "--seed", str(seed)]
+    for p in poisons:
+        argv += ["--poison", p]
+    out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+    placed: Dict[int, List[str]] = {}
+    for line in out.splitlines():
+        if line.startswith("poison "):
+            head, docs = line.split(":", 1)
+            placed[int(head.split()[-1])] = docs.split()
+    return placed
+
+
+def launch(daemon, tmp: Path, run: str, corpus: Path, args: List[str], policy: str = POLICY,
+           world_size: int = 2) -> None:
+    """Sets the policy and creates the run: the daemon launches the ranks."""
+    (tmp / "policy.textproto").write_text(policy)
+    daemon.spikectl("policy", "set", "--file", str(tmp / "policy.textproto"), check=True)
+    command = [PYTHON, str(TRAIN), "--corpus", str(corpus), "--checkpoint-dir", str(tmp / "ckpt"),
+               "--addr", "{addr}", "--run", "{run}", "--generation", "{generation}",
+               "--resume", "{resume}", "--plan", "{plan}", "--threads", "1"] + args
+    spec = "".join(f"command: {json.dumps(c)}\n" for c in command)
+    spec += f'env {{ key: "PYTHONPATH" value: {json.dumps(str(PYTHON_DIR))} }}\n'
+    spec += "restart_all_ranks: true\n"
+    spec += f"manifest {{ corpus_dir: {json.dumps(str(corpus))} }}\n"
+    (tmp / "spec.textproto").write_text(spec)
+    daemon.create_run(run, world_size=world_size, mode="auto", spec=tmp / "spec.textproto")
+
+
+def rank_log(daemon, run: str, rank: int) -> str:
+    path = daemon.data_dir / "runs" / run / f"rank-{rank}.log"
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def incidents(daemon, run: str) -> List[Dict]:
+    return daemon.spikectl_json("incidents", "list", "--run", run).get("incidents", [])
+
+
+def settle(daemon, run: str, timeout: float) -> List[Dict]:
+    """Waits until the run has incidents and all are closed (then 3 s more,
+    so that an incident a probe would wrongly open shows up)."""
+    def closed():
+        got = incidents(daemon, run)
+        return got if got and all(i.get("state") in ("CLOSED", "ABORTED") for i in got) else None
+    try:
+        wait_until(closed, timeout=timeout, interval=1.0, what=f"closed incidents of {run}")
+    except AssertionError:
+        raise AssertionError(f"incidents: {incidents(daemon, run)}\nrank 0 log tail:\n"
+                             f"{rank_log(daemon, run, 0)[-3000:]}\ndaemon log tail:\n"
+                             f"{daemon.log()[-3000:]}")
+    time.sleep(3)
+    return incidents(daemon, run)
+
+
+def show(daemon, incident_id) -> Dict:
+    return daemon.spikectl_json("incidents", "show", str(incident_id))
+
+
+def figures(name: str, inc: Dict) -> None:
+    verdict_ms = next((int(e["unix_ms"]) for e in inc.get("events", []) if e.get("kind") == "verdict"), 0)
+    opened = int(inc.get("opened_unix_ms", 0))
+    cost = inc.get("cost", {})
+    print(f"[figures] torch {name}: verdict {inc.get('verdict')}, probes {cost.get('probes', 0)}, "
+          f"steps re-executed {cost.get('steps_reexecuted', 0)}, seconds to verdict "
+          f"{(verdict_ms - opened) / 1000.0 if verdict_ms else -1:.1f}, seconds to close "
+          f"{cost.get('wall_time_s', 0)}")
+
+
+def named(inc: Dict) -> List[str]:
+    return sorted({f"{d['domain']}:{d['document_id']}" for d in inc.get("documents", [])})
+
+
+def run_state(daemon, run: str) -> str:
+    return daemon.spikectl_json("runs", "show", run).get("state", "")
+
+
+def test_data_poison_is_data_with_its_documents(daemon, tmp_path):
+    placed = synth(tmp_path / "corpus", 23, ["highbytes@160"])
+    launch(daemon, tmp_path, "tdata", tmp_path / "corpus",
+           ["--steps", "300", "--checkpoint-every", "50", "--linger-s", "120"])
+    got = settle(daemon, "tdata", timeout=600)
+    assert len(got) == 1, got
+    inc = show(daemon, got[0]["id"])
+    figures("data", inc)
+    assert inc["verdict"] == "DATA", inc.get("note")
+    assert [int(x) for x in inc.get("culprit_positions", [])] == [160]
+    assert named(inc) == sorted(placed[160])
+    quarantined = daemon.spikectl_json("quarantine", "list", "--run", "tdata").get("entries", [])
+    assert sorted(f"{e['domain']}:{e['document_id']}" for e in quarantined) == sorted(placed[160])
+    kinds = [p["kind"] for p in inc["probes"]]
+    assert kinds[:2] == ["replay", "skip"] and "bisect" in kinds, kinds
+    # Two ranks replayed the same batches bit-exactly: no non-determinism.
+    assert not any(e.get("kind") == "nondeterminism" for e in inc.get("events", [])), inc["note"]
+    # Both ranks acted on every command: each probe generation has two ranks.
+    for p in inc["probes"]:
+        records = daemon.telemetry("tdata", gen=int(p["generation"]), limit=5)
+        assert records and all(int(r.get("ranks_reported", 0)) == 2 for r in records), p
+
+
+def test_clean_run_has_no_incident(daemon, tmp_path):
+    synth(tmp_path / "corpus", 29, [])
+    launch(daemon, tmp_path, "tclean", tmp_path / "corpus",
+           ["--steps", "160", "--checkpoint-every", "50", "--linger-s", "1"])
+    wait_until(lambda: run_state(daemon, "tclean") == "finished", timeout=300, interval=1.0,
+               what="the clean run to finish")
+    assert incidents(daemon, "tclean") == []
+    records = daemon.telemetry("tclean", gen=0)
+    assert len(records) == 160
+    assert all(int(r.get("ranks_reported", 0)) == 2 for r in records)
+
+
+def pids_of_rank(run: str, rank: int) -> List[int]:
+    """Processes the launcher started for (run, rank), by their environment."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"SPIKEGUARD_RUN={run}".encode() in env and f"RANK={rank}".encode() in env:
+            out.append(int(entry.name))
+    return out
+
+
+def test_kill9_of_one_rank_restarts_both_from_the_newest_checkpoint(daemon, tmp_path):
+    synth(tmp_path / "corpus", 31, [])
+    launch(daemon, tmp_path, "tkill", tmp_path / "corpus",
+           ["--steps", "220", "--checkpoint-every", "50", "--linger-s", "1"])
+    # Past the checkpoint at step 100, short of the next.
+    wait_until(lambda: len(daemon.telemetry("tkill", gen=0)) >= 120, timeout=300, interval=0.5,
+               what="step 120")
+    victims = pids_of_rank("tkill", 1)
+    assert victims, "rank 1 not found"
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: run_state(daemon, "tkill") == "finished", timeout=400, interval=1.0,
+               what="the run to finish after the kill")
+    records = daemon.telemetry("tkill", gen=0)
+    steps = [int(r.get("step", 0)) for r in records]
+    assert steps == list(range(220)), "every step once"
+    assert all(int(r.get("ranks_reported", 0)) == 2 for r in records), \
+        [r for r in records if int(r.get("ranks_reported", 0)) != 2][:3]
+    # Both ranks were started again, from the newest checkpoint (step 100).
+    for rank in (0, 1):
+        log = rank_log(daemon, "tkill", rank)
+        assert "step-000000100" in log and "loaded checkpoint" in log, log[-2000:]
+    assert "restart all of them together" in daemon.log()
+    assert incidents(daemon, "tkill") == []
