@@ -196,3 +196,32 @@ def test_kill9_of_one_rank_restarts_both_from_the_newest_checkpoint(daemon, tmp_
         assert "step-000000100" in log and "loaded checkpoint" in log, log[-2000:]
     assert "restart all of them together" in daemon.log()
     assert incidents(daemon, "tkill") == []
+
+
+# Fragile settings (measured on this model, two ranks): no QK-norm, no
+# clipping, lr 2e-2 after a 50-step warmup, β2 0.999. Max attention logits
+# climb from ~0.3 to ~1e3 by step 100 (the precursor fires near step 90) and
+# the grad norm spikes ×20 near step 250. Checkpoints every 25 steps let the
+# engine rewind to one taken before the logits grew (50 steps before the
+# precursor onset), where a lower lr holds.
+FRAGILE = ["--lr", "2e-2", "--warmup", "50", "--beta2", "0.999", "--checkpoint-every", "25"]
+
+
+def test_fragile_model_is_fragility_and_the_lr_fix_holds(daemon, tmp_path):
+    synth(tmp_path / "corpus", 7, [])
+    launch(daemon, tmp_path, "tfrag", tmp_path / "corpus",
+           FRAGILE + ["--steps", "400", "--linger-s", "120"])
+    got = settle(daemon, "tfrag", timeout=900)
+    assert len(got) == 1, got
+    inc = show(daemon, got[0]["id"])
+    figures("fragility", inc)
+    assert inc["verdict"] == "FRAGILITY", inc.get("note")
+    assert inc.get("precursor") == "max_attn_logit", inc.get("precursor")
+    kinds = [f"{p['kind']}:{p.get('outcome')}" for p in inc["probes"]]
+    assert kinds[:2] == ["replay:spiked", "skip:spiked"], kinds
+    assert kinds[-1] == "fix:clean", kinds
+    assert "lr" in inc.get("fix", ""), inc.get("fix")
+    assert any("qk" in r.lower() for r in inc.get("recommendations", [])), inc.get("recommendations")
+    # The fix was continued: the run reaches the end of its schedule.
+    wait_until(lambda: run_state(daemon, "tfrag") == "finished", timeout=300, interval=1.0,
+               what="the fixed run to finish")
