@@ -177,7 +177,33 @@ absl::StatusOr<std::vector<v1::ResolvedStep>> CatalogRunView::Resolve(const std:
                                                                       int64_t generation,
                                                                       int64_t from, int64_t to) {
   storage::Manifest manifest;
-  SG_ASSIGN_OR_RETURN(const storage::Corpus* corpus, CorpusFor(run, &manifest));
+  absl::StatusOr<const storage::Corpus*> found = CorpusFor(run, &manifest);
+  if (absl::IsNotFound(found.status())) {
+    // No manifest: the documents the trainer reported with each step (a
+    // dataset not in spikeguard's format); NOT_FOUND when it reported none.
+    SG_ASSIGN_OR_RETURN(std::vector<v1::StepRecord> records,
+                        catalog_->QueryTelemetry(run, generation, std::max<int64_t>(0, from), to,
+                                                 storage::Catalog::kMaxQueryLimit));
+    std::vector<v1::ResolvedStep> out;
+    bool any = false;
+    for (const auto& r : records) {
+      v1::ResolvedStep& rs = out.emplace_back();
+      rs.set_step(r.step());
+      rs.set_data_position(r.data_position());
+      for (const auto& d : r.documents()) {
+        any = true;
+        auto* ref = rs.add_documents();
+        ref->set_domain(d.domain());
+        ref->set_document_id(d.id());
+        ref->set_data_position(r.data_position());
+        ref->set_step(r.step());
+      }
+    }
+    if (!any) return found.status();
+    return out;
+  }
+  if (!found.ok()) return found.status();
+  const storage::Corpus* corpus = *found;
   SG_ASSIGN_OR_RETURN(v1::DataPlan plan, Plan(run, generation));
   SG_ASSIGN_OR_RETURN(manifest.plan, ToStoragePlan(plan));
   SG_ASSIGN_OR_RETURN(std::unique_ptr<storage::DataOrder> order,

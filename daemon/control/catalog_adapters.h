@@ -55,7 +55,10 @@ class CatalogRunView final : public incident::RunView {
   absl::StatusOr<std::vector<spikeguard::v1::NearDuplicate>> NearDuplicates(
       const std::string& run, const std::vector<spikeguard::v1::DocumentRef>& documents) override;
 
-  // Steps [from, to] of a generation resolved to positions and documents.
+  // Steps [from, to] of a generation resolved to positions and documents:
+  // from the run's manifest, or, without one, from the documents the
+  // trainer reported with its steps (StepReport.documents); NOT_FOUND when
+  // neither is there.
   absl::StatusOr<std::vector<spikeguard::v1::ResolvedStep>> Resolve(const std::string& run,
                                                                     int64_t generation,
                                                                     int64_t from, int64_t to);

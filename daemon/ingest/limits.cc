@@ -176,6 +176,27 @@ absl::Status ValidateStepReport(const spikeguard::v1::StepReport& r, absl::strin
           absl::StrFormat("%s.domain_losses[%d].tokens: negative", field, i));
     }
   }
+  if (r.documents_size() > limits.max_documents_per_report) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s.documents: %d documents, more than the limit %d", field,
+                        r.documents_size(), limits.max_documents_per_report));
+  }
+  for (int i = 0; i < r.documents_size(); ++i) {
+    const auto& d = r.documents(i);
+    if (d.domain().empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s.documents[%d].domain: empty name", field, i));
+    }
+    if (auto s = ValidateText(absl::StrFormat("%s.documents[%d].domain", field, i), d.domain(),
+                              limits.max_name_length);
+        !s.ok()) {
+      return s;
+    }
+    if (d.id() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s.documents[%d].id: %d is negative", field, i, d.id()));
+    }
+  }
   return absl::OkStatus();
 }
 

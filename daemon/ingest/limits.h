@@ -19,6 +19,7 @@ struct Limits {
   int max_reports_per_batch = 4096;
   int max_layers_per_report = 1024;
   int max_domains_per_report = 256;
+  int max_documents_per_report = 4096;
   int max_name_length = 128;      // run names, domain names, hosts
   int max_string_length = 4096;   // URIs, checksums, messages
   uint32_t max_world_size = 1 << 20;

@@ -102,6 +102,21 @@ void MergeDomains(v1::StepRecord* record, const v1::StepReport& report) {
   }
 }
 
+void MergeDocuments(v1::StepRecord* record, const v1::StepReport& report) {
+  if (report.documents().empty()) return;
+  auto* docs = record->mutable_documents();
+  for (const v1::ReportedDocument& d : report.documents()) *docs->Add() = d;
+  auto key = [](const v1::ReportedDocument& d) { return std::make_pair(d.domain(), d.id()); };
+  std::sort(docs->begin(), docs->end(),
+            [&](const v1::ReportedDocument& a, const v1::ReportedDocument& b) { return key(a) < key(b); });
+  auto end = std::unique(docs->begin(), docs->end(),
+                         [&](const v1::ReportedDocument& a, const v1::ReportedDocument& b) {
+                           return key(a) == key(b);
+                         });
+  docs->DeleteSubrange(static_cast<int>(end - docs->begin()),
+                       static_cast<int>(docs->end() - end));
+}
+
 bool IsNonFinite(const v1::StepReport& report) {
   return report.nonfinite_count() > 0 || !std::isfinite(report.loss()) ||
          !std::isfinite(report.grad_norm());
@@ -144,6 +159,7 @@ void MergeReport(v1::StepRecord* record, uint32_t rank, const v1::StepReport& re
 
   MergeLayers(record, report);
   MergeDomains(record, report);
+  MergeDocuments(record, report);
   MergeExtreme(record->mutable_max_loss(), first, rank, report.loss());
   MergeExtreme(record->mutable_slowest_step(), first, rank, report.step_time_s());
   if (IsNonFinite(report) &&

@@ -96,6 +96,32 @@ TEST(LimitsTest, GenerationEndedAndCheckpointDeleted) {
               HasSubstr("checkpoint_deleted.step"));
 }
 
+TEST(LimitsTest, ReportedDocumentsAreBoundedAndNamed) {
+  Limits limits;
+  spikeguard::v1::StepReportBatch batch;
+  auto* r = batch.add_reports();
+  r->set_step(3);
+  auto* d = r->add_documents();
+  d->set_domain("web");
+  d->set_id(17);
+  EXPECT_TRUE(ValidateBatch(batch, limits).ok());
+  d->set_id(-1);
+  EXPECT_THAT(std::string(ValidateBatch(batch, limits).message()),
+              HasSubstr("documents[0].id: -1 is negative"));
+  d->set_id(1);
+  d->set_domain("");
+  EXPECT_THAT(std::string(ValidateBatch(batch, limits).message()),
+              HasSubstr("documents[0].domain: empty name"));
+  d->set_domain("web");
+  for (int i = 0; i < limits.max_documents_per_report; ++i) {
+    auto* more = r->add_documents();
+    more->set_domain("web");
+    more->set_id(i);
+  }
+  EXPECT_THAT(std::string(ValidateBatch(batch, limits).message()),
+              HasSubstr("documents: 4097 documents, more than the limit 4096"));
+}
+
 TEST(LimitsTest, CheckpointNotices) {
   Limits limits;
   spikeguard::v1::CheckpointSaved c;

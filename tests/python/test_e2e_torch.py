@@ -60,7 +60,7 @@ def synth(directory: Path, seed: int, poisons: List[str]) -> Dict[int, List[str]
 
 
 def launch(daemon, tmp: Path, run: str, corpus: Path, args: List[str], policy: str = POLICY,
-           world_size: int = 2) -> None:
+           world_size: int = 2, manifest: bool = True) -> None:
     """Sets the policy and creates the run: the daemon launches the ranks."""
     (tmp / "policy.textproto").write_text(policy)
     daemon.spikectl("policy", "set", "--file", str(tmp / "policy.textproto"), check=True)
@@ -70,7 +70,8 @@ def launch(daemon, tmp: Path, run: str, corpus: Path, args: List[str], policy: s
     spec = "".join(f"command: {json.dumps(c)}\n" for c in command)
     spec += f'env {{ key: "PYTHONPATH" value: {json.dumps(str(PYTHON_DIR))} }}\n'
     spec += "restart_all_ranks: true\n"
-    spec += f"manifest {{ corpus_dir: {json.dumps(str(corpus))} }}\n"
+    if manifest:
+        spec += f"manifest {{ corpus_dir: {json.dumps(str(corpus))} }}\n"
     (tmp / "spec.textproto").write_text(spec)
     daemon.create_run(run, world_size=world_size, mode="auto", spec=tmp / "spec.textproto")
 
@@ -143,6 +144,26 @@ def test_data_poison_is_data_with_its_documents(daemon, tmp_path):
     for p in inc["probes"]:
         records = daemon.telemetry("tdata", gen=int(p["generation"]), limit=5)
         assert records and all(int(r.get("ranks_reported", 0)) == 2 for r in records), p
+
+
+def test_documents_reported_by_the_trainer_are_named_without_a_manifest(daemon, tmp_path):
+    """A user's own dataset: the run has no manifest, the trainer reports
+    each step's documents, and the daemon names the culprit's from those."""
+    placed = synth(tmp_path / "corpus", 37, ["highbytes@130"])
+    launch(daemon, tmp_path, "tdocs", tmp_path / "corpus",
+           ["--steps", "240", "--checkpoint-every", "50", "--linger-s", "60",
+            "--report-documents"], manifest=False)
+    got = settle(daemon, "tdocs", timeout=600)
+    assert len(got) == 1, got
+    inc = show(daemon, got[0]["id"])
+    figures("data, documents reported", inc)
+    assert inc["verdict"] == "DATA", inc.get("note")
+    assert [int(x) for x in inc.get("culprit_positions", [])] == [130]
+    assert named(inc) == sorted(placed[130])
+    resolved = daemon.spikectl_json("manifest", "--run", "tdocs", "--from", "130", "--to", "130")
+    docs = sorted(f"{d['domain']}:{d['document_id']}" for s in resolved["steps"]
+                  for d in s.get("documents", []))
+    assert docs == sorted(placed[130])
 
 
 def test_clean_run_has_no_incident(daemon, tmp_path):

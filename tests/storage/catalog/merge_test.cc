@@ -87,6 +87,25 @@ TEST(MergeReport, MeansSumsMaximaAndExtremesOverEightRanks) {
   EXPECT_EQ(record.data_position(), 110);
 }
 
+TEST(MergeReport, ReportedDocumentsAreTheRanksUnionEachOnce) {
+  v1::StepRecord record;
+  for (uint32_t rank : {1u, 0u}) {
+    v1::StepReport r = Report(10, 1.0, 0.5, 1.0);
+    for (int64_t id : {5 + rank, 3 + 0 * rank}) {
+      auto* d = r.add_documents();
+      d->set_domain(rank == 0 ? "web" : "code");
+      d->set_id(id);
+    }
+    auto* shared = r.add_documents();
+    shared->set_domain("web");
+    shared->set_id(3);
+    MergeReport(&record, rank, r);
+  }
+  std::vector<std::string> got;
+  for (const auto& d : record.documents()) got.push_back(d.domain() + ":" + std::to_string(d.id()));
+  EXPECT_EQ(got, (std::vector<std::string>{"code:3", "code:6", "web:3", "web:5"}));
+}
+
 TEST(MergeReport, LossHashIsOrderIndependentAndDoesNotCancel) {
   v1::StepRecord forward, backward;
   for (uint32_t rank = 0; rank < 4; ++rank) {

@@ -82,6 +82,9 @@ def parse_args(argv=None):
     p.add_argument("--stop-after", type=int, default=-1, help="horizon: last step to train")
     p.add_argument("--linger-s", type=float, default=0.0)
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    p.add_argument("--report-documents", action="store_true",
+                   help="report each step's documents with its telemetry (what a trainer on a "
+                        "dataset not in spikeguard's format does, so the daemon can name them)")
     p.add_argument("--telemetry", choices=["on", "off"], default="on",
                    help="off: no spikeguard.torch statistics (benchmark baseline)")
     p.add_argument("--token", default=None)
@@ -282,7 +285,8 @@ class Trainer:
                 tel.after_optimizer_step()
         report = None
         if tel:
-            report = tel.report(step, batch.position, lr)
+            docs = self.order.documents_at(batch.position) if a.report_documents else None
+            report = tel.report(step, batch.position, lr, documents=docs)
         elif self.client is not None or self.jsonl is not None:
             # Without spikeguard.torch: the global loss and its hash only.
             s = ce.detach().double().sum().reshape(1)

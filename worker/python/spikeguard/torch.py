@@ -384,10 +384,14 @@ class Telemetry:
 
     def report(self, step: int, data_position: int, lr: float, *, loss: Optional[float] = None,
                tokens: Optional[int] = None, domain_losses: Optional[dict] = None,
-               loss_scale: float = 1.0, extra_nonfinite: int = 0, reduce: bool = True):
+               loss_scale: float = 1.0, extra_nonfinite: int = 0, reduce: bool = True,
+               documents=None):
         """The step's StepReport. loss: pass it to override the recorded
         token losses (it is then taken as already global). domain_losses:
         {name: (loss, tokens)} to override the recorded per-domain losses.
+        documents: (domain, id) pairs of this rank's part of the batch, for a
+        dataset not in spikeguard's format: the daemon names the documents
+        of a culprit batch from them.
         With reduce and a process group of more than one rank this is a
         collective: every rank must call it at every step."""
         L = len(self.layer_modules)
@@ -469,6 +473,10 @@ class Telemetry:
             ls.act_rms = math.sqrt(act_sq_g[li] / act_n_g[li]) if act_n_g[li] > 0 else 0.0
             ls.param_norm = pnorm[li]
         r.unix_ms = int(time.time() * 1000)
+        for domain, doc_id in documents or ():
+            d = r.documents.add()
+            d.domain = str(domain)
+            d.id = int(doc_id)
         return r
 
 
