@@ -259,19 +259,15 @@ absl::StatusOr<std::vector<incident::SampleContent>> CatalogRunView::Samples(
     incident::SampleContent& row = out.emplace_back();
     for (const storage::DocumentSpan& span : sample.spans) {
       const std::string& domain = (*corpus)->domain_name(span.domain);
-      size_t k = 0;
-      while (k < row.documents.size() && !(row.documents[k].domain() == domain &&
-                                           row.documents[k].document_id() == span.document)) {
-        ++k;
-      }
-      if (k == row.documents.size()) {
-        v1::DocumentRef& ref = row.documents.emplace_back();
-        ref.set_domain(domain);
-        ref.set_document_id(span.document);
-        ref.set_data_position(position);
-        row.tokens.push_back(0);
-      }
-      row.tokens[k] += span.length;
+      const bool listed = std::any_of(
+          row.documents.begin(), row.documents.end(), [&](const v1::DocumentRef& d) {
+            return d.domain() == domain && d.document_id() == span.document;
+          });
+      if (listed) continue;  // a sample wrapping into the next epoch
+      v1::DocumentRef& ref = row.documents.emplace_back();
+      ref.set_domain(domain);
+      ref.set_document_id(span.document);
+      ref.set_data_position(position);
     }
   }
   return out;

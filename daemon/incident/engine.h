@@ -160,11 +160,9 @@ struct Detection {
   std::vector<std::string> also;
 };
 
-// One sample (row) of a batch: the documents it holds, with the tokens each
-// gives it (parallel vectors).
+// One sample (row) of a batch: the documents it holds, in order.
 struct SampleContent {
   std::vector<spikeguard::v1::DocumentRef> documents;
-  std::vector<int64_t> tokens;
 };
 
 struct CheckpointInfo {

@@ -25,6 +25,24 @@ namespace v1 = spikeguard::v1;
 
 namespace {
 
+// SIGTERM to every process, SIGKILL to those still there after `grace`;
+// every one is reaped.
+void TerminateAndReap(const std::vector<pid_t>& pids, absl::Duration grace) {
+  for (pid_t p : pids) kill(p, SIGTERM);
+  const absl::Time deadline = absl::Now() + grace;
+  for (pid_t p : pids) {
+    int status = 0;
+    while (waitpid(p, &status, WNOHANG) == 0) {
+      if (absl::Now() > deadline) {
+        kill(p, SIGKILL);
+        waitpid(p, &status, 0);
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  }
+}
+
 // A TCP port on 127.0.0.1 nobody listens on now (the kernel's choice).
 absl::StatusOr<int> FreeLoopbackPort() {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -295,19 +313,7 @@ void LocalLauncher::RestartAll(const std::string& run, Run& r, uint32_t dead_ran
   for (Rank& rk : r.ranks) {
     if (rk.pid > 0) pids.push_back(rk.pid);
   }
-  for (pid_t p : pids) kill(p, SIGTERM);
-  const absl::Time deadline = absl::Now() + absl::Seconds(5);
-  for (pid_t p : pids) {
-    int status = 0;
-    while (waitpid(p, &status, WNOHANG) == 0) {
-      if (absl::Now() > deadline) {
-        kill(p, SIGKILL);
-        waitpid(p, &status, 0);
-        break;
-      }
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-  }
+  TerminateAndReap(pids, absl::Seconds(5));
   auto port = FreeLoopbackPort();
   if (!port.ok()) {
     SG_LOG(ERROR) << "run " << run << ": no free port to restart the ranks: " << port.status();
@@ -338,19 +344,7 @@ void LocalLauncher::StopAll(absl::Duration grace) {
       r.finished = true;
     }
   }
-  for (pid_t p : pids) kill(p, SIGTERM);
-  const absl::Time deadline = absl::Now() + grace;
-  for (pid_t p : pids) {
-    int status = 0;
-    while (waitpid(p, &status, WNOHANG) == 0) {
-      if (absl::Now() > deadline) {
-        kill(p, SIGKILL);
-        waitpid(p, &status, 0);
-        break;
-      }
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-  }
+  TerminateAndReap(pids, grace);
 }
 
 }  // namespace spikeguard::daemon

@@ -113,10 +113,8 @@ absl::StatusOr<std::vector<SampleContent>> FakeView::Samples(const std::string& 
     SampleContent& row = out.emplace_back();
     if (j == 3) {
       row.documents = {doc(0), doc(1)};
-      row.tokens = {40, 25};
     } else {
       row.documents = {doc(j < 3 ? 0 : 1)};
-      row.tokens = {65};
     }
   }
   return out;

@@ -76,7 +76,7 @@ class FakeView final : public RunView {
       const std::string& run, const std::vector<spikeguard::v1::DocumentRef>& documents) override;
 
   // Eight samples per batch p: slots 0-2 hold document 10p, slot 3 holds
-  // 40 tokens of 10p and 25 of 10p + 1, slots 4-7 hold 10p + 1.
+  // the end of 10p and the start of 10p + 1, slots 4-7 hold 10p + 1.
   absl::StatusOr<std::vector<SampleContent>> Samples(const std::string& run, int64_t generation,
                                                      int64_t position) override;
 
