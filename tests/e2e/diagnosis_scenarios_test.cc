@@ -7,7 +7,9 @@
 // verdict, the exact culprit documents where data triggers the spike, no
 // incident opened by a probe, and no wait longer than the probes' own steps.
 #include <algorithm>
+#include <optional>
 
+#include "base/status_macros.h"
 #include "storage/corpus/corpus.h"
 #include "storage/corpus/corpus_tools.h"
 #include "storage/corpus/data_order.h"
@@ -21,6 +23,8 @@ using ::testing::UnorderedElementsAreArray;
 
 class DiagnosisScenario : public IncidentE2E {
  protected:
+  std::unique_ptr<storage::Corpus> corpus_;
+
   // Waits until every incident of the run is closed and then a little
   // longer, so that an incident a probe would (wrongly) open shows up.
   v1::ListIncidentsResponse Settle(const std::string& run, absl::Duration timeout) {
@@ -59,6 +63,19 @@ class DiagnosisScenario : public IncidentE2E {
     v1::Run r;
     EXPECT_TRUE(cluster_.SpikectlJson({"runs", "show", run}, "run", &r));
     return r;
+  }
+
+  // The synthesized corpus's data order: its default manifest, with another
+  // data seed when given. The corpus stays open with the fixture.
+  absl::StatusOr<std::unique_ptr<storage::DataOrder>> CorpusOrder(
+      std::optional<uint64_t> seed = std::nullopt) {
+    SG_ASSIGN_OR_RETURN(corpus_, storage::Corpus::Open(dir_.File("corpus")));
+    SG_ASSIGN_OR_RETURN(storage::CorpusMetadata meta,
+                        storage::ReadCorpusMetadata(dir_.File("corpus")));
+    storage::Manifest m = meta.default_manifest;
+    m.dataset_fingerprint = corpus_->fingerprint();
+    if (seed) m.seed = *seed;
+    return storage::DataOrder::Create(*corpus_, m);
   }
 
   void Figures(const std::string& scenario, const v1::Incident& i) {
@@ -268,14 +285,7 @@ TEST_F(DiagnosisScenario, DocumentsAreNamedFromTheWorkersDataOrder) {
   ASSERT_TRUE(cluster_.SpikectlJson({"manifest", "--run", "free", "--from", "0", "--to", "39"},
                                     "manifest", &resolved));
   ASSERT_EQ(resolved.steps_size(), 40);
-  auto corpus = storage::Corpus::Open(dir_.File("corpus"));
-  ASSERT_TRUE(corpus.ok()) << corpus.status();
-  auto meta = storage::ReadCorpusMetadata(dir_.File("corpus"));
-  ASSERT_TRUE(meta.ok()) << meta.status();
-  storage::Manifest m = meta->default_manifest;
-  m.dataset_fingerprint = (*corpus)->fingerprint();
-  m.seed = 99;
-  auto order = storage::DataOrder::Create(**corpus, m);
+  auto order = CorpusOrder(/*seed=*/99);
   ASSERT_TRUE(order.ok()) << order.status();
   std::map<std::string, int> positions_of;
   for (const auto& step : resolved.steps()) {
@@ -337,13 +347,7 @@ TEST_F(DiagnosisScenario, DocumentBisectNamesTheJunkDocumentInsideItsBatch) {
   EXPECT_THAT(Quarantined("docs"), UnorderedElementsAreArray(echo));
   // The culprit batch's other documents (under the corpus's own order) were
   // cleared: each is listed as a suspect.
-  auto corpus = storage::Corpus::Open(dir_.File("corpus"));
-  ASSERT_TRUE(corpus.ok()) << corpus.status();
-  auto meta = storage::ReadCorpusMetadata(dir_.File("corpus"));
-  ASSERT_TRUE(meta.ok()) << meta.status();
-  storage::Manifest m = meta->default_manifest;
-  m.dataset_fingerprint = (*corpus)->fingerprint();
-  auto order = storage::DataOrder::Create(**corpus, m);
+  auto order = CorpusOrder();
   ASSERT_TRUE(order.ok()) << order.status();
   auto batch = (*order)->DocumentsAt(i.culprit_positions(0));
   ASSERT_TRUE(batch.ok()) << batch.status();
