@@ -92,6 +92,10 @@ std::string FormatStatus(const v1::ServerStatus& s) {
   b.Add("reports duplicate", absl::StrCat(s.reports_duplicate()));
   b.Add("reports rejected", absl::StrCat(s.reports_rejected()));
   b.Add("reports dropped", absl::StrCat(s.reports_dropped()));
+  b.Add("tls", s.tls() ? "on" : "off");
+  b.Add("authentication", s.authentication() ? "on" : "off");
+  if (!s.principal().empty()) b.Add("principal", s.principal());
+  if (!s.role().empty()) b.Add("role", s.role());
   return b.Render();
 }
 
@@ -357,6 +361,20 @@ std::string FormatQuarantine(const v1::ListQuarantineResponse& response) {
     t.AddRow({OrDash(e.domain()), absl::StrCat(e.document_id()),
               e.incident_id() == 0 ? "-" : absl::StrCat(e.incident_id()),
               FormatUnixMillis(e.created_unix_ms()), OrDash(e.reason())});
+  }
+  return t.Render();
+}
+
+std::string FormatAudit(const v1::ListAuditResponse& response) {
+  if (response.entries().empty()) return "No audit entries.\n";
+  Table t({"ID", "TIME", "PRINCIPAL", "ROLE", "RPC", "RUN", "OUTCOME", "PEER", "DETAIL"});
+  t.AlignRight(0);
+  for (const v1::AuditEntry& e : response.entries()) {
+    absl::string_view rpc = e.rpc();
+    absl::ConsumePrefix(&rpc, "SupervisorService/");
+    t.AddRow({absl::StrCat(e.id()), FormatUnixMillis(e.unix_ms()), OrDash(e.principal()),
+              OrDash(e.role()), OrDash(std::string(rpc)), OrDash(e.run()), OrDash(e.outcome()),
+              OrDash(e.peer()), OrDash(e.detail())});
   }
   return t.Render();
 }

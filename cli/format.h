@@ -52,5 +52,8 @@ std::string FormatAction(const spikeguard::v1::ActionResponse& response);
 std::string FormatPolicy(const spikeguard::v1::Policy& policy);
 std::string FormatManifest(const spikeguard::v1::ResolveManifestResponse& response);
 std::string FormatQuarantine(const spikeguard::v1::ListQuarantineResponse& response);
+// Newest first as the daemon sends them; the "SupervisorService/" prefix of
+// the RPC is left out.
+std::string FormatAudit(const spikeguard::v1::ListAuditResponse& response);
 
 }  // namespace spikeguard::cli

@@ -20,13 +20,16 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "base/secret.h"
 #include "cli/args.h"
 #include "cli/format.h"
 #include "cli/telemetry_metrics.h"
 #include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/struct.pb.h"
 #include "google/protobuf/text_format.h"
 #include "grpcpp/grpcpp.h"
 #include "spikeguard/v1/supervisor.grpc.pb.h"
+#include "worker/client/client_security.h"
 
 namespace spikeguard::cli {
 namespace {
@@ -44,18 +47,42 @@ constexpr char kGlobalFlagsHelp[] =
     "  --addr=HOST:PORT       spikeguardd address (default $SPIKEGUARD_ADDR or 127.0.0.1:7070)\n"
     "  --output=table|json    output format (default table)\n"
     "  --timeout=SECONDS      deadline of each request (default 10)\n"
+    "  --token-file=FILE      bearer token: the file's first line (default $SPIKEGUARD_TOKEN,\n"
+    "                         else $SPIKEGUARD_TOKEN_FILE); --token=TOKEN gives it directly\n"
+    "                         (visible to other users in ps: prefer the file)\n"
+    "  --tls-ca=FILE          PEM CA that signed spikeguardd's certificate; turns TLS on\n"
+    "                         (default $SPIKEGUARD_TLS_CA)\n"
+    "  --tls-cert=FILE        client certificate for mutual TLS (default $SPIKEGUARD_TLS_CERT)\n"
+    "  --tls-key=FILE         its private key (default $SPIKEGUARD_TLS_KEY)\n"
+    "  --tls-server-name=NAME name checked in the daemon's certificate\n"
+    "                         (default $SPIKEGUARD_TLS_SERVER_NAME, else the address's host)\n"
     "  -h, --help             show help\n";
 
 struct GlobalOptions {
   std::string addr;
   bool json = false;
   absl::Duration timeout = absl::Seconds(10);
+  // Token and TLS: the environment, then the flags over it.
+  ClientSecurity security = ClientSecurity::FromEnv();
 };
 
 const std::vector<FlagSpec>& GlobalFlags() {
   static const auto* flags = new std::vector<FlagSpec>{
-      {"addr", FlagSpec::kValue}, {"output", FlagSpec::kValue}, {"timeout", FlagSpec::kValue}};
+      {"addr", FlagSpec::kValue},     {"output", FlagSpec::kValue},
+      {"timeout", FlagSpec::kValue},  {"token", FlagSpec::kValue},
+      {"token-file", FlagSpec::kValue}, {"tls-ca", FlagSpec::kValue},
+      {"tls-cert", FlagSpec::kValue}, {"tls-key", FlagSpec::kValue},
+      {"tls-server-name", FlagSpec::kValue}};
   return *flags;
+}
+
+// Global flags that take a value (for "--addr host:port" before the command).
+bool GlobalFlagTakesValue(absl::string_view word) {
+  if (!absl::StartsWith(word, "--") || absl::StrContains(word, '=')) return false;
+  for (const FlagSpec& f : GlobalFlags()) {
+    if (word.substr(2) == f.name) return f.kind != FlagSpec::kBool;
+  }
+  return false;
 }
 
 // Folds global flags found in `args` into `options`.
@@ -83,6 +110,31 @@ absl::Status ApplyGlobalFlags(const ParsedArgs& args, GlobalOptions& options) {
     }
     options.timeout = absl::Seconds(*seconds);
   }
+  // Both given: refuse rather than guess which one was meant.
+  if (args.Has("token") && args.Has("token-file")) {
+    return absl::InvalidArgumentError("give --token or --token-file, not both");
+  }
+  if (auto token = args.Get("token")) {
+    if (token->empty()) return absl::InvalidArgumentError("empty --token");
+    options.security.SetToken(*token, "--token");
+  }
+  if (auto path = args.Get("token-file")) {
+    if (path->empty()) return absl::InvalidArgumentError("empty --token-file");
+    options.security.SetTokenFile(*path, "--token-file");
+  }
+  struct PathFlag {
+    const char* name;
+    void (ClientSecurity::*set)(std::string, std::string);
+  };
+  for (const PathFlag& f : {PathFlag{"tls-ca", &ClientSecurity::SetTlsCa},
+                            PathFlag{"tls-cert", &ClientSecurity::SetTlsCert},
+                            PathFlag{"tls-key", &ClientSecurity::SetTlsKey},
+                            PathFlag{"tls-server-name", &ClientSecurity::SetTlsServerName}}) {
+    if (auto value = args.Get(f.name)) {
+      if (value->empty()) return absl::InvalidArgumentError(absl::StrCat("empty --", f.name));
+      (options.security.*f.set)(*value, absl::StrCat("--", f.name));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -100,6 +152,8 @@ struct CommandDef {
   size_t min_positional = 0;
   std::vector<std::string> required_flags;
   Handler handler = nullptr;
+  // Does not talk to the daemon (no token or TLS files are read).
+  bool offline = false;
 
   std::string FullName() const { return group.empty() ? name : absl::StrCat(group, " ", name); }
   std::string Usage() const {
@@ -200,11 +254,21 @@ std::string NewRequestId() {
 // One invocation: the chosen command, where to print, and the connection.
 class Session {
  public:
-  Session(const CommandDef& command, GlobalOptions options, std::ostream& out, std::ostream& err)
-      : command_(command), options_(std::move(options)), out_(out), err_(err) {}
+  Session(const CommandDef& command, GlobalOptions options, ResolvedSecurity security,
+          std::ostream& out, std::ostream& err)
+      : command_(command),
+        options_(std::move(options)),
+        security_(std::move(security)),
+        out_(out),
+        err_(err) {}
 
   const GlobalOptions& options() const { return options_; }
   std::ostream& out() { return out_; }
+  std::ostream& err() { return err_; }
+
+  // Adds the bearer token (if any) to a context the caller made itself
+  // (streams); Call() does it for unary RPCs.
+  void Authorize(grpc::ClientContext* context) const { security_.Authorize(context); }
 
   // Prints "spikectl: <reason>" and the command's usage; returns exit code 2.
   int UsageError(absl::string_view reason) {
@@ -231,6 +295,7 @@ class Session {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() +
                          absl::ToChronoMilliseconds(options_.timeout));
+    security_.Authorize(&context);
     grpc::Status status = rpc(stub_.get(), &context);
     if (status.ok()) return true;
     ReportRpcError(status);
@@ -241,7 +306,7 @@ class Session {
   // none, it lasts until the server ends it.
   bool Connect() {
     if (stub_ == nullptr) {
-      channel_ = grpc::CreateChannel(options_.addr, grpc::InsecureChannelCredentials());
+      channel_ = CreateClientChannel(options_.addr, security_, grpc::ChannelArguments());
       stub_ = v1::SupervisorService::NewStub(channel_);
     }
     const auto deadline =
@@ -251,12 +316,17 @@ class Session {
       // A refused connection fails at once instead of waiting out the
       // deadline in reconnect backoff.
       if (state == GRPC_CHANNEL_TRANSIENT_FAILURE || state == GRPC_CHANNEL_SHUTDOWN) {
-        err_ << "spikectl: UNAVAILABLE: cannot reach spikeguardd at " << options_.addr << "\n";
+        const std::string why = ConnectionError();
+        err_ << "spikectl: UNAVAILABLE: cannot reach spikeguardd at " << options_.addr << why
+             << "\n";
+        // Nothing listens there: no TLS setting would help.
+        if (!absl::StrContains(why, "Connection refused")) PrintHint(grpc::StatusCode::UNAVAILABLE);
         return false;
       }
       if (!channel_->WaitForStateChange(state, deadline)) {
         err_ << "spikectl: UNAVAILABLE: cannot reach spikeguardd at " << options_.addr
              << " (no connection within " << absl::FormatDuration(options_.timeout) << ")\n";
+        PrintHint(grpc::StatusCode::UNAVAILABLE);
         return false;
       }
       state = channel_->GetState(/*try_to_connect=*/true);
@@ -271,10 +341,20 @@ class Session {
         channel_->GetState(false) != GRPC_CHANNEL_READY) {
       err_ << "spikectl: UNAVAILABLE: cannot reach spikeguardd at " << options_.addr << " ("
            << status.error_message() << ")\n";
+      PrintHint(grpc::StatusCode::UNAVAILABLE);
       return;
     }
     err_ << "spikectl: " << CodeName(status.error_code()) << ": " << status.error_message()
          << "\n";
+    if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+        status.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
+      PrintHint(status.error_code());
+    }
+  }
+
+  void PrintHint(grpc::StatusCode code) {
+    const std::string hint = security_.Hint(code);
+    if (!hint.empty()) err_ << "spikectl: hint: " << hint << "\n";
   }
 
   // An action the daemon answered but did not accept is a refusal: exit 1.
@@ -288,8 +368,23 @@ class Session {
   }
 
  private:
+  // Why the channel failed to connect, as " (reason)" or "": the states say
+  // only that it failed, a call fails with gRPC's reason (for TLS, what the
+  // handshake did not like).
+  std::string ConnectionError() {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    context.set_wait_for_ready(false);
+    v1::ServerStatus ignored;
+    // No token: this call only probes the connection and is never served.
+    const grpc::Status status = stub_->GetStatus(&context, v1::GetStatusRequest(), &ignored);
+    if (status.ok() || status.error_message().empty()) return "";
+    return absl::StrCat(" (", status.error_message(), ")");
+  }
+
   const CommandDef& command_;
   GlobalOptions options_;
+  const ResolvedSecurity security_;
   std::ostream& out_;
   std::ostream& err_;
   std::shared_ptr<grpc::Channel> channel_;
@@ -425,6 +520,20 @@ int RunsCreate(Session& s, const ParsedArgs& args) {
   return CallAndEmit<v1::Run>(s, &Stub::CreateRun, request, FormatRun);
 }
 
+int RunsSetProfile(Session& s, const ParsedArgs& args) {
+  v1::SetRunProfileRequest request;
+  request.set_run(args.positional[0]);
+  request.set_profile(*args.Get("profile"));
+  for (const std::string& kv : args.GetAll("param")) {
+    const size_t eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return s.UsageError(absl::StrCat("bad value for --param: '", kv, "' (want NAME=VALUE)"));
+    }
+    (*request.mutable_params())[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  return CallAndEmit<v1::Run>(s, &Stub::SetRunProfile, request, FormatRun);
+}
+
 int RunsShow(Session& s, const ParsedArgs& args) {
   v1::GetRunRequest request;
   request.set_name(args.positional[0]);
@@ -511,6 +620,7 @@ int IncidentsWatch(Session& s, const ParsedArgs& args) {
   if (auto run = args.Get("run")) request.set_run(*run);
   if (!s.Connect()) return kExitFailed;
   grpc::ClientContext context;  // no deadline: a watch lasts until interrupted
+  s.Authorize(&context);
   std::unique_ptr<grpc::ClientReader<v1::IncidentUpdate>> reader =
       s.stub()->WatchIncidents(&context, request);
   v1::IncidentUpdate update;
@@ -649,6 +759,108 @@ int QuarantineList(Session& s, const ParsedArgs& args) {
   return CallAndEmit<v1::ListQuarantineResponse>(s, &Stub::ListQuarantine, request, FormatQuarantine);
 }
 
+int Audit(Session& s, const ParsedArgs& args) {
+  v1::ListAuditRequest request;
+  if (auto run = args.Get("run")) request.set_run(*run);
+  if (auto principal = args.Get("principal")) request.set_principal(*principal);
+  SPIKECTL_ASSIGN_OR_USAGE(s, since, OptionalInt(args, "since"));
+  if (since.has_value()) {
+    if (*since < 0) return s.UsageError(absl::StrCat("bad value for --since: ", *since,
+                                                     " (want unix milliseconds >= 0)"));
+    request.set_since_unix_ms(*since);
+  }
+  SPIKECTL_ASSIGN_OR_USAGE(s, limit, OptionalInt(args, "limit"));
+  if (limit.has_value() && (*limit < 1 || *limit > std::numeric_limits<int32_t>::max())) {
+    return s.UsageError(absl::StrCat("bad value for --limit: ", *limit, " (want a positive count)"));
+  }
+  // Every page, into one response; --limit counts entries over all pages.
+  v1::ListAuditResponse all;
+  std::vector<std::string> seen_tokens;
+  while (true) {
+    if (limit.has_value()) {
+      request.set_limit(static_cast<int32_t>(*limit - all.entries_size()));
+    }
+    v1::ListAuditResponse page;
+    if (!s.Call([&](Stub* stub, grpc::ClientContext* ctx) {
+          return stub->ListAudit(ctx, request, &page);
+        })) {
+      return kExitFailed;
+    }
+    for (v1::AuditEntry& e : *page.mutable_entries()) {
+      if (limit.has_value() && all.entries_size() >= *limit) break;
+      *all.add_entries() = std::move(e);
+    }
+    if (page.next_page_token().empty()) break;
+    if (limit.has_value() && all.entries_size() >= *limit) break;
+    // A daemon that hands out a page token twice would loop forever.
+    if (std::find(seen_tokens.begin(), seen_tokens.end(), page.next_page_token()) !=
+        seen_tokens.end()) {
+      s.err() << "spikectl: INTERNAL: spikeguardd repeated the page token '"
+              << page.next_page_token() << "' of ListAudit\n";
+      return kExitFailed;
+    }
+    seen_tokens.push_back(page.next_page_token());
+    request.set_page_token(page.next_page_token());
+  }
+  s.Emit(all, FormatAudit(all));
+  return kExitOk;
+}
+
+// One word: the tokens file splits on whitespace and '#' starts a comment.
+absl::Status CheckTokensFileWord(absl::string_view flag, absl::string_view word) {
+  if (word.empty()) return absl::InvalidArgumentError(absl::StrCat("empty --", flag));
+  for (char c : word) {
+    if (c <= 0x20 || c >= 0x7f || c == '#') {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "bad value for --", flag, ": '", word,
+          "' (want printable ASCII without spaces or '#')"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+int TokenNew(Session& s, const ParsedArgs& args) {
+  const std::string principal = *args.Get("principal");
+  SPIKECTL_USAGE_IF_ERROR(s, CheckTokensFileWord("principal", principal));
+  const std::string role = absl::AsciiStrToLower(*args.Get("role"));
+  if (role != "worker" && role != "viewer" && role != "operator" && role != "admin") {
+    return s.UsageError(absl::StrCat("bad value for --role: '", *args.Get("role"),
+                                     "' (want worker, viewer, operator or admin)"));
+  }
+  std::string runs = args.Get("runs").value_or("*");
+  if (runs != "*") {
+    std::vector<std::string> names;
+    for (absl::string_view name : absl::StrSplit(runs, ',')) {
+      name = absl::StripAsciiWhitespace(name);
+      if (name == "*") return s.UsageError("bad value for --runs: '*' stands alone (every run)");
+      SPIKECTL_USAGE_IF_ERROR(s, CheckTokensFileWord("runs", name));
+      names.emplace_back(name);
+    }
+    runs = absl::StrJoin(names, ",");
+  }
+  const std::string token = NewToken();
+  const std::string line = absl::StrJoin({principal, role, runs, HashToken(token)}, " ");
+  if (s.options().json) {
+    google::protobuf::Struct json;
+    auto& fields = *json.mutable_fields();
+    fields["token"].set_string_value(token);
+    fields["principal"].set_string_value(principal);
+    fields["role"].set_string_value(role);
+    fields["runs"].set_string_value(runs);
+    fields["tokens_file_line"].set_string_value(line);
+    s.out() << ToJson(json) << "\n";
+  } else {
+    // The token alone on stdout (TOKEN=$(spikectl token new ...)); the line
+    // for the daemon's tokens file, which holds only the hash, on stderr.
+    s.out() << token << "\n";
+    s.err() << "tokens-file line (add it to spikeguardd's --tokens file, then SIGHUP the daemon; "
+               "the token itself is shown only once):\n"
+            << line << "\n";
+  }
+  s.out().flush();
+  return kExitOk;
+}
+
 #undef SPIKECTL_USAGE_IF_ERROR
 #undef SPIKECTL_ASSIGN_OR_USAGE
 
@@ -666,10 +878,18 @@ const std::vector<CommandDef>& Commands() {
        "  --world-size=N     number of ranks (default 1)\n"
        "  --mode=MODE        observe (report only), propose (actions wait for approve),\n"
        "                     auto (diagnose and fix unattended); default: the daemon's policy\n"
-       "  --spec=FILE        RunSpec in protobuf text format (command, env, manifest, ...)\n",
+       "  --spec=FILE        RunSpec in protobuf text format: a launch profile of the\n"
+       "                     daemon's and its params, the manifest, ... (no command)\n",
        {{"world-size"}, {"mode"}, {"spec"}}, {"NAME"}, 1, {}, &RunsCreate},
       {"runs", "show", "NAME", "Show a run, its ranks (last step, last seen) and its generations.",
        "", {}, {"NAME"}, 1, {}, &RunsShow},
+      {"runs", "set-profile", "NAME --profile=PROFILE [--param=KEY=VALUE ...]",
+       "Map a run to a daemon-side launch profile (admin; how a run created with a free "
+       "command line before launch profiles is launched again).",
+       "Flags:\n"
+       "  --profile=PROFILE  a launch profile of the daemon's (--launch-profiles)\n"
+       "  --param=KEY=VALUE  a value for one of the profile's parameters (repeatable)\n",
+       {{"profile"}, {"param", F::kRepeated}}, {"NAME"}, 1, {"profile"}, &RunsSetProfile},
       {"checkpoints", "list", "--run=NAME", "List a run's checkpoints.",
        "Flags:\n  --run=NAME         the run (required)\n", {{"run"}}, {}, 0, {"run"},
        &CheckpointsList},
@@ -743,6 +963,25 @@ const std::vector<CommandDef>& Commands() {
        "  --from=S, --to=S   step range, inclusive (required)\n"
        "  --gen=G            generation (default: the current one)\n",
        {{"run"}, {"from"}, {"to"}, {"gen"}}, {}, 0, {"run", "from", "to"}, &Manifest},
+      {"", "audit", "[--run=R] [--principal=P] [--since=UNIX_MS] [--limit=N]",
+       "List the audit log: every mutating call, who made it and how it ended (admin).",
+       "Flags:\n"
+       "  --run=R            only calls naming this run\n"
+       "  --principal=P      only calls by this principal\n"
+       "  --since=UNIX_MS    only calls at or after this time (unix milliseconds)\n"
+       "  --limit=N          at most N entries (newest first)\n",
+       {{"run"}, {"principal"}, {"since"}, {"limit"}}, {}, 0, {}, &Audit},
+      {"token", "new", "--principal=NAME --role=ROLE [--runs=a,b|*]",
+       "Make a bearer token; prints it, and the daemon's tokens-file line (its hash).",
+       "Flags:\n"
+       "  --principal=NAME   who uses the token (audit entries name it; required)\n"
+       "  --role=ROLE        worker, viewer, operator or admin (required)\n"
+       "  --runs=LIST        comma-separated run names, or * for every run (default *)\n"
+       "\n"
+       "stdout has the token alone; stderr the line NAME ROLE RUNS sha256:HEX for the\n"
+       "daemon's --tokens file. With --output=json both are fields of one object. Nothing\n"
+       "is sent to the daemon and the token is kept nowhere: hand it to its user now.\n",
+       {{"principal"}, {"role"}, {"runs"}}, {}, 0, {"principal", "role"}, &TokenNew, true},
       {"quarantine", "list", "--run=R", "List a run's quarantined documents.",
        "Flags:\n  --run=R            the run (required)\n", {{"run"}}, {}, 0, {"run"},
        &QuarantineList},
@@ -783,7 +1022,7 @@ int RunSpikectl(const std::vector<std::string>& args, std::ostream& out, std::os
     }
     leading.push_back(args[i]);
     // "--addr host:port": the value is the next word.
-    const bool takes_value = args[i] == "--addr" || args[i] == "--output" || args[i] == "--timeout";
+    const bool takes_value = GlobalFlagTakesValue(args[i]);
     if (takes_value && i + 1 < args.size() && !absl::StartsWith(args[i + 1], "--")) {
       leading.push_back(args[++i]);
     }
@@ -841,7 +1080,17 @@ int RunSpikectl(const std::vector<std::string>& args, std::ostream& out, std::os
     err << "spikectl: " << s.message() << "\n" << command->Usage();
     return kExitUsage;
   }
-  Session session(*command, std::move(options), out, err);
+  ResolvedSecurity security;
+  if (!command->offline) {
+    // A token or PEM file that cannot be read is the caller's to fix: usage.
+    absl::StatusOr<ResolvedSecurity> resolved = options.security.Resolve();
+    if (!resolved.ok()) {
+      err << "spikectl: " << resolved.status().message() << "\n";
+      return kExitUsage;
+    }
+    security = *std::move(resolved);
+  }
+  Session session(*command, std::move(options), std::move(security), out, err);
   return command->handler(session, *parsed);
 }
 

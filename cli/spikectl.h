@@ -6,13 +6,20 @@
 //   spikectl [--addr=HOST:PORT] [--output=table|json] [--timeout=SECONDS]
 //            COMMAND [SUBCOMMAND] [ARGS...]
 //
-// Commands: status; runs list|create|show; checkpoints list; telemetry;
+// Commands: status; runs list|create|show|set-profile; checkpoints list; telemetry;
 // incidents list|show|watch; rewind; replay; skip; pause; resume; approve;
-// abort; policy get|set; manifest; quarantine list. `spikectl --help` lists
-// them and `spikectl COMMAND --help` explains one.
+// abort; policy get|set; manifest; quarantine list; audit; token new.
+// `spikectl --help` lists them and `spikectl COMMAND --help` explains one.
 //
 // The address defaults to $SPIKEGUARD_ADDR, else 127.0.0.1:7070. Global flags
 // may also follow the command (`spikectl runs list --output=json`).
+//
+// Security (worker/client/client_security.h): the bearer token from --token,
+// --token-file, $SPIKEGUARD_TOKEN or $SPIKEGUARD_TOKEN_FILE goes with every
+// call as `authorization: Bearer <token>`; --tls-ca or $SPIKEGUARD_TLS_CA
+// turns TLS on (--tls-cert/--tls-key: mutual TLS; --tls-server-name). The
+// token is never printed; UNAUTHENTICATED and PERMISSION_DENIED are followed
+// by a "spikectl: hint: ..." line saying what to set.
 //
 // Exit codes, which scripts may rely on:
 //   0  success (also --help on any command);

@@ -9,6 +9,10 @@
 //   TestServer server(&supervisor);
 //   RunSpikectl({"--addr=" + server.address(), "runs", "show", "x"}, out, err);
 //   EXPECT_EQ(supervisor.LastRequest<v1::GetRunRequest>("GetRun").name(), "x");
+//   EXPECT_EQ(supervisor.LastAuthorization("GetRun"), "Bearer t0ken");
+//
+// TestServer serves over TLS when given server credentials
+// (tests/testdata/test_certs.h makes them).
 #pragma once
 
 #include <map>
@@ -47,6 +51,27 @@ class RecordingSupervisor final : public v1::SupervisorService::Service {
     watch_end_ = std::move(end);
   }
 
+  // ListAudit answers the page stored under the request's page_token.
+  void SetAuditPages(std::map<std::string, v1::ListAuditResponse> pages) {
+    absl::MutexLock lock(&mu_);
+    audit_pages_ = std::move(pages);
+  }
+
+  // The `authorization` metadata of every call, in order ("" when absent).
+  std::vector<std::string> authorizations() const {
+    absl::MutexLock lock(&mu_);
+    return authorizations_;
+  }
+  // The `authorization` metadata of the last call of `method`.
+  std::string LastAuthorization(const std::string& method) const {
+    absl::MutexLock lock(&mu_);
+    for (size_t i = calls_.size(); i > 0; --i) {
+      if (calls_[i - 1].first == method) return authorizations_[i - 1];
+    }
+    ADD_FAILURE() << method << " was not called";
+    return "";
+  }
+
   // Names of the methods called, in order.
   std::vector<std::string> methods() const {
     absl::MutexLock lock(&mu_);
@@ -70,9 +95,9 @@ class RecordingSupervisor final : public v1::SupervisorService::Service {
   }
 
 #define SG_TEST_UNARY(Method, Request, Response)                                          \
-  grpc::Status Method(grpc::ServerContext*, const v1::Request* request, v1::Response* response) \
-      override {                                                                          \
-    return Handle(#Method, *request, response);                                           \
+  grpc::Status Method(grpc::ServerContext* context, const v1::Request* request,           \
+                      v1::Response* response) override {                                 \
+    return Handle(context, #Method, *request, response);                                  \
   }
   SG_TEST_UNARY(GetStatus, GetStatusRequest, ServerStatus)
   SG_TEST_UNARY(CreateRun, CreateRunRequest, Run)
@@ -98,13 +123,24 @@ class RecordingSupervisor final : public v1::SupervisorService::Service {
   SG_TEST_UNARY(AddQuarantine, AddQuarantineRequest, QuarantineEntry)
 #undef SG_TEST_UNARY
 
-  grpc::Status WatchIncidents(grpc::ServerContext*, const v1::WatchIncidentsRequest* request,
+  grpc::Status ListAudit(grpc::ServerContext* context, const v1::ListAuditRequest* request,
+                         v1::ListAuditResponse* response) override {
+    grpc::Status status = Handle(context, "ListAudit", *request, response);
+    absl::MutexLock lock(&mu_);
+    if (auto it = audit_pages_.find(request->page_token()); status.ok() && it != audit_pages_.end()) {
+      response->CopyFrom(it->second);
+    }
+    return status;
+  }
+
+  grpc::Status WatchIncidents(grpc::ServerContext* context,
+                              const v1::WatchIncidentsRequest* request,
                               grpc::ServerWriter<v1::IncidentUpdate>* writer) override {
     std::vector<v1::IncidentUpdate> updates;
     grpc::Status end;
     {
       absl::MutexLock lock(&mu_);
-      Record("WatchIncidents", *request);
+      Record(context, "WatchIncidents", *request);
       updates = updates_;
       end = watch_end_;
     }
@@ -113,17 +149,24 @@ class RecordingSupervisor final : public v1::SupervisorService::Service {
   }
 
  private:
-  void Record(const std::string& method, const google::protobuf::Message& request)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  void Record(grpc::ServerContext* context, const std::string& method,
+              const google::protobuf::Message& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     std::shared_ptr<google::protobuf::Message> copy(request.New());
     copy->CopyFrom(request);
     calls_.emplace_back(method, std::move(copy));
+    std::string authorization;
+    const auto& metadata = context->client_metadata();
+    if (auto it = metadata.find("authorization"); it != metadata.end()) {
+      authorization.assign(it->second.data(), it->second.size());
+    }
+    authorizations_.push_back(std::move(authorization));
   }
 
-  grpc::Status Handle(const std::string& method, const google::protobuf::Message& request,
+  grpc::Status Handle(grpc::ServerContext* context, const std::string& method,
+                      const google::protobuf::Message& request,
                       google::protobuf::Message* response) {
     absl::MutexLock lock(&mu_);
-    Record(method, request);
+    Record(context, method, request);
     if (auto it = errors_.find(method); it != errors_.end()) return it->second;
     if (auto it = responses_.find(method); it != responses_.end()) {
       response->CopyFrom(*it->second);
@@ -136,16 +179,21 @@ class RecordingSupervisor final : public v1::SupervisorService::Service {
       ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<google::protobuf::Message>> responses_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, grpc::Status> errors_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> authorizations_ ABSL_GUARDED_BY(mu_);  // one per call
+  std::map<std::string, v1::ListAuditResponse> audit_pages_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::IncidentUpdate> updates_ ABSL_GUARDED_BY(mu_);
   grpc::Status watch_end_ ABSL_GUARDED_BY(mu_);
 };
 
-// A real gRPC server on 127.0.0.1 at a port the kernel picks.
+// A real gRPC server on 127.0.0.1 at a port the kernel picks; in clear
+// unless given credentials (TLS).
 class TestServer {
  public:
-  explicit TestServer(grpc::Service* service) {
+  explicit TestServer(grpc::Service* service,
+                      std::shared_ptr<grpc::ServerCredentials> credentials =
+                          grpc::InsecureServerCredentials()) {
     grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.AddListeningPort("127.0.0.1:0", credentials, &port_);
     builder.RegisterService(service);
     server_ = builder.BuildAndStart();
     EXPECT_NE(server_, nullptr);
