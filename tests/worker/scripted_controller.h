@@ -9,6 +9,15 @@
 //   ... start the worker ...
 //   ASSERT_TRUE(controller.WaitFor([&] { return controller.MaxStep(0) >= 9; }));
 //   controller.Send(rewind);
+//
+// For security tests it can serve over TLS, record each stream's
+// `authorization` metadata, and answer a stream whose bearer token is not
+// the expected one with Reject(BAD_TOKEN) or with an RPC status:
+//
+//   ScriptedController::Config config;
+//   config.credentials = GetTestCerts().ServerCredentials();
+//   config.expected_token = "t0ken";
+//   ScriptedController controller(config);
 #pragma once
 
 #include <algorithm>
@@ -30,9 +39,18 @@ class ScriptedController final : public spikeguard::v1::WorkerService::Service {
   using Stream = grpc::ServerReaderWriter<spikeguard::v1::ControllerMessage,
                                           spikeguard::v1::WorkerMessage>;
 
-  ScriptedController() {
+  struct Config {
+    std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+    // Set: a stream without `authorization: Bearer <expected_token>` is
+    // refused, with `refusal` when it is not OK, else with Reject(BAD_TOKEN).
+    std::string expected_token;
+    grpc::Status refusal = grpc::Status::OK;
+  };
+
+  ScriptedController() : ScriptedController(Config()) {}
+  explicit ScriptedController(Config config) : config_(std::move(config)) {
     grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.AddListeningPort("127.0.0.1:0", config_.credentials, &port_);
     builder.RegisterService(this);
     server_ = builder.BuildAndStart();
   }
@@ -40,7 +58,27 @@ class ScriptedController final : public spikeguard::v1::WorkerService::Service {
 
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
 
-  grpc::Status Attach(grpc::ServerContext*, Stream* stream) override {
+  grpc::Status Attach(grpc::ServerContext* context, Stream* stream) override {
+    std::string authorization;
+    if (auto it = context->client_metadata().find("authorization");
+        it != context->client_metadata().end()) {
+      authorization.assign(it->second.data(), it->second.size());
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      authorizations_.push_back(authorization);
+    }
+    if (!config_.expected_token.empty() &&
+        authorization != "Bearer " + config_.expected_token) {
+      if (!config_.refusal.ok()) return config_.refusal;
+      spikeguard::v1::WorkerMessage hello;
+      stream->Read(&hello);
+      spikeguard::v1::ControllerMessage reject;
+      reject.mutable_reject()->set_reason(spikeguard::v1::Reject::BAD_TOKEN);
+      reject.mutable_reject()->set_message("unknown bearer token");
+      stream->Write(reject);
+      return grpc::Status::OK;
+    }
     spikeguard::v1::WorkerMessage msg;
     if (!stream->Read(&msg) || !msg.has_hello()) return grpc::Status::OK;
     {
@@ -86,6 +124,13 @@ class ScriptedController final : public spikeguard::v1::WorkerService::Service {
       absl::SleepFor(absl::Milliseconds(10));
     }
     return done();
+  }
+
+  // The `authorization` metadata of every stream opened, in order ("" when
+  // absent).
+  std::vector<std::string> authorizations() const {
+    absl::MutexLock lock(&mu_);
+    return authorizations_;
   }
 
   std::vector<spikeguard::v1::WorkerMessage> messages() const {
@@ -146,11 +191,13 @@ class ScriptedController final : public spikeguard::v1::WorkerService::Service {
   }
 
  private:
+  const Config config_;
   int port_ = 0;
   std::unique_ptr<grpc::Server> server_;
   mutable absl::Mutex mu_;
   std::vector<spikeguard::v1::WorkerMessage> messages_ ABSL_GUARDED_BY(mu_);
   Stream* stream_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::vector<std::string> authorizations_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace spikeguard::testing

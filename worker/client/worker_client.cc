@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/logging.h"
 #include "grpcpp/create_channel.h"
@@ -23,13 +25,16 @@ absl::StatusOr<std::unique_ptr<WorkerClient>> WorkerClient::Start(Options option
                                                       options.rank, options.world_size));
   }
   if (options.max_batch_reports <= 0) options.max_batch_reports = 1;
-  std::unique_ptr<WorkerClient> client(new WorkerClient(std::move(options)));
+  absl::StatusOr<ResolvedSecurity> security = options.security.Resolve();
+  if (!security.ok()) return security.status();
+  std::unique_ptr<WorkerClient> client(
+      new WorkerClient(std::move(options), *std::move(security)));
   client->thread_ = std::thread([c = client.get()] { c->ConnectionLoop(); });
   return client;
 }
 
-WorkerClient::WorkerClient(Options options)
-    : options_(std::move(options)), generation_(options_.generation) {
+WorkerClient::WorkerClient(Options options, ResolvedSecurity security)
+    : options_(std::move(options)), security_(std::move(security)), generation_(options_.generation) {
   channel_ = options_.channel;
   if (channel_ == nullptr) {
     grpc::ChannelArguments args;
@@ -37,7 +42,7 @@ WorkerClient::WorkerClient(Options options)
     // Reconnect quickly after a daemon restart; the loop adds its own backoff.
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-    channel_ = grpc::CreateCustomChannel(options_.address, grpc::InsecureChannelCredentials(), args);
+    channel_ = CreateClientChannel(options_.address, security_, args);
   }
   stub_ = v1::WorkerService::NewStub(channel_);
 }
@@ -66,17 +71,32 @@ absl::Status WorkerClient::WaitForWelcome(absl::Duration timeout) {
   while (!welcomed_ && !rejection_.has_value()) {
     if (cv_.WaitWithDeadline(&mu_, deadline)) break;
   }
-  if (rejection_.has_value()) {
-    return absl::FailedPreconditionError(
-        absl::StrFormat("rejected by spikeguardd (%s): %s",
-                        v1::Reject::Reason_Name(rejection_->reason()), rejection_->message()));
-  }
+  if (rejection_.has_value()) return RejectionStatusLocked();
   if (!welcomed_) {
+    std::string why;
+    if (!stats_.last_error.empty()) {
+      why = absl::StrCat(" (last error ", stats_.last_error, ")");
+      // A connection that never came up may be a TLS mismatch.
+      if (absl::StartsWith(stats_.last_error, "UNAVAILABLE")) {
+        absl::StrAppend(&why, "; ", security_.Hint(grpc::StatusCode::UNAVAILABLE));
+      }
+    }
     return absl::DeadlineExceededError(
-        absl::StrFormat("no welcome from spikeguardd at %s within %s", options_.address,
-                        absl::FormatDuration(timeout)));
+        absl::StrFormat("no welcome from spikeguardd at %s within %s%s", options_.address,
+                        absl::FormatDuration(timeout), why));
   }
   return absl::OkStatus();
+}
+
+absl::Status WorkerClient::RejectionStatusLocked() const {
+  std::string message = absl::StrFormat("rejected by spikeguardd (%s): %s",
+                                        v1::Reject::Reason_Name(rejection_->reason()),
+                                        rejection_->message());
+  if (rejection_->reason() == v1::Reject::BAD_TOKEN &&
+      !absl::StrContains(rejection_->message(), "SPIKEGUARD_TOKEN")) {
+    absl::StrAppend(&message, "; ", security_.Hint(grpc::StatusCode::UNAUTHENTICATED));
+  }
+  return absl::FailedPreconditionError(message);
 }
 
 void WorkerClient::Report(const v1::StepReport& report) {
@@ -160,11 +180,7 @@ absl::Status WorkerClient::Flush(absl::Duration timeout) {
   while (pending() && !rejection_.has_value() && !stopping_) {
     if (cv_.WaitWithDeadline(&mu_, deadline)) break;
   }
-  if (rejection_.has_value()) {
-    return absl::FailedPreconditionError(
-        absl::StrFormat("rejected by spikeguardd (%s): %s",
-                        v1::Reject::Reason_Name(rejection_->reason()), rejection_->message()));
-  }
+  if (rejection_.has_value()) return RejectionStatusLocked();
   if (!unacked_.empty()) {
     return absl::DeadlineExceededError(absl::StrFormat(
         "%d reports still unacknowledged after %s", unacked_reports_, absl::FormatDuration(timeout)));
@@ -267,6 +283,7 @@ bool WorkerClient::RunConnection() {
     connected_ = false;
     cv_.SignalAll();
   };
+  security_.Authorize(&context);
   std::unique_ptr<grpc::ClientReaderWriter<v1::WorkerMessage, v1::ControllerMessage>> stream =
       stub_->Attach(&context);
 
@@ -285,11 +302,39 @@ bool WorkerClient::RunConnection() {
   if (options_.data_order.has_value()) *hello->mutable_data_order() = *options_.data_order;
   hello->set_total_steps(options_.total_steps);
   v1::ControllerMessage first;
-  if (!stream->Write(hello_msg) || !stream->Read(&first)) {
-    context.TryCancel();
-    stream->Finish();
-    clear_context();
-    return true;
+  const bool wrote = stream->Write(hello_msg);
+  if (!wrote || !stream->Read(&first)) {
+    // A stream the daemon ended at once says why in its status.
+    if (!wrote) stream->WritesDone();
+    const grpc::Status status = stream->Finish();
+    const std::string error =
+        status.ok() ? std::string("stream ended before a welcome")
+                    : absl::StrCat(absl::StatusCodeToString(
+                                       static_cast<absl::StatusCode>(status.error_code())),
+                                   ": ", status.error_message());
+    const bool refused = status.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+                         status.error_code() == grpc::StatusCode::PERMISSION_DENIED;
+    absl::MutexLock lock(&mu_);
+    if (refused) {
+      // The same token would be refused again: final, like Reject(BAD_TOKEN).
+      v1::Reject reject;
+      reject.set_reason(v1::Reject::BAD_TOKEN);
+      reject.set_message(absl::StrCat(error, " (", security_.Hint(status.error_code()), ")"));
+      rejection_ = reject;
+      stopping_ = true;
+      SG_LOG(ERROR) << "spikeguardd refused rank " << options_.rank << " of run '"
+                    << options_.run << "': " << reject.message();
+    } else if (error != stats_.last_error) {
+      // Said once per distinct failure; the retries that follow are quiet.
+      SG_LOG(WARNING) << "cannot attach rank " << options_.rank << " of run '" << options_.run
+                      << "' to spikeguardd at " << options_.address << ": " << error
+                      << "; retrying";
+    }
+    stats_.last_error = error;
+    active_context_ = nullptr;
+    connected_ = false;
+    cv_.SignalAll();
+    return !refused;
   }
   if (first.has_reject()) {
     stream->WritesDone();
@@ -301,7 +346,8 @@ bool WorkerClient::RunConnection() {
     connected_ = false;
     cv_.SignalAll();
     SG_LOG(ERROR) << "spikeguardd rejected rank " << options_.rank << " of run '" << options_.run
-                  << "': " << first.reject().message();
+                  << "' (" << v1::Reject::Reason_Name(first.reject().reason())
+                  << "): " << first.reject().message();
     return false;
   }
   if (!first.has_welcome()) {

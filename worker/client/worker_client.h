@@ -20,9 +20,17 @@
 //   for (...) (*client)->Report(report);
 //   SG_RETURN_IF_ERROR((*client)->Flush(absl::Seconds(30)));
 //
-// A Reject (unknown run, stale generation, invalid hello) is final: the
-// client stops, and WaitForWelcome/Flush return FAILED_PRECONDITION with the
-// daemon's reason.
+// A Reject (unknown run, stale generation, invalid hello, bad token) is
+// final: the client stops, and WaitForWelcome/Flush return
+// FAILED_PRECONDITION with the daemon's reason. A stream the daemon ends with
+// UNAUTHENTICATED or PERMISSION_DENIED counts as Reject(BAD_TOKEN): retrying
+// with the same token cannot help.
+//
+// Security (worker/client/client_security.h): Options::security starts from
+// the environment (SPIKEGUARD_TOKEN or SPIKEGUARD_TOKEN_FILE,
+// SPIKEGUARD_TLS_CA, SPIKEGUARD_TLS_CERT/KEY, SPIKEGUARD_TLS_SERVER_NAME),
+// which the daemon's launcher sets for the ranks it starts. The token goes
+// on the Attach stream as `authorization: Bearer <token>`; a CA turns TLS on.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +47,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "spikeguard/v1/worker.grpc.pb.h"
+#include "worker/client/client_security.h"
 
 namespace spikeguard::worker {
 
@@ -46,8 +55,12 @@ class WorkerClient {
  public:
   struct Options {
     std::string address = "127.0.0.1:7070";
-    // Use this channel instead of dialing `address` (in-process tests).
+    // Use this channel instead of dialing `address` (in-process tests); the
+    // token of `security` is still sent.
     std::shared_ptr<grpc::Channel> channel;
+    // Token and TLS, from the environment unless set otherwise; Start() fails
+    // with INVALID_ARGUMENT naming a file it cannot read.
+    ClientSecurity security = ClientSecurity::FromEnv();
     std::string run;
     uint32_t rank = 0;
     uint32_t world_size = 1;
@@ -86,6 +99,8 @@ class WorkerClient {
     int64_t batches_sent = 0;
     int64_t connects = 0;
     std::string last_ack_message;
+    // Why the last stream or attempt failed ("" when none did).
+    std::string last_error;
   };
 
   static absl::StatusOr<std::unique_ptr<WorkerClient>> Start(Options options);
@@ -140,7 +155,9 @@ class WorkerClient {
     bool sent = false;  // on the current connection
   };
 
-  explicit WorkerClient(Options options);
+  WorkerClient(Options options, ResolvedSecurity security);
+  // The rejection's text for WaitForWelcome/Flush.
+  absl::Status RejectionStatusLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ConnectionLoop();
   // Runs one connection until it breaks; returns false when the client must
   // stop for good (closed or rejected).
@@ -148,6 +165,7 @@ class WorkerClient {
   void SealLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
+  const ResolvedSecurity security_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<spikeguard::v1::WorkerService::Stub> stub_;
 

@@ -8,6 +8,12 @@
 //       [--addr HOST:PORT --run NAME --rank R --world-size N --generation G]
 //       [--plan 0-600,610-] [--resume newest|PATH] [--fault bitflip:step=S]
 //       [--stop-after STEP] [--linger-s SECONDS] [--lr-scale X]
+//       [--token-file FILE] [--tls-ca FILE [--tls-cert FILE --tls-key FILE]
+//        [--tls-server-name NAME]]
+//
+// The token and TLS flags override SPIKEGUARD_TOKEN, SPIKEGUARD_TOKEN_FILE,
+// SPIKEGUARD_TLS_CA, ... (worker/client/client_security.h), which the
+// daemon's launcher sets for the ranks it starts.
 //
 // Exit codes: 0 done; 1 failure; 2 usage; 3 rejected by spikeguardd.
 #include <unistd.h>
@@ -39,6 +45,10 @@ constexpr char kUsage[] =
     "      [--addr HOST:PORT --run NAME --rank R --world-size N --generation G]\n"
     "      [--plan RANGES] [--resume newest|PATH] [--fault bitflip:step=S]\n"
     "      [--stop-after STEP] [--linger-s SECONDS] [--lr-scale X]\n"
+    "      [--token-file FILE] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE]\n"
+    "      [--tls-server-name NAME]\n"
+    "      (default: SPIKEGUARD_TOKEN or SPIKEGUARD_TOKEN_FILE, SPIKEGUARD_TLS_CA,\n"
+    "      SPIKEGUARD_TLS_CERT, SPIKEGUARD_TLS_KEY, SPIKEGUARD_TLS_SERVER_NAME)\n"
     "exit codes: 0 done, 1 failure, 2 usage, 3 rejected by spikeguardd\n";
 
 struct Args {
@@ -191,6 +201,19 @@ int Train(const Args& a) {
     char host[256] = {0};
     gethostname(host, sizeof(host) - 1);
     o.client.host = host;
+    // Over the environment's settings (o.client.security starts from them).
+    auto& security = o.client.security;
+    if (a.Has("token-file")) security.SetTokenFile(a.Get("token-file"), "--token-file");
+    if (a.Has("tls-ca")) security.SetTlsCa(a.Get("tls-ca"), "--tls-ca");
+    if (a.Has("tls-cert")) security.SetTlsCert(a.Get("tls-cert"), "--tls-cert");
+    if (a.Has("tls-key")) security.SetTlsKey(a.Get("tls-key"), "--tls-key");
+    if (a.Has("tls-server-name")) {
+      security.SetTlsServerName(a.Get("tls-server-name"), "--tls-server-name");
+    }
+    // Unreadable files are a usage error, reported before any training.
+    if (auto resolved = security.Resolve(); !resolved.ok()) {
+      return Usage(std::string(resolved.status().message()));
+    }
   }
   if (!absl::SimpleAtoi(a.Get("generation", "0"), &o.generation)) {
     return Usage("--generation: not a number");

@@ -27,6 +27,11 @@
 #include "worker/tracegen/trace_model.h"
 
 ABSL_FLAG(std::string, addr, "127.0.0.1:7070", "spikeguardd address");
+ABSL_FLAG(std::string, token_file, "",
+          "bearer token file (default $SPIKEGUARD_TOKEN, else $SPIKEGUARD_TOKEN_FILE)");
+ABSL_FLAG(std::string, tls_ca, "", "PEM CA of the daemon's certificate; turns TLS on "
+                                   "(default $SPIKEGUARD_TLS_CA; also $SPIKEGUARD_TLS_CERT, "
+                                   "$SPIKEGUARD_TLS_KEY, $SPIKEGUARD_TLS_SERVER_NAME)");
 ABSL_FLAG(std::string, run, "", "run name");
 ABSL_FLAG(int, ranks, 1, "number of ranks (one stream each)");
 ABSL_FLAG(int64_t, steps, 1000, "steps to stream");
@@ -119,10 +124,23 @@ int main(int argc, char** argv) {
     return f.good() ? 0 : 1;
   }
 
+  spikeguard::ClientSecurity security = spikeguard::ClientSecurity::FromEnv();
+  if (!absl::GetFlag(FLAGS_token_file).empty()) {
+    security.SetTokenFile(absl::GetFlag(FLAGS_token_file), "--token-file");
+  }
+  if (!absl::GetFlag(FLAGS_tls_ca).empty()) security.SetTlsCa(absl::GetFlag(FLAGS_tls_ca), "--tls-ca");
+  absl::StatusOr<spikeguard::ResolvedSecurity> resolved = security.Resolve();
+  if (!resolved.ok()) {
+    std::cerr << "spikeguard-tracegen: " << resolved.status().message() << "\n";
+    return 2;
+  }
+
   if (absl::GetFlag(FLAGS_create_run)) {
-    auto channel = grpc::CreateChannel(absl::GetFlag(FLAGS_addr), grpc::InsecureChannelCredentials());
+    auto channel =
+        spikeguard::CreateClientChannel(absl::GetFlag(FLAGS_addr), *resolved, grpc::ChannelArguments());
     auto stub = spikeguard::v1::SupervisorService::NewStub(channel);
     grpc::ClientContext ctx;
+    resolved->Authorize(&ctx);
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     ctx.set_wait_for_ready(true);
     spikeguard::v1::CreateRunRequest req;
@@ -131,7 +149,11 @@ int main(int argc, char** argv) {
     spikeguard::v1::Run out;
     grpc::Status s = stub->CreateRun(&ctx, req, &out);
     if (!s.ok() && s.error_code() != grpc::StatusCode::ALREADY_EXISTS) {
-      std::cerr << "spikeguard-tracegen: create run: " << s.error_message() << "\n";
+      std::cerr << "spikeguard-tracegen: create run: " << s.error_message();
+      if (const std::string hint = resolved->Hint(s.error_code()); !hint.empty()) {
+        std::cerr << " (" << hint << ")";
+      }
+      std::cerr << "\n";
       return 1;
     }
   }
@@ -143,6 +165,7 @@ int main(int argc, char** argv) {
     threads.emplace_back([&, rank] {
       spikeguard::worker::WorkerClient::Options options;
       options.address = absl::GetFlag(FLAGS_addr);
+      options.security = security;
       options.run = run;
       options.rank = static_cast<uint32_t>(rank);
       options.world_size = static_cast<uint32_t>(ranks);
