@@ -1,16 +1,17 @@
 """spikeguard: the Python client of the spikeguard daemon (worker side).
 
-    from spikeguard import Client, Rejected
+    from spikeguard import Client, Rejected, Unauthorized
     from spikeguard.v1 import telemetry_pb2, worker_pb2   # generated at build time
 """
 
-__all__ = ["Client", "Rejected"]
+__all__ = ["Client", "Rejected", "Unauthorized"]
 
 # Loaded on first use, so that submodules that do not talk to the daemon do
 # not import gRPC.
 _LAZY = {
     "Client": "spikeguard.client",
     "Rejected": "spikeguard.client",
+    "Unauthorized": "spikeguard.client",
 }
 
 

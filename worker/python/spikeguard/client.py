@@ -24,7 +24,16 @@ The same delivery contract as the C++ client library (worker/client/worker_clien
   for, so an id may arrive twice: execute it once, and send its result again.
 - A Reject (unknown run, stale generation, invalid hello, ...) is final: the
   thread stops, and ``start()``, ``report()`` and ``flush()`` raise
-  :class:`Rejected`.
+  :class:`Rejected`. A refused token (Reject BAD_TOKEN, or a stream the daemon
+  ends with UNAUTHENTICATED or PERMISSION_DENIED) is final too: they raise
+  :class:`Unauthorized` (a Rejected) saying what to set.
+- Security (as the C++ client, worker/client/client_security.h): the token
+  goes on the Attach stream as ``authorization: Bearer <token>`` metadata; a
+  CA turns TLS on. Unless given, the settings come from the environment the
+  daemon's launcher sets: SPIKEGUARD_TOKEN (else the first line of
+  SPIKEGUARD_TOKEN_FILE), SPIKEGUARD_TLS_CA, SPIKEGUARD_TLS_CERT and
+  SPIKEGUARD_TLS_KEY (mutual TLS), SPIKEGUARD_TLS_SERVER_NAME. A file that
+  cannot be read raises ValueError naming it; the token is never logged.
 
     from spikeguard import Client
     from spikeguard.v1 import telemetry_pb2
@@ -56,7 +65,7 @@ import grpc
 
 from spikeguard.v1 import telemetry_pb2, worker_pb2, worker_pb2_grpc
 
-__all__ = ["Client", "Rejected"]
+__all__ = ["Client", "Rejected", "Unauthorized"]
 
 _log = logging.getLogger("spikeguard.client")
 
@@ -81,6 +90,157 @@ class Rejected(Exception):
         self.message = reject.message
         self.current_generation = reject.current_generation
         super().__init__(f"rejected by spikeguardd ({self.reason}): {self.message}")
+
+
+class Unauthorized(Rejected):
+    """spikeguardd refused this rank's token (final): Reject BAD_TOKEN, or the
+    stream ended with UNAUTHENTICATED or PERMISSION_DENIED (``code`` says which;
+    "BAD_TOKEN" for a Reject). ``hint`` says what to set.
+    """
+
+    def __init__(self, reject: worker_pb2.Reject, code: str = "BAD_TOKEN", hint: str = ""):
+        super().__init__(reject)
+        self.code = code
+        self.hint = hint
+        if hint:
+            self.args = (f"{self.args[0]} ({hint})",)
+
+
+_AUTH_CODES = ("UNAUTHENTICATED", "PERMISSION_DENIED")
+
+
+def _env(name: str) -> Optional[str]:
+    value = os.environ.get(name)
+    return value if value else None
+
+
+def _read_file(path: str, what: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise ValueError(f"cannot read {what} '{path}': {e.strerror or e}") from None
+
+
+def _check_token(token: str, what: str) -> str:
+    if not token:
+        raise ValueError(f"the token from {what} is empty")
+    if any(not 0x20 < ord(c) < 0x7f for c in token):
+        # The token itself is never echoed.
+        raise ValueError(f"the token from {what} has a character a bearer token cannot have "
+                         "(want printable ASCII, no spaces)")
+    return token
+
+
+def read_token_file(path: str, what: str = "token_file") -> str:
+    """The first line of ``path``, trimmed: the token (ValueError naming the file)."""
+    text = _read_file(path, what).decode("utf-8", errors="replace")
+    first = text.split("\n", 1)[0].strip()
+    if not first:
+        raise ValueError(f"{what} '{path}' holds no token (its first line is empty)")
+    return _check_token(first, f"{what} '{path}'")
+
+
+def _read_pem(path: str, what: str, kind: str) -> bytes:
+    pem = _read_file(path, what)
+    if b"-----BEGIN " not in pem:
+        raise ValueError(f"{what} '{path}' is not PEM (want a {kind})")
+    return pem
+
+
+class _Security:
+    """The token and the channel credentials of a client (resolved once)."""
+
+    def __init__(self, token, token_file, tls_ca, tls_cert, tls_key, tls_server_name):
+        # An argument (even "") wins over the environment; a token over a file.
+        if token is not None or token_file is not None:
+            if token:
+                self.token = _check_token(token, "token")
+                self.token_origin = "token"
+            elif token_file:
+                self.token = read_token_file(token_file, "token_file")
+                self.token_origin = f"token_file '{token_file}'"
+            else:
+                self.token, self.token_origin = None, ""
+        elif _env("SPIKEGUARD_TOKEN"):
+            self.token = _check_token(_env("SPIKEGUARD_TOKEN"), "SPIKEGUARD_TOKEN")
+            self.token_origin = "SPIKEGUARD_TOKEN"
+        elif _env("SPIKEGUARD_TOKEN_FILE"):
+            path = _env("SPIKEGUARD_TOKEN_FILE")
+            self.token = read_token_file(path, "SPIKEGUARD_TOKEN_FILE")
+            self.token_origin = f"SPIKEGUARD_TOKEN_FILE '{path}'"
+        else:
+            self.token, self.token_origin = None, ""
+
+        def pick(value, arg, env):
+            if value is not None:
+                return (value or None), arg
+            return _env(env), env
+
+        ca, ca_what = pick(tls_ca, "tls_ca", "SPIKEGUARD_TLS_CA")
+        cert, cert_what = pick(tls_cert, "tls_cert", "SPIKEGUARD_TLS_CERT")
+        key, key_what = pick(tls_key, "tls_key", "SPIKEGUARD_TLS_KEY")
+        name, name_what = pick(tls_server_name, "tls_server_name", "SPIKEGUARD_TLS_SERVER_NAME")
+        if bool(cert) != bool(key):
+            raise ValueError(f"{cert_what if cert else key_what} needs "
+                             f"{'a key (tls_key or SPIKEGUARD_TLS_KEY)' if cert else 'a certificate (tls_cert or SPIKEGUARD_TLS_CERT)'}"
+                             ": mutual TLS takes both")
+        self.tls = bool(ca)
+        self.mutual_tls = False
+        self.tls_origin = ""
+        self.server_name = None
+        self.credentials = None
+        if not ca:
+            if cert:
+                raise ValueError(f"{cert_what} needs tls_ca or SPIKEGUARD_TLS_CA "
+                                 "(the CA that signed spikeguardd's certificate)")
+            if name:
+                raise ValueError(f"{name_what} needs tls_ca or SPIKEGUARD_TLS_CA "
+                                 "(TLS is off without it)")
+            return
+        roots = _read_pem(ca, ca_what, "certificate")
+        chain = private_key = None
+        if cert:
+            chain = _read_pem(cert, cert_what, "certificate")
+            private_key = _read_pem(key, key_what, "private key")
+            self.mutual_tls = True
+        self.credentials = grpc.ssl_channel_credentials(
+            root_certificates=roots, private_key=private_key, certificate_chain=chain)
+        self.tls_origin = f"{ca_what} '{ca}'"
+        self.server_name = name
+
+    @property
+    def metadata(self):
+        return (("authorization", f"Bearer {self.token}"),) if self.token else None
+
+    def channel(self, address: str, options):
+        if not self.tls:
+            return grpc.insecure_channel(address, options=options)
+        options = list(options)
+        if self.server_name:
+            options.append(("grpc.ssl_target_name_override", self.server_name))
+        return grpc.secure_channel(address, self.credentials, options=options)
+
+    def hint(self, code: str) -> str:
+        if code == "UNAUTHENTICATED" or code == "BAD_TOKEN":
+            if not self.token:
+                return ("no token was sent: set SPIKEGUARD_TOKEN or SPIKEGUARD_TOKEN_FILE, "
+                        "or pass token= / token_file=")
+            return (f"the token from {self.token_origin} was not accepted: check that the "
+                    "daemon's tokens file has its hash")
+        if code == "PERMISSION_DENIED":
+            origin = f" from {self.token_origin}" if self.token else ""
+            return (f"the token{origin} is valid but its role or runs do not allow this: use "
+                    "one that does (an admin makes one with 'spikectl token new')")
+        if code == "UNAVAILABLE":
+            if self.tls:
+                return (f"TLS with the CA of {self.tls_origin}: check that spikeguardd serves "
+                        "TLS, that this CA signed its certificate, and the name checked "
+                        "(tls_server_name)"
+                        + (", and that it accepts the client certificate"
+                           if self.mutual_tls else ""))
+            return "if spikeguardd serves TLS, pass tls_ca= or set SPIKEGUARD_TLS_CA"
+        return ""
 
 
 class _Batch:
@@ -129,8 +289,14 @@ class Client:
 
     address: "host:port" of spikeguardd. run, rank, world_size, generation: who
     this rank is (the generation it believes it runs: 0, or the one it was
-    relaunched into). token: sent as "authorization: Bearer <token>" metadata
-    (default $SPIKEGUARD_TOKEN). host (default the hostname), device_id,
+    relaunched into). token (or token_file, whose first line is the token):
+    sent as "authorization: Bearer <token>" metadata (default
+    $SPIKEGUARD_TOKEN, else $SPIKEGUARD_TOKEN_FILE; "" sends none). tls_ca:
+    PEM roots that verify the daemon, turning TLS on (default
+    $SPIKEGUARD_TLS_CA); tls_cert and tls_key: the client certificate for
+    mutual TLS ($SPIKEGUARD_TLS_CERT, $SPIKEGUARD_TLS_KEY); tls_server_name:
+    the name checked in the daemon's certificate ($SPIKEGUARD_TLS_SERVER_NAME).
+    host (default the hostname), device_id,
     config_fingerprint, manifest_version, resume_step, data_order (a
     worker_pb2.DataOrder: the daemon refuses a rank whose order contradicts
     the run's manifest or the other ranks', and names documents with it) and
@@ -145,6 +311,11 @@ class Client:
     def __init__(self, address: str, run: str, rank: int = 0, world_size: int = 1,
                  generation: int = 0, *,
                  token: Optional[str] = None,
+                 token_file: Optional[str] = None,
+                 tls_ca: Optional[str] = None,
+                 tls_cert: Optional[str] = None,
+                 tls_key: Optional[str] = None,
+                 tls_server_name: Optional[str] = None,
                  host: Optional[str] = None,
                  device_id: int = -1,
                  config_fingerprint: str = "",
@@ -169,9 +340,8 @@ class Client:
         self.run = run
         self.rank = int(rank)
         self.world_size = int(world_size)
-        if token is None:
-            token = os.environ.get("SPIKEGUARD_TOKEN")
-        self._token = token or None
+        self._security = _Security(token, token_file, tls_ca, tls_cert, tls_key,
+                                   tls_server_name)
         self._host = host if host is not None else socket.gethostname()
         self._device_id = int(device_id)
         self._config_fingerprint = config_fingerprint
@@ -216,6 +386,8 @@ class Client:
         self._reconnect_now = False
         self._warned_backpressure = False
         self._last_error = ""  # why the last stream or attempt failed
+        # The status code that ended a refused stream ("BAD_TOKEN" for a Reject).
+        self._auth_code = "BAD_TOKEN"
         self._stats = {
             "reports_acked": 0,
             "reports_duplicate": 0,
@@ -240,9 +412,9 @@ class Client:
             ("grpc.max_reconnect_backoff_ms", max(1, int(self._max_backoff * 1000))),
             ("grpc.dns_min_time_between_resolutions_ms", max(1, int(self._max_backoff * 1000))),
         ]
-        self._channel = grpc.insecure_channel(address, options=self._channel_options)
+        self._channel = self._security.channel(address, self._channel_options)
         self._stub = worker_pb2_grpc.WorkerServiceStub(self._channel)
-        self._metadata = (("authorization", f"Bearer {self._token}"),) if self._token else None
+        self._metadata = self._security.metadata
         self._thread = threading.Thread(
             target=self._connection_loop, name=f"spikeguard-client-{run}-{rank}", daemon=True)
         _live_clients.add(self)
@@ -265,7 +437,7 @@ class Client:
             self._cond.wait_for(lambda: self._welcome is not None or self._rejection is not None,
                                 timeout=timeout)
             if self._rejection is not None:
-                raise Rejected(self._rejection)
+                raise self._rejected_error()
             if self._welcome is None:
                 raise TimeoutError(f"no welcome from spikeguardd at {self.address} within "
                                    f"{timeout:g} s (run '{self.run}', rank {self.rank})"
@@ -293,7 +465,7 @@ class Client:
                 self._cond.wait_for(
                     lambda: self._stopping or self._queued_locked() < self._max_queued_reports)
                 if self._rejection is not None:
-                    raise Rejected(self._rejection)
+                    raise self._rejected_error()
                 if self._stopping:
                     return
             if self._open_count > 0 and report.step <= self._open_last_step:
@@ -420,14 +592,14 @@ class Client:
         """
         with self._cond:
             if self._rejection is not None:
-                raise Rejected(self._rejection)
+                raise self._rejected_error()
             self._seal_locked()
             self._cond.notify_all()
             self._cond.wait_for(
                 lambda: (not self._pending_locked() or self._rejection is not None
                          or self._stopping), timeout=timeout)
             if self._rejection is not None:
-                raise Rejected(self._rejection)
+                raise self._rejected_error()
             if self._unacked:
                 raise TimeoutError(
                     f"{self._unacked_reports} reports still unacknowledged by spikeguardd at "
@@ -508,12 +680,25 @@ class Client:
     def _why_disconnected_locked(self) -> str:
         if self._connected:
             return ""
-        return f" (not connected; last error {self._last_error})" if self._last_error else \
-            " (not connected)"
+        if not self._last_error:
+            return " (not connected)"
+        hint = ""
+        if self._last_error.startswith("UNAVAILABLE"):
+            hint = "; " + self._security.hint("UNAVAILABLE")
+        return f" (not connected; last error {self._last_error}{hint})"
+
+    def _rejected_error(self) -> Rejected:
+        reject = self._rejection
+        if reject.reason != worker_pb2.Reject.BAD_TOKEN:
+            return Rejected(reject)
+        code = self._auth_code
+        # A synthesized rejection's message has the hint already.
+        hint = "" if code in _AUTH_CODES else self._security.hint(code)
+        return Unauthorized(reject, code=code, hint=hint)
 
     def _check_usable_locked(self) -> None:
         if self._rejection is not None:
-            raise Rejected(self._rejection)
+            raise self._rejected_error()
         if self._closed:
             raise RuntimeError("spikeguard client is closed")
 
@@ -621,7 +806,7 @@ class Client:
             if self._stopping:
                 return
             old = self._channel
-            self._channel = grpc.insecure_channel(self.address, options=self._channel_options)
+            self._channel = self._security.channel(self.address, self._channel_options)
             self._stub = worker_pb2_grpc.WorkerServiceStub(self._channel)
         old.close()
 
@@ -660,6 +845,17 @@ class Client:
             except grpc.RpcError as e:
                 code = e.code() if hasattr(e, "code") else None
                 details = e.details() if hasattr(e, "details") else str(e)
+                name = getattr(code, "name", None)
+                if name in _AUTH_CODES:
+                    # The same token would be refused again: final.
+                    reject = worker_pb2.Reject(
+                        reason=worker_pb2.Reject.BAD_TOKEN,
+                        message=f"{name}: {details} ({self._security.hint(name)})")
+                    with self._cond:
+                        self._auth_code = name
+                        self._last_error = f"{name}: {details}"
+                    self._on_reject(reject)
+                    return False, welcomed
                 if code != grpc.StatusCode.CANCELLED:
                     with self._cond:
                         self._last_error = f"{getattr(code, 'name', code)}: {details}"
