@@ -7,9 +7,12 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libsqlite3-dev sqlite3 libgtest-dev libgmock-dev
-  libbenchmark-dev libopenblas-dev
+  libbenchmark-dev libopenblas-dev libssl-dev openssl
   python3 python3-dev python3-pytest python3-numpy python3-protobuf python3-grpcio
   python3-torch python3-pybind11 pybind11-dev
+  # make check-sanitize / make fuzz: clang++, its sanitizer and libFuzzer
+  # runtimes (only recommended by clang, hence named), llvm-symbolizer
+  clang libclang-rt-14-dev llvm
 )
 
 missing=()

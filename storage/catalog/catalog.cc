@@ -32,6 +32,7 @@ constexpr char kListRunsSql[] =
 constexpr char kUpdateRunDataOrderSql[] =
     "UPDATE runs SET data_order = ?, total_steps = ? WHERE name = ?";
 constexpr char kUpdateRunStateSql[] = "UPDATE runs SET state = ? WHERE name = ?";
+constexpr char kUpdateRunSpecSql[] = "UPDATE runs SET spec = ? WHERE name = ?";
 constexpr char kUpdateRunProgressSql[] = "UPDATE runs SET last_step = ? WHERE name = ?";
 constexpr char kSetCurrentGenerationSql[] =
     "UPDATE runs SET current_generation = ? WHERE id = ?";
@@ -142,6 +143,13 @@ constexpr char kSelectQuarantineSql[] =
     "ORDER BY domain, document_id";
 constexpr char kInsertAuditSql[] =
     "INSERT INTO audit (unix_ms, actor, action, target, detail) VALUES (?, ?, ?, ?, ?)";
+constexpr char kInsertAuditV4Sql[] =
+    "INSERT INTO audit (unix_ms, actor, action, target, detail, role, outcome, peer) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)";
+constexpr char kQueryAuditSql[] =
+    "SELECT seq, unix_ms, actor, action, target, detail, role, outcome, peer FROM audit "
+    "WHERE (?1 = '' OR target = ?1) AND (?2 = '' OR actor = ?2) AND unix_ms >= ?3 AND seq < ?4 "
+    "ORDER BY seq DESC LIMIT ?5";
 constexpr char kListAuditSql[] =
     "SELECT seq, unix_ms, actor, action, target, detail FROM audit ORDER BY seq DESC LIMIT ?";
 
@@ -442,6 +450,16 @@ absl::Status Catalog::SetRunState(std::string_view name, std::string_view state)
   absl::MutexLock lock(&mu_);
   SG_ASSIGN_OR_RETURN(Statement update, db_->Prepare(kUpdateRunStateSql));
   update.BindText(1, state).BindText(2, name);
+  SG_RETURN_IF_ERROR(update.Run());
+  if (db_->Changes() == 0) return absl::NotFoundError(RunNotFound(name));
+  return absl::OkStatus();
+}
+
+absl::Status Catalog::SetRunSpec(std::string_view name, const v1::RunSpec& spec) {
+  absl::MutexLock lock(&mu_);
+  SG_ASSIGN_OR_RETURN(Statement update, db_->Prepare(kUpdateRunSpecSql));
+  const std::string blob = Serialize(spec);
+  update.BindBlob(1, blob).BindText(2, name);
   SG_RETURN_IF_ERROR(update.Run());
   if (db_->Changes() == 0) return absl::NotFoundError(RunNotFound(name));
   return absl::OkStatus();
@@ -1002,6 +1020,47 @@ absl::StatusOr<std::vector<AuditEntry>> Catalog::ListAudit(int limit) {
     e.action = select.ColumnText(3);
     e.target = select.ColumnText(4);
     e.detail = select.ColumnText(5);
+  }
+  return out;
+}
+
+absl::StatusOr<int64_t> Catalog::AppendAudit(const v1::AuditEntry& entry) {
+  absl::MutexLock lock(&mu_);
+  SG_ASSIGN_OR_RETURN(Statement insert, db_->Prepare(kInsertAuditV4Sql));
+  insert.BindInt64(1, entry.unix_ms() != 0 ? entry.unix_ms() : clock_->NowUnixMillis())
+      .BindText(2, entry.principal())
+      .BindText(3, entry.rpc())
+      .BindText(4, entry.run())
+      .BindText(5, entry.detail())
+      .BindText(6, entry.role())
+      .BindText(7, entry.outcome())
+      .BindText(8, entry.peer());
+  SG_RETURN_IF_ERROR(insert.Run());
+  return db_->LastInsertRowId();
+}
+
+absl::StatusOr<std::vector<v1::AuditEntry>> Catalog::QueryAudit(const AuditQuery& query) {
+  absl::MutexLock lock(&mu_);
+  SG_ASSIGN_OR_RETURN(Statement select, db_->Prepare(kQueryAuditSql));
+  select.BindText(1, query.run)
+      .BindText(2, query.principal)
+      .BindInt64(3, query.since_unix_ms)
+      .BindInt64(4, query.before_id > 0 ? query.before_id : std::numeric_limits<int64_t>::max())
+      .BindInt64(5, query.limit > 0 ? query.limit : -1);
+  std::vector<v1::AuditEntry> out;
+  while (true) {
+    SG_ASSIGN_OR_RETURN(bool row, select.Step());
+    if (!row) break;
+    v1::AuditEntry& e = out.emplace_back();
+    e.set_id(select.ColumnInt64(0));
+    e.set_unix_ms(select.ColumnInt64(1));
+    e.set_principal(select.ColumnText(2));
+    e.set_rpc(select.ColumnText(3));
+    e.set_run(select.ColumnText(4));
+    e.set_detail(select.ColumnText(5));
+    e.set_role(select.ColumnText(6));
+    e.set_outcome(select.ColumnText(7));
+    e.set_peer(select.ColumnText(8));
   }
   return out;
 }

@@ -143,6 +143,8 @@ class Catalog {
   // state: "created", "running", "paused", "stopped", "finished", "failed".
   absl::Status SetRunState(std::string_view name, std::string_view state);
   absl::Status UpdateRunProgress(std::string_view name, int64_t last_step);
+  // Replaces the run's spec (an admin mapping a run to a launch profile).
+  absl::Status SetRunSpec(std::string_view name, const v1::RunSpec& spec);
   // Records the data order the run's workers train with and the steps their
   // schedule runs (0 = unknown), as reported in their hello; GetRun and
   // ListRuns return them in `data_order` and `total_steps`. Replaces what
@@ -238,6 +240,19 @@ class Catalog {
                                       std::string_view target, std::string_view detail);
   // The newest `limit` entries (all if limit <= 0), newest first.
   absl::StatusOr<std::vector<AuditEntry>> ListAudit(int limit);
+  // A call as the daemon's audit interceptor saw it (principal, role, rpc,
+  // run, outcome, detail, peer); unix_ms 0 = now. Returns the row's id.
+  absl::StatusOr<int64_t> AppendAudit(const v1::AuditEntry& entry);
+  // Newest first, at most `limit` (<= 0: all), with id < `before_id` when
+  // before_id > 0; empty run / principal: any.
+  struct AuditQuery {
+    std::string run;
+    std::string principal;
+    int64_t since_unix_ms = 0;
+    int64_t before_id = 0;
+    int limit = 0;
+  };
+  absl::StatusOr<std::vector<v1::AuditEntry>> QueryAudit(const AuditQuery& query);
 
   // --- Policies: per run name; "" is the daemon-wide default ---------------
   absl::Status PutPolicy(std::string_view scope, const v1::Policy& policy);

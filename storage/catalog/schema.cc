@@ -175,6 +175,16 @@ ALTER TABLE runs ADD COLUMN data_order BLOB NOT NULL DEFAULT x'';
 ALTER TABLE runs ADD COLUMN total_steps INTEGER NOT NULL DEFAULT 0;
 )sql";
 
+// Version 4: the audit row says who (principal and role), from where (peer),
+// and how the call ended (outcome: the gRPC status code's name). `actor`
+// keeps the principal, `action` the RPC and `target` the run.
+constexpr char kSchemaV4Sql[] = R"sql(
+ALTER TABLE audit ADD COLUMN role TEXT NOT NULL DEFAULT '';
+ALTER TABLE audit ADD COLUMN outcome TEXT NOT NULL DEFAULT '';
+ALTER TABLE audit ADD COLUMN peer TEXT NOT NULL DEFAULT '';
+CREATE INDEX audit_by_target ON audit (target, seq);
+)sql";
+
 // One migration step: `sql` then user_version = `to`, atomically.
 absl::Status Step(Database& db, const char* sql, int to) {
   SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&db));
@@ -206,6 +216,9 @@ absl::Status MigrateSchema(Database& db) {
       [[fallthrough]];
     case 2:
       SG_RETURN_IF_ERROR(Step(db, kSchemaV3Sql, 3));
+      [[fallthrough]];
+    case 3:
+      SG_RETURN_IF_ERROR(Step(db, kSchemaV4Sql, 4));
       [[fallthrough]];
     case kSchemaVersion:
       break;

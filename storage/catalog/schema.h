@@ -22,7 +22,7 @@
 namespace spikeguard::storage {
 
 // The schema version this binary writes.
-inline constexpr int kSchemaVersion = 3;
+inline constexpr int kSchemaVersion = 4;
 
 // Every table of the current schema (for tests and `spikectl` diagnostics).
 inline constexpr std::array<std::string_view, 12> kCatalogTables = {

@@ -86,6 +86,8 @@ TEST(Schema, VersionOneFileMigratesToTheCurrentSchemaKeepingItsData) {
   }
   // Turn the file into what a version-1 binary left behind.
   RawExec(path,
+          "DROP INDEX audit_by_target; ALTER TABLE audit DROP COLUMN role; "
+          "ALTER TABLE audit DROP COLUMN outcome; ALTER TABLE audit DROP COLUMN peer; "
           "DROP TABLE policies; ALTER TABLE runs DROP COLUMN data_order; "
           "ALTER TABLE runs DROP COLUMN total_steps; PRAGMA user_version = 1;");
   auto catalog = Catalog::Open({.path = path});
@@ -115,6 +117,8 @@ TEST(Schema, VersionTwoFileGainsTheRunsDataOrder) {
   }
   // What a version-2 binary left behind: runs without the two columns.
   RawExec(path,
+          "DROP INDEX audit_by_target; ALTER TABLE audit DROP COLUMN role; "
+          "ALTER TABLE audit DROP COLUMN outcome; ALTER TABLE audit DROP COLUMN peer; "
           "ALTER TABLE runs DROP COLUMN data_order; ALTER TABLE runs DROP COLUMN total_steps; "
           "PRAGMA user_version = 2;");
   auto catalog = Catalog::Open({.path = path});
@@ -129,6 +133,50 @@ TEST(Schema, VersionTwoFileGainsTheRunsDataOrder) {
   ASSERT_TRUE((*catalog)->SetRunDataOrder("old-run", order, 300).ok());
   EXPECT_EQ((*catalog)->GetRun("old-run")->data_order().seed(), 99u);
   EXPECT_EQ((*catalog)->GetRun("old-run")->total_steps(), 300);
+}
+
+TEST(Schema, VersionThreeFileKeepsItsAuditRowsAndGainsWhoAndHow) {
+  TempDir dir;
+  const std::string path = dir.File("catalog.db");
+  {
+    auto catalog = Catalog::Open({.path = path});
+    ASSERT_TRUE(catalog.ok()) << catalog.status();
+    ASSERT_TRUE((*catalog)->AppendAudit("operator", "rewind", "old-run", "to 200").ok());
+  }
+  // What a version-3 binary left behind: audit without role/outcome/peer.
+  RawExec(path, std::string("DROP INDEX audit_by_target; ALTER TABLE audit DROP COLUMN role; "
+          "ALTER TABLE audit DROP COLUMN outcome; ALTER TABLE audit DROP COLUMN peer; "
+          "PRAGMA user_version = 3;"));
+  auto catalog = Catalog::Open({.path = path});
+  ASSERT_TRUE(catalog.ok()) << catalog.status();
+  EXPECT_EQ((*catalog)->schema_version(), 4);
+  v1::AuditEntry entry;
+  entry.set_principal("alice");
+  entry.set_role("operator");
+  entry.set_rpc("Pause");
+  entry.set_run("old-run");
+  entry.set_outcome("PERMISSION_DENIED");
+  entry.set_peer("ipv4:127.0.0.1:5000");
+  ASSERT_TRUE((*catalog)->AppendAudit(entry).ok());
+  Catalog::AuditQuery query;
+  query.run = "old-run";
+  auto rows = (*catalog)->QueryAudit(query);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  ASSERT_EQ(rows->size(), 2u);
+  EXPECT_EQ((*rows)[0].principal(), "alice");
+  EXPECT_EQ((*rows)[0].outcome(), "PERMISSION_DENIED");
+  EXPECT_EQ((*rows)[0].peer(), "ipv4:127.0.0.1:5000");
+  EXPECT_EQ((*rows)[1].principal(), "operator");  // the old row, kept
+  EXPECT_EQ((*rows)[1].rpc(), "rewind");
+  EXPECT_EQ((*rows)[1].outcome(), "");
+  query.principal = "alice";
+  EXPECT_EQ((*catalog)->QueryAudit(query)->size(), 1u);
+  query.principal = "";
+  query.before_id = (*rows)[0].id();
+  ASSERT_EQ((*catalog)->QueryAudit(query)->size(), 1u);
+  query.before_id = 0;
+  query.run = "other-run";
+  EXPECT_TRUE((*catalog)->QueryAudit(query)->empty());
 }
 
 TEST(Schema, InMemoryDatabaseMigratesToo) {
