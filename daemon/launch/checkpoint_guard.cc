@@ -1,0 +1,304 @@
+#include "daemon/launch/checkpoint_guard.h"
+
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <memory>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "storage/checkpoint/checksum.h"
+
+namespace spikeguard::daemon {
+
+namespace v1 = spikeguard::v1;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr size_t kMaxUri = 4096;
+constexpr char kRefMagic[8] = {'S', 'G', 'C', 'K', 'P', 'T', '\0', '\0'};
+constexpr char kRefEnd[8] = {'S', 'G', 'C', 'K', 'E', 'N', 'D', '\0'};
+constexpr char kTorchMagic[8] = {'S', 'G', 'T', 'O', 'R', 'C', 'H', '1'};
+
+bool Inside(const fs::path& path, const fs::path& root) {
+  auto r = root.begin(), p = path.begin();
+  for (; r != root.end(); ++r, ++p) {
+    if (r->empty()) continue;
+    if (p == path.end() || *p != *r) return false;
+  }
+  return true;
+}
+
+int HexValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  c = absl::ascii_tolower(c);
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  return -1;
+}
+
+std::string Hex(const unsigned char* data, size_t n) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (size_t i = 0; i < n; ++i) {
+    out.push_back(digits[data[i] >> 4]);
+    out.push_back(digits[data[i] & 15]);
+  }
+  return out;
+}
+
+bool IsHex(const std::string& s) {
+  for (char c : s) {
+    if (HexValue(c) < 0) return false;
+  }
+  return !s.empty();
+}
+
+// Reads [from, to) of `fd` in pieces, passing each to `fn`.
+template <typename Fn>
+absl::Status ReadRange(int fd, int64_t from, int64_t to, const std::string& path, Fn fn) {
+  std::string buf(1 << 20, '\0');
+  int64_t at = from;
+  while (at < to) {
+    const size_t want = static_cast<size_t>(std::min<int64_t>(to - at, buf.size()));
+    const ssize_t got = pread(fd, buf.data(), want, at);
+    if (got <= 0) {
+      return absl::FailedPreconditionError(absl::StrCat(path, ": read failed at byte ", at));
+    }
+    fn(buf.data(), static_cast<size_t>(got));
+    at += got;
+  }
+  return absl::OkStatus();
+}
+
+struct Sha256 {
+  Sha256() : ctx(EVP_MD_CTX_new()) { EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr); }
+  ~Sha256() { EVP_MD_CTX_free(ctx); }
+  void Update(const char* data, size_t n) { EVP_DigestUpdate(ctx, data, n); }
+  std::string Hex() {
+    unsigned char out[EVP_MAX_MD_SIZE];
+    unsigned int len = 0;
+    EVP_DigestFinal_ex(ctx, out, &len);
+    return ::spikeguard::daemon::Hex(out, len);
+  }
+  EVP_MD_CTX* ctx;
+};
+
+}  // namespace
+
+absl::StatusOr<std::string> CheckpointGuard::PathOfUri(const std::string& uri) {
+  if (uri.empty()) return absl::InvalidArgumentError("uri: empty");
+  if (uri.size() > kMaxUri) {
+    return absl::InvalidArgumentError(absl::StrCat("uri: longer than ", kMaxUri, " bytes"));
+  }
+  std::string encoded;
+  if (absl::StartsWith(uri, "file://")) {
+    encoded = uri.substr(7);
+    if (absl::StartsWith(encoded, "localhost/")) encoded = encoded.substr(9);
+    if (encoded.empty() || encoded[0] != '/') {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "uri ", Quoted(uri), ": a file:// URI must name a local absolute path (file:///PATH)"));
+    }
+    std::string decoded;
+    for (size_t i = 0; i < encoded.size(); ++i) {
+      if (encoded[i] == '%' && i + 2 < encoded.size() && HexValue(encoded[i + 1]) >= 0 &&
+          HexValue(encoded[i + 2]) >= 0) {
+        decoded.push_back(static_cast<char>(HexValue(encoded[i + 1]) * 16 + HexValue(encoded[i + 2])));
+        i += 2;
+      } else if (encoded[i] == '%') {
+        return absl::InvalidArgumentError(absl::StrCat("uri ", Quoted(uri), ": bad %-escape"));
+      } else {
+        decoded.push_back(encoded[i]);
+      }
+    }
+    encoded = decoded;
+  } else if (uri.find("://") != std::string::npos || (uri[0] != '/' && uri.find(':') != std::string::npos)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "uri ", Quoted(uri), ": only a local path or a file:// URI may be registered"));
+  } else {
+    encoded = uri;
+  }
+  if (encoded.find('\0') != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("uri ", Quoted(uri), ": contains NUL"));
+  }
+  if (encoded.empty() || encoded[0] != '/') {
+    return absl::InvalidArgumentError(
+        absl::StrCat("uri ", Quoted(uri), ": a relative path; give an absolute path in the run's "
+                                          "checkpoint root"));
+  }
+  return encoded;
+}
+
+absl::StatusOr<std::string> CheckpointGuard::RootFor(const std::string& run) {
+  SG_ASSIGN_OR_RETURN(v1::Run row, catalog_->GetRun(run));
+  std::optional<std::string> root;
+  if (profiles_ != nullptr) {
+    SG_ASSIGN_OR_RETURN(root, profiles_->CheckpointRoot(run, row.spec()));
+  } else if (!row.spec().profile().empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "run '", run, "' names launch profile ", Quoted(row.spec().profile()),
+        " but the daemon has no --launch-profiles"));
+  }
+  if (!root) root = (fs::path(data_dir_) / "runs" / run).string();
+  std::error_code ec;
+  fs::path canonical = fs::weakly_canonical(fs::absolute(*root), ec);
+  if (ec) return absl::FailedPreconditionError(absl::StrCat("checkpoint root ", *root, ": ", ec.message()));
+  return canonical.string();
+}
+
+absl::StatusOr<std::string> CheckpointGuard::Confine(const std::string& run, const std::string& uri) {
+  SG_ASSIGN_OR_RETURN(std::string path, PathOfUri(uri));
+  SG_ASSIGN_OR_RETURN(std::string root, RootFor(run));
+  std::error_code ec;
+  const fs::path resolved = fs::weakly_canonical(fs::path(path), ec);
+  if (ec) {
+    return absl::InvalidArgumentError(absl::StrCat("uri ", Quoted(uri), ": ", ec.message()));
+  }
+  if (!Inside(resolved, fs::path(root)) || resolved == fs::path(root)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "uri ", Quoted(uri), " resolves to ", Quoted(resolved.string()),
+        ", outside the checkpoint root ", Quoted(root), " of run '", run, "'"));
+  }
+  return resolved.string();
+}
+
+absl::StatusOr<std::string> CheckpointGuard::Verify(const v1::Checkpoint& c) {
+  const std::string what = absl::StrCat("checkpoint at step ", c.step(), " (", Quoted(c.uri()), ")");
+  auto path = Confine(c.run(), c.uri());
+  if (!path.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(what, " is not usable: ", path.status().message()));
+  }
+  if (auto s = CheckFile(*path, c); !s.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(what, " is not usable: ", s.message()));
+  }
+  return *path;
+}
+
+absl::Status CheckpointGuard::CheckFile(const std::string& path, const v1::Checkpoint& c) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+  }
+  std::unique_ptr<int, void (*)(int*)> closer(new int(fd), [](int* p) {
+    close(*p);
+    delete p;
+  });
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(path, " is not a regular file"));
+  }
+  const int64_t mtime = static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = cache_.find(path);
+    if (it != cache_.end() && it->second.dev == st.st_dev && it->second.ino == st.st_ino &&
+        it->second.size == st.st_size && it->second.mtime_ns == mtime &&
+        it->second.checksum == c.checksum() && it->second.bytes == c.bytes()) {
+      return it->second.result;
+    }
+  }
+  auto check = [&]() -> absl::Status {
+    const int64_t size = st.st_size;
+    if (c.bytes() > 0 && size != c.bytes()) {
+      return absl::FailedPreconditionError(absl::StrCat(path, " has ", size,
+                                                        " bytes; it was registered with ", c.bytes()));
+    }
+    const std::string registered = absl::AsciiStrToLower(c.checksum());
+    char head[12] = {};
+    const bool has_head = size >= 12 && pread(fd, head, sizeof(head), 0) == sizeof(head);
+    if (has_head && std::memcmp(head, kRefMagic, 8) == 0) {
+      if (size < 8 + 8 + 16) return absl::FailedPreconditionError(absl::StrCat(path, " is truncated"));
+      storage::Xxh64 h;
+      SG_RETURN_IF_ERROR(ReadRange(fd, 0, size - 16, path,
+                                   [&](const char* d, size_t n) { h.Update(d, n); }));
+      unsigned char trailer[16];
+      if (pread(fd, trailer, 16, size - 16) != 16 || std::memcmp(trailer + 8, kRefEnd, 8) != 0) {
+        return absl::FailedPreconditionError(absl::StrCat(path, " has no end marker (truncated)"));
+      }
+      uint64_t stored = 0;
+      for (int i = 7; i >= 0; --i) stored = (stored << 8) | trailer[i];
+      const std::string actual = storage::ChecksumHex(h.Digest());
+      if (storage::ChecksumHex(stored) != actual) {
+        return absl::FailedPreconditionError(absl::StrCat(path, " is corrupt: its contents hash to ",
+                                                          actual, ", its trailer says ",
+                                                          storage::ChecksumHex(stored)));
+      }
+      if (!registered.empty() && registered != actual) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            path, " has checksum ", actual, "; it was registered with ", Quoted(c.checksum())));
+      }
+      return absl::OkStatus();
+    }
+    if (has_head && std::memcmp(head, kTorchMagic, 8) == 0) {
+      const uint32_t header_len = static_cast<uint8_t>(head[8]) | static_cast<uint8_t>(head[9]) << 8 |
+                                  static_cast<uint8_t>(head[10]) << 16 |
+                                  static_cast<uint32_t>(static_cast<uint8_t>(head[11])) << 24;
+      if (header_len > (1u << 20) || 12 + static_cast<int64_t>(header_len) > size) {
+        return absl::FailedPreconditionError(absl::StrCat(path, " has a bad header"));
+      }
+      std::string header(header_len, '\0');
+      if (pread(fd, header.data(), header_len, 12) != static_cast<ssize_t>(header_len)) {
+        return absl::FailedPreconditionError(absl::StrCat(path, ": cannot read its header"));
+      }
+      std::string want = registered;
+      if (want.empty()) {
+        const std::string key = "\"sha256\": \"";
+        const size_t at = header.find(key);
+        if (at != std::string::npos) want = header.substr(at + key.size(), 64);
+      }
+      if (want.size() != 64 || !IsHex(want)) {
+        return absl::FailedPreconditionError(absl::StrCat(path, ": no sha256 checksum to check"));
+      }
+      Sha256 sha;
+      SG_RETURN_IF_ERROR(ReadRange(fd, 12 + header_len, size, path,
+                                   [&](const char* d, size_t n) { sha.Update(d, n); }));
+      const std::string actual = sha.Hex();
+      if (actual != want) {
+        return absl::FailedPreconditionError(absl::StrCat(path, ": its payload has sha256 ", actual,
+                                                          ", expected ", want));
+      }
+      return absl::OkStatus();
+    }
+    if (registered.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          path, " was registered without a checksum and is not a format the daemon can check"));
+    }
+    if (registered.size() == 16 && IsHex(registered)) {
+      storage::Xxh64 h;
+      SG_RETURN_IF_ERROR(ReadRange(fd, 0, size, path, [&](const char* d, size_t n) { h.Update(d, n); }));
+      const std::string actual = storage::ChecksumHex(h.Digest());
+      if (actual != registered) {
+        return absl::FailedPreconditionError(absl::StrCat(path, " has XXH64 ", actual,
+                                                          "; it was registered with ", registered));
+      }
+      return absl::OkStatus();
+    }
+    if (registered.size() == 64 && IsHex(registered)) {
+      Sha256 sha;
+      SG_RETURN_IF_ERROR(ReadRange(fd, 0, size, path, [&](const char* d, size_t n) { sha.Update(d, n); }));
+      const std::string actual = sha.Hex();
+      if (actual != registered) {
+        return absl::FailedPreconditionError(absl::StrCat(path, " has sha256 ", actual,
+                                                          "; it was registered with ", registered));
+      }
+      return absl::OkStatus();
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, ": registered checksum ", Quoted(c.checksum()),
+        " is neither XXH64 (16 hex digits) nor sha256 (64), and the file's format is unknown"));
+  };
+  absl::Status result = check();
+  absl::MutexLock lock(&mu_);
+  if (cache_.size() > 4096) cache_.clear();
+  cache_[path] = Verified{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino),
+                          st.st_size, mtime, c.checksum(), c.bytes(), result};
+  return result;
+}
+
+}  // namespace spikeguard::daemon

@@ -1,0 +1,77 @@
+// checkpoint_guard.h
+// -----------------------------------------------------------------------------
+// Confined checkpoints. Every run has a checkpoint root: its launch profile's
+// checkpoint_root ("{run}" substituted), or, for a run without a profile,
+// DATA_DIR/runs/RUN. A checkpoint is registered (RegisterCheckpoint, the
+// worker stream's CheckpointSaved) only when its URI is a plain absolute path
+// or a file:// URI (file:///p or file://localhost/p, %XX decoded) that
+// resolves, after ".." and symlinks, inside that root; any other scheme
+// (http://, s3://, ...), a relative path, or a path outside is refused before
+// anything is stored.
+//
+// A catalog checkpoint is used (rewinds chosen by the engine or asked with
+// spikectl rewind, the launcher's {resume}) only after Verify: it still
+// resolves inside the root (a symlink may have been planted since), is a
+// regular file, has the registered size, and its checksum still matches:
+//   - a reference-worker checkpoint ("SGCKPT"): the XXH64 of its trailer,
+//     recomputed, and equal to the registered checksum when one was given;
+//   - a spikeguard PyTorch checkpoint ("SGTORCH1"): the sha256 of its
+//     payload, equal to the registered checksum (else its header's);
+//   - any other file: the registered checksum, 16 hex digits (XXH64) or 64
+//     (sha256) of the whole file; a file of unknown format registered without
+//     a checksum cannot be verified and is not used.
+// Results are cached per file (device, inode, size, mtime), so a file is
+// read again only when it changed.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/launch/launch_profiles.h"
+#include "spikeguard/v1/supervisor.pb.h"
+#include "storage/catalog/catalog.h"
+
+namespace spikeguard::daemon {
+
+class CheckpointGuard {
+ public:
+  // `profiles` may be null (no profiles: every run's root is DATA_DIR/runs/RUN).
+  CheckpointGuard(storage::Catalog* catalog, LaunchProfiles* profiles, std::string data_dir)
+      : catalog_(catalog), profiles_(profiles), data_dir_(std::move(data_dir)) {}
+
+  // The run's checkpoint root, canonical.
+  absl::StatusOr<std::string> RootFor(const std::string& run);
+
+  // The canonical path `uri` names when it may be registered for `run`;
+  // INVALID_ARGUMENT naming the URI and why otherwise.
+  absl::StatusOr<std::string> Confine(const std::string& run, const std::string& uri);
+
+  // The canonical path of `c` when it may be used (see the header comment);
+  // FAILED_PRECONDITION naming the checkpoint and why otherwise.
+  absl::StatusOr<std::string> Verify(const spikeguard::v1::Checkpoint& c);
+
+  // The path a file:// URI or plain path names (percent-decoded), without
+  // confinement; INVALID_ARGUMENT for other schemes and relative paths.
+  static absl::StatusOr<std::string> PathOfUri(const std::string& uri);
+
+ private:
+  struct Verified {
+    uint64_t dev = 0, ino = 0;
+    int64_t size = 0, mtime_ns = 0;
+    std::string checksum;
+    int64_t bytes = 0;
+    absl::Status result;
+  };
+  absl::Status CheckFile(const std::string& path, const spikeguard::v1::Checkpoint& c);
+
+  storage::Catalog* const catalog_;
+  LaunchProfiles* const profiles_;
+  const std::string data_dir_;
+  absl::Mutex mu_;
+  std::map<std::string, Verified> cache_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace spikeguard::daemon

@@ -1,0 +1,520 @@
+// Issue 10 §2 and §3 against a real daemon: nothing sent over the wire is
+// executed (commands come from daemon-side launch profiles whose parameters
+// are validated), and checkpoints are confined to the run's checkpoint root,
+// with rewinds and the launcher's {resume} naming only checkpoints whose file
+// is still there with the registered checksum.
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/launch/checkpoint_guard.h"
+#include "daemon/launch/launch_profiles.h"
+#include "daemon/launch/local_launcher.h"
+#include "gmock/gmock.h"
+#include "storage/catalog/catalog.h"
+#include "storage/checkpoint/checksum.h"
+#include "tests/daemon/daemon_fixture.h"
+
+namespace spikeguard::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+namespace fs = std::filesystem;
+
+std::string Slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+void Write(const std::string& path, const std::string& text) {
+  fs::create_directories(fs::path(path).parent_path());
+  std::ofstream f(path);
+  f << text;
+}
+
+class LaunchSecurityTest : public DaemonFixture {
+ protected:
+  void SetUp() override {
+    root_ = dir_.File("ckpt");
+    corpora_ = dir_.File("corpora");
+    fs::create_directories(corpora_ + "/c1");
+    Write(dir_.File("profiles.textproto"), Profiles());
+    DaemonFixture::SetUp();
+  }
+
+  void ConfigureDaemon(daemon::Daemon::Options& options) override {
+    options.launch_profiles_file = dir_.File("profiles.textproto");
+  }
+
+  std::string Profiles() const {
+    return absl::StrCat(R"pb(
+      profile {
+        name: "lister"
+        # First start: `timeout 1 sleep 5` crashes (124) after a second;
+        # restarts: sleep refuses --resume=PATH and prints it to the log.
+        argv: "/usr/bin/timeout" argv: "1" argv: "/bin/sleep" argv: "5"
+        argv: "--resume={resume}"
+        checkpoint_root: ")pb", root_, R"pb(/{run}"
+        corpus_root: ")pb", corpora_, R"pb("
+        max_world_size: 2
+        max_restarts: 1
+        param { name: "steps" int { min: 1 max: 1000 } default_value: "10" }
+        param { name: "lr" float { min: 0 max: 1 } default_value: "0.1" }
+        param { name: "tag" string { max_length: 8 } default_value: "x" }
+        param { name: "scenario" enum { value: "data" value: "small" } default_value: "data" }
+        param { name: "args" flags { allow: "steps" allow: "set" } default_value: "" }
+      }
+      profile {
+        name: "toucher"
+        argv: "/usr/bin/touch" argv: ")pb", dir_.File("launched-"), R"pb({tag}-{rank}"
+        checkpoint_root: ")pb", root_, R"pb(/{run}"
+        param { name: "tag" string {} }
+      }
+    )pb");
+  }
+
+  grpc::Status Create(const std::string& name, const v1::RunSpec& spec, bool launch = false,
+                      uint32_t world_size = 1) {
+    grpc::ClientContext ctx;
+    v1::CreateRunRequest req;
+    req.set_name(name);
+    req.set_world_size(world_size);
+    *req.mutable_spec() = spec;
+    req.set_launch(launch);
+    v1::Run out;
+    return supervisor_->CreateRun(&ctx, req, &out);
+  }
+
+  static v1::RunSpec Spec(const std::string& profile,
+                          const std::map<std::string, std::string>& params = {}) {
+    v1::RunSpec spec;
+    spec.set_profile(profile);
+    for (const auto& [k, v] : params) (*spec.mutable_params())[k] = v;
+    return spec;
+  }
+
+  grpc::Status Register(const std::string& run, int64_t step, const std::string& uri,
+                        const std::string& checksum = "", int64_t bytes = 0) {
+    grpc::ClientContext ctx;
+    v1::RegisterCheckpointRequest req;
+    auto* c = req.mutable_checkpoint();
+    c->set_run(run);
+    c->set_step(step);
+    c->set_data_position(step);
+    c->set_uri(uri);
+    c->set_checksum(checksum);
+    c->set_bytes(bytes);
+    c->set_complete(true);
+    v1::Checkpoint out;
+    return supervisor_->RegisterCheckpoint(&ctx, req, &out);
+  }
+
+  // A checkpoint file in the run's root, registered with its XXH64.
+  grpc::Status RegisterFile(const std::string& run, int64_t step, std::string* path_out = nullptr) {
+    const std::string path = absl::StrCat(root_, "/", run, "/step-", step);
+    const std::string content = absl::StrCat("weights of step ", step);
+    Write(path, content);
+    if (path_out) *path_out = path;
+    return Register(run, step, "file://" + path, storage::ChecksumHex(storage::Xxh64Of(content)),
+                    static_cast<int64_t>(content.size()));
+  }
+
+  std::vector<v1::Checkpoint> Checkpoints(const std::string& run) {
+    grpc::ClientContext ctx;
+    v1::ListCheckpointsRequest req;
+    req.set_run(run);
+    v1::ListCheckpointsResponse out;
+    EXPECT_TRUE(supervisor_->ListCheckpoints(&ctx, req, &out).ok());
+    return {out.checkpoints().begin(), out.checkpoints().end()};
+  }
+
+  grpc::Status Rewind(const std::string& run, int64_t to_step) {
+    grpc::ClientContext ctx;
+    v1::RewindRequest req;
+    req.set_run(run);
+    req.set_to_step(to_step);
+    v1::ActionResponse out;
+    return supervisor_->Rewind(&ctx, req, &out);
+  }
+
+  grpc::Status SetProfile(const std::string& run, const std::string& profile,
+                          const std::map<std::string, std::string>& params, v1::Run* out) {
+    grpc::ClientContext ctx;
+    v1::SetRunProfileRequest req;
+    req.set_run(run);
+    req.set_profile(profile);
+    for (const auto& [k, v] : params) (*req.mutable_params())[k] = v;
+    return supervisor_->SetRunProfile(&ctx, req, out);
+  }
+
+  std::string root_;
+  std::string corpora_;
+};
+
+// --- §2: nothing from the wire is executed -----------------------------------
+
+TEST_F(LaunchSecurityTest, AFreeCommandIsRefusedAndNothingRuns) {
+  const std::string pwned = dir_.File("pwned");
+  v1::RunSpec spec;
+  spec.add_command("/usr/bin/touch");
+  spec.add_command(pwned);
+  grpc::Status s = Create("evil", spec, /*launch=*/true);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("spec.command"));
+  EXPECT_THAT(s.error_message(), HasSubstr("launch profiles"));
+  // Not even with a profile named next to it.
+  spec.set_profile("toucher");
+  (*spec.mutable_params())["tag"] = "a";
+  EXPECT_EQ(Create("evil2", spec, true).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  absl::SleepFor(absl::Milliseconds(600));
+  EXPECT_FALSE(fs::exists(pwned));
+  grpc::ClientContext ctx;
+  v1::GetRunRequest get;
+  get.set_name("evil");
+  v1::Run run;
+  EXPECT_EQ(supervisor_->GetRun(&ctx, get, &run).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(LaunchSecurityTest, EnvAndWorkdirFromTheWireAreRefused) {
+  v1::RunSpec env = Spec("toucher", {{"tag", "a"}});
+  (*env.mutable_env())["LD_PRELOAD"] = "/tmp/evil.so";
+  grpc::Status s = Create("e", env, true);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("spec.env"));
+  v1::RunSpec workdir = Spec("toucher", {{"tag", "a"}});
+  workdir.set_workdir("/etc");
+  s = Create("w", workdir, true);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("spec.workdir"));
+}
+
+TEST_F(LaunchSecurityTest, TheProfileCommandRunsWithItsValidatedParameters) {
+  ASSERT_TRUE(Create("ok", Spec("toucher", {{"tag", "t1"}}), /*launch=*/true, 2).ok());
+  for (int i = 0; i < 100 && !(fs::exists(dir_.File("launched-t1-0")) &&
+                               fs::exists(dir_.File("launched-t1-1")));
+       ++i) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_TRUE(fs::exists(dir_.File("launched-t1-0")));
+  EXPECT_TRUE(fs::exists(dir_.File("launched-t1-1")));
+}
+
+TEST_F(LaunchSecurityTest, ParametersAreValidated) {
+  struct Case {
+    std::string profile;
+    std::map<std::string, std::string> params;
+    std::string want;
+  };
+  const std::vector<Case> cases = {
+      {"nope", {}, "spec.profile: no launch profile 'nope'"},
+      {"toucher", {}, "spec.params['tag']: missing"},
+      {"toucher", {{"tag", "a/../../x"}}, "spec.params['tag']"},
+      {"toucher", {{"tag", "a;rm -rf"}}, "outside letters, digits"},
+      {"toucher", {{"tag", "-rf"}}, "may not start with '-'"},
+      {"toucher", {{"tag", ".."}}, "only dots"},
+      {"toucher", {{"tag", "abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyzabcdefghijklmno"}},
+       "at most 64"},
+      {"toucher", {{"tag", "a"}, {"evil", "1"}}, "spec.params['evil']: profile 'toucher' declares no"},
+      {"lister", {{"steps", "0"}}, "spec.params['steps']: 0 is out of range [1, 1000]"},
+      {"lister", {{"steps", "12abc"}}, "is not an integer"},
+      {"lister", {{"lr", "nan"}}, "not a finite number"},
+      {"lister", {{"lr", "2.5"}}, "out of range"},
+      {"lister", {{"tag", "123456789"}}, "9 bytes, at most 8"},
+      {"lister", {{"scenario", "numerics"}}, "is not one of data, small"},
+      {"lister", {{"args", "--steps=5 --checkpoint-dir=x"}}, "option '--checkpoint-dir' is not allowed"},
+      {"lister", {{"args", "--set=a/b"}}, "outside letters, digits and _.:@,=+-"},
+      {"lister", {{"args", "steps=5"}}, "is not --name=value"},
+      {"lister", {{"args", "--steps=5\n--set=x"}}, "spec.params['args']"},
+  };
+  int i = 0;
+  for (const Case& c : cases) {
+    grpc::Status s = Create(absl::StrCat("p", i++), Spec(c.profile, c.params));
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.want;
+    EXPECT_THAT(s.error_message(), HasSubstr(c.want));
+  }
+  // A bounded, escaped echo of what was sent.
+  grpc::Status s = Create("long", Spec("toucher", {{"tag", std::string(5000, 'x') + "\x01"}}));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_LT(s.error_message().size(), 400u);
+  // And the good ones are stored.
+  EXPECT_TRUE(Create("good", Spec("lister", {{"steps", "600"}, {"lr", "0.5"}, {"tag", "a_b.c"},
+                                             {"scenario", "small"},
+                                             {"args", "--steps=600 --set=warmup_steps=330"}}))
+                  .ok());
+}
+
+TEST_F(LaunchSecurityTest, WorldSizeOverTheProfileMaxIsRefused) {
+  grpc::Status s = Create("big", Spec("lister"), false, 3);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("world_size: 3 is over the max_world_size 2"));
+  EXPECT_TRUE(Create("fits", Spec("lister"), false, 2).ok());
+}
+
+TEST_F(LaunchSecurityTest, CorpusDirMustBeUnderTheProfilesCorpusRoot) {
+  v1::RunSpec spec = Spec("lister");
+  spec.mutable_manifest()->set_corpus_dir("/etc");
+  grpc::Status s = Create("c1", spec);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("spec.manifest.corpus_dir"));
+  spec.mutable_manifest()->set_corpus_dir(corpora_ + "/c1/../../..");
+  EXPECT_EQ(Create("c2", spec).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // Without a profile no corpus dir may be named at all.
+  v1::RunSpec bare;
+  bare.mutable_manifest()->set_corpus_dir(corpora_ + "/c1");
+  EXPECT_EQ(Create("c3", bare).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  spec.mutable_manifest()->set_corpus_dir(corpora_ + "/c1");
+  EXPECT_TRUE(Create("c4", spec).ok());
+}
+
+TEST_F(LaunchSecurityTest, ALegacyRunIsNotLaunchedUntilAnAdminMapsIt) {
+  // A run stored before launch profiles, with a free command line.
+  const int port = daemon_->port();
+  daemon_->Shutdown(absl::Seconds(1));
+  daemon_.reset();
+  {
+    storage::CatalogOptions o;
+    o.path = dir_.File("catalog.db");
+    auto catalog = storage::Catalog::Open(o);
+    ASSERT_TRUE(catalog.ok()) << catalog.status();
+    v1::Run legacy;
+    legacy.set_name("old");
+    legacy.set_world_size(1);
+    legacy.mutable_spec()->add_command("/usr/bin/touch");
+    legacy.mutable_spec()->add_command(dir_.File("legacy-ran"));
+    (*legacy.mutable_spec()->mutable_env())["X"] = "1";
+    ASSERT_TRUE((*catalog)->CreateRun(legacy).ok());
+
+    // The launcher refuses it, saying what to do.
+    daemon::RunRegistry registry(Clock::Real());
+    daemon::LaunchProfiles none;
+    daemon::CheckpointGuard guard(catalog->get(), &none, dir_.path());
+    daemon::LocalLauncher::Options lo;
+    lo.data_dir = dir_.path();
+    lo.profiles = &none;
+    lo.checkpoints = &guard;
+    daemon::LocalLauncher launcher(lo, catalog->get(), &registry, Clock::Real());
+    absl::Status launched = launcher.Launch("old");
+    EXPECT_EQ(launched.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(launched.message(), HasSubstr("spikectl runs set-profile old --profile=NAME"));
+  }
+  StartDaemon(port);
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_FALSE(fs::exists(dir_.File("legacy-ran")));
+
+  v1::Run out;
+  grpc::Status s = SetProfile("old", "nope", {}, &out);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("profile: no launch profile 'nope'"));
+  s = SetProfile("old", "toucher", {{"tag", "$(id)"}}, &out);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("params['tag']"));
+  EXPECT_EQ(SetProfile("ghost", "toucher", {{"tag", "a"}}, &out).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  s = SetProfile("old", "toucher", {{"tag", "mapped"}}, &out);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(out.spec().profile(), "toucher");
+  EXPECT_EQ(out.spec().command_size(), 0);
+  EXPECT_TRUE(out.spec().env().empty());
+  EXPECT_EQ(out.spec().params().at("tag"), "mapped");
+}
+
+// --- §3: confined checkpoints --------------------------------------------------
+
+TEST_F(LaunchSecurityTest, CheckpointsOutsideTheRootAreRefusedAndNotStored) {
+  ASSERT_TRUE(Create("r", Spec("lister")).ok());
+  fs::create_directories(root_ + "/r");
+  fs::create_symlink("/etc", root_ + "/r/escape");
+  for (const std::string& uri :
+       {std::string("file:///etc/passwd"), std::string("../../../../etc/shadow"),
+        std::string("http://169.254.169.254/x"), std::string("s3://bucket/ckpt"),
+        absl::StrCat(root_, "/r/../../../etc/passwd"), absl::StrCat("file://", root_, "/r/escape/passwd"),
+        absl::StrCat("file://", root_, "/r/%2e%2e/%2e%2e/x"), std::string("file://evil.host/x"),
+        absl::StrCat("file://", root_, "/other-run/x")}) {
+    grpc::Status s = Register("r", 10, uri);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << uri;
+    EXPECT_THAT(s.error_message(), HasSubstr("checkpoint.uri")) << uri;
+  }
+  EXPECT_TRUE(Checkpoints("r").empty());
+  // Inside: a plain path or a file:// URI.
+  EXPECT_TRUE(Register("r", 20, absl::StrCat(root_, "/r/step-20")).ok());
+  EXPECT_TRUE(Register("r", 30, absl::StrCat("file://", root_, "/r/sub/step-30")).ok());
+  EXPECT_EQ(Checkpoints("r").size(), 2u);
+}
+
+TEST_F(LaunchSecurityTest, ARunWithoutAProfileIsConfinedToItsDataDir) {
+  ASSERT_TRUE(CreateRun("plain").ok());
+  EXPECT_EQ(Register("plain", 1, "file:///etc/passwd").error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(Register("plain", 1, "file://" + dir_.File("runs/plain/ckpt/step-1")).ok());
+}
+
+TEST_F(LaunchSecurityTest, AWorkerStreamCheckpointOutsideTheRootIsAnsweredAndNotStored) {
+  ASSERT_TRUE(Create("w", Spec("lister")).ok());
+  auto a = Attach("w");
+  ASSERT_TRUE(a.first.has_welcome()) << a.first.DebugString();
+  v1::WorkerMessage msg;
+  msg.mutable_checkpoint()->set_step(5);
+  msg.mutable_checkpoint()->set_uri("file:///etc/passwd");
+  msg.mutable_checkpoint()->set_complete(true);
+  ASSERT_TRUE(a.stream->Write(msg));
+  v1::ControllerMessage in;
+  ASSERT_TRUE(a.stream->Read(&in));
+  ASSERT_TRUE(in.has_ack()) << in.DebugString();
+  EXPECT_EQ(in.ack().rejected(), 1);
+  EXPECT_THAT(in.ack().message(), HasSubstr("outside the checkpoint root"));
+  EXPECT_TRUE(Checkpoints("w").empty());
+  a.ctx->TryCancel();
+}
+
+TEST_F(LaunchSecurityTest, AManualRewindNamesOnlyCheckpointsThatStillVerify) {
+  ASSERT_TRUE(Create("m", Spec("lister")).ok());
+  std::string p10, p20, p30;
+  ASSERT_TRUE(RegisterFile("m", 10, &p10).ok());
+  ASSERT_TRUE(RegisterFile("m", 20, &p20).ok());
+  ASSERT_TRUE(RegisterFile("m", 30, &p30).ok());
+  // Deleted.
+  fs::remove(p30);
+  grpc::Status s = Rewind("m", 30);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), HasSubstr("cannot rewind to step 30"));
+  EXPECT_THAT(s.error_message(), HasSubstr("No such file"));
+  // Modified (same size, other bytes).
+  Write(p20, "weights of step 2X");
+  s = Rewind("m", 20);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), HasSubstr("XXH64"));
+  // Swapped for a symlink out of the root.
+  fs::remove(p10);
+  fs::create_symlink("/etc/passwd", p10);
+  s = Rewind("m", 10);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), HasSubstr("outside the checkpoint root"));
+  // Restored: the rewind goes out.
+  fs::remove(p10);
+  Write(p10, "weights of step 10");
+  s = Rewind("m", 10);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+}
+
+TEST_F(LaunchSecurityTest, TheLauncherResumesOnlyFromAVerifiedCheckpoint) {
+  // Launched: the first start crashes after a second; its restart gets
+  // --resume={resume}.
+  ASSERT_TRUE(Create("l", Spec("lister"), /*launch=*/true).ok());
+  std::string p10, p20, p25, p30;
+  ASSERT_TRUE(RegisterFile("l", 10, &p10).ok());
+  ASSERT_TRUE(RegisterFile("l", 20, &p20).ok());
+  ASSERT_TRUE(RegisterFile("l", 25, &p25).ok());
+  ASSERT_TRUE(RegisterFile("l", 30, &p30).ok());
+  EXPECT_EQ(Register("l", 40, "file:///etc/passwd").error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  fs::remove(p30);                           // deleted
+  Write(p25, "weights of step 2X");          // modified
+  fs::remove(p20);
+  fs::create_symlink("/etc/passwd", p20);    // pointing out of the root
+  const std::string log = dir_.File("runs/l/rank-0.log");
+  for (int i = 0; i < 100 && Slurp(log).find("--resume") == std::string::npos; ++i) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  const std::string text = Slurp(log);
+  EXPECT_THAT(text, HasSubstr("--resume=" + fs::weakly_canonical(p10).string()));
+  EXPECT_THAT(text, Not(HasSubstr("/etc/passwd")));
+  EXPECT_THAT(text, Not(HasSubstr("step-20")));
+  EXPECT_THAT(text, Not(HasSubstr("step-25")));
+  EXPECT_THAT(text, Not(HasSubstr("step-30")));
+}
+
+// --- The profile file itself -------------------------------------------------
+
+TEST(LaunchProfilesTest, BuildKeepsEachFlagOneArgumentAndPassesOnlyAllowedEnv) {
+  setenv("SG_TEST_ALLOWED", "yes", 1);
+  setenv("SG_TEST_SECRET", "no", 1);
+  auto profiles = daemon::LaunchProfiles::FromText(R"pb(
+    profile {
+      name: "w"
+      argv: "/bin/worker" argv: "--run={run}" argv: "--resume" argv: "{resume}"
+      argv: "--config=/conf/{scenario}.conf" argv: "{args}" argv: "--data={data}"
+      env_allow: "SG_TEST_ALLOWED"
+      env { key: "FIXED" value: "1" }
+      workdir: "/tmp"
+      checkpoint_root: "/tmp/ck/{run}"
+      max_restarts: 4
+      param { name: "scenario" enum { value: "data" } }
+      param { name: "args" flags { allow: "steps" allow: "poison" } default_value: "" }
+      param { name: "data" path { root: "/tmp" } default_value: "/tmp" }
+    }
+  )pb");
+  ASSERT_TRUE(profiles.ok()) << profiles.status();
+  v1::RunSpec spec;
+  spec.set_profile("w");
+  (*spec.mutable_params())["scenario"] = "data";
+  (*spec.mutable_params())["args"] = "--steps=600  --poison=junk@599";
+  (*spec.mutable_params())["data"] = "/tmp/a/../b";
+  auto cmd = (*profiles)->Build("r1", spec, 1, {{"resume", ""}});
+  ASSERT_TRUE(cmd.ok()) << cmd.status();
+  EXPECT_THAT(cmd->argv, ::testing::ElementsAre("/bin/worker", "--run=r1", "--config=/conf/data.conf",
+                                                "--steps=600", "--poison=junk@599",
+                                                "--data=" + fs::weakly_canonical("/tmp/b").string()));
+  EXPECT_EQ(cmd->env.count("SG_TEST_SECRET"), 0u);
+  EXPECT_EQ(cmd->env.at("SG_TEST_ALLOWED"), "yes");
+  EXPECT_EQ(cmd->env.at("FIXED"), "1");
+  EXPECT_EQ(cmd->workdir, "/tmp");
+  EXPECT_EQ(cmd->max_restarts, 4);
+  (*spec.mutable_params())["data"] = "/etc/passwd";
+  EXPECT_EQ((*profiles)->Build("r1", spec, 1, {}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  auto root = (*profiles)->CheckpointRoot("r1", spec);
+  ASSERT_TRUE(root.ok());
+  EXPECT_EQ(**root, "/tmp/ck/r1");
+}
+
+TEST(LaunchProfilesTest, BadProfileFilesAreRefused) {
+  for (const char* text : {
+           R"pb(profile { name: "a" argv: "worker" checkpoint_root: "/c" })pb",
+           R"pb(profile { name: "a" argv: "/bin/{x}" checkpoint_root: "/c" })pb",
+           R"pb(profile { name: "a" argv: "/bin/w" argv: "{unknown}" checkpoint_root: "/c" })pb",
+           R"pb(profile { name: "a" argv: "/bin/w" })pb",
+           R"pb(profile { name: "a" argv: "/bin/w" argv: "--x={f}" checkpoint_root: "/c"
+                          param { name: "f" flags {} } })pb",
+           R"pb(profile { name: "a" argv: "/bin/w" checkpoint_root: "/c"
+                          param { name: "n" int { min: 1 max: 3 } default_value: "9" } })pb",
+           R"pb(profile { name: "a" argv: "/bin/w" checkpoint_root: "/c" }
+                profile { name: "a" argv: "/bin/w" checkpoint_root: "/c" })pb",
+       }) {
+    EXPECT_FALSE(daemon::LaunchProfiles::FromText(text).ok()) << text;
+  }
+}
+
+TEST(LaunchProfilesTest, AnEditedFileAppliesWithoutARestart) {
+  TempDir dir;
+  const std::string path = dir.File("p.textproto");
+  Write(path, R"pb(profile { name: "a" argv: "/bin/true" checkpoint_root: "/c" })pb");
+  auto profiles = daemon::LaunchProfiles::Load(path);
+  ASSERT_TRUE(profiles.ok()) << profiles.status();
+  EXPECT_FALSE((*profiles)->Find("b").ok());
+  absl::SleepFor(absl::Milliseconds(20));
+  Write(path, R"pb(profile { name: "b" argv: "/bin/true" checkpoint_root: "/c" })pb");
+  EXPECT_TRUE((*profiles)->Find("b").ok());
+  EXPECT_FALSE((*profiles)->Find("a").ok());
+  // A broken edit keeps the previous profiles.
+  Write(path, "profile { name: ");
+  EXPECT_TRUE((*profiles)->Find("b").ok());
+}
+
+TEST(CheckpointGuardTest, UriForms) {
+  using G = daemon::CheckpointGuard;
+  EXPECT_EQ(*G::PathOfUri("file:///a/b%20c"), "/a/b c");
+  EXPECT_EQ(*G::PathOfUri("file://localhost/a"), "/a");
+  EXPECT_EQ(*G::PathOfUri("/a/b"), "/a/b");
+  EXPECT_FALSE(G::PathOfUri("file://host/a").ok());
+  EXPECT_FALSE(G::PathOfUri("a/b").ok());
+  EXPECT_FALSE(G::PathOfUri("gs://b/x").ok());
+  EXPECT_FALSE(G::PathOfUri("file:///a%00b").ok());
+  EXPECT_FALSE(G::PathOfUri("file:///a%zz").ok());
+}
+
+}  // namespace
+}  // namespace spikeguard::testing
