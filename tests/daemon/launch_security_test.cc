@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/control/catalog_adapters.h"
 #include "daemon/launch/checkpoint_guard.h"
 #include "daemon/launch/launch_profiles.h"
 #include "daemon/launch/local_launcher.h"
@@ -425,6 +426,49 @@ TEST_F(LaunchSecurityTest, TheLauncherResumesOnlyFromAVerifiedCheckpoint) {
   EXPECT_THAT(text, Not(HasSubstr("step-20")));
   EXPECT_THAT(text, Not(HasSubstr("step-25")));
   EXPECT_THAT(text, Not(HasSubstr("step-30")));
+}
+
+// The engine chooses its rewinds from CatalogRunView::Checkpoints: with the
+// guard set, a checkpoint stored before the upgrade outside the root, one
+// whose file is gone, one modified and one swapped for a symlink out are
+// left out; the good one stays.
+TEST(CatalogRunViewTest, TheEngineSeesOnlyCheckpointsThatVerify) {
+  TempDir dir;
+  storage::CatalogOptions o;
+  o.path = dir.File("catalog.db");
+  auto catalog = storage::Catalog::Open(o);
+  ASSERT_TRUE(catalog.ok()) << catalog.status();
+  v1::Run run;
+  run.set_name("r");
+  run.set_world_size(1);
+  ASSERT_TRUE((*catalog)->CreateRun(run).ok());
+  const std::string root = dir.File("runs/r");
+  auto add = [&](int64_t step, const std::string& uri, const std::string& content) {
+    v1::Checkpoint c;
+    c.set_run("r");
+    c.set_step(step);
+    c.set_uri(uri);
+    c.set_complete(true);
+    c.set_checksum(storage::ChecksumHex(storage::Xxh64Of(content)));
+    ASSERT_TRUE((*catalog)->UpsertCheckpoint(c).ok());
+  };
+  for (int step : {10, 20, 30, 40}) {
+    Write(absl::StrCat(root, "/step-", step), absl::StrCat("weights ", step));
+    add(step, absl::StrCat("file://", root, "/step-", step), absl::StrCat("weights ", step));
+  }
+  add(50, "file:///etc/passwd", "x");                       // stored before the upgrade
+  fs::remove(absl::StrCat(root, "/step-20"));                // gone
+  Write(absl::StrCat(root, "/step-30"), "weights 3X");       // modified
+  fs::remove(absl::StrCat(root, "/step-40"));
+  fs::create_symlink("/etc/hostname", absl::StrCat(root, "/step-40"));  // out of the root
+  daemon::CheckpointGuard guard(catalog->get(), nullptr, dir.path());
+  daemon::CatalogRunView view(catalog->get());
+  ASSERT_EQ(view.Checkpoints("r")->size(), 5u);
+  view.set_checkpoint_guard(&guard);
+  auto seen = view.Checkpoints("r");
+  ASSERT_TRUE(seen.ok());
+  ASSERT_EQ(seen->size(), 1u);
+  EXPECT_EQ((*seen)[0].step, 10);
 }
 
 // --- The profile file itself -------------------------------------------------
