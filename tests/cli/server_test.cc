@@ -115,9 +115,8 @@ TEST_F(SpikectlServerTest, RunsCreateSendsNameWorldSizeAndMode) {
 
 TEST_F(SpikectlServerTest, RunsCreateWithSpecLaunches) {
   const std::string spec = WriteTempFile("spec.txtpb", R"pb(
-    command: "spikeguard-worker"
-    command: "--rank={rank}"
-    env { key: "OMP_NUM_THREADS" value: "1" }
+    profile: "ref-worker"
+    params { key: "args" value: "--steps=600" }
     manifest { seed: 1234 global_batch_size: 16 sequence_length: 64 }
   )pb");
   Result r = Spikectl({"runs", "create", "gpt-small", "--spec=" + spec});
@@ -125,9 +124,25 @@ TEST_F(SpikectlServerTest, RunsCreateWithSpecLaunches) {
   const auto request = supervisor_.LastRequest<v1::CreateRunRequest>("CreateRun");
   EXPECT_TRUE(request.launch());
   EXPECT_EQ(request.world_size(), 1u);
-  EXPECT_THAT(request.spec().command(), ElementsAre("spikeguard-worker", "--rank={rank}"));
-  EXPECT_EQ(request.spec().env().at("OMP_NUM_THREADS"), "1");
+  EXPECT_EQ(request.spec().profile(), "ref-worker");
+  EXPECT_EQ(request.spec().params().at("args"), "--steps=600");
   EXPECT_EQ(request.spec().manifest().seed(), 1234u);
+}
+
+TEST_F(SpikectlServerTest, RunsSetProfileSendsTheProfileAndParams) {
+  Result r = Spikectl({"runs", "set-profile", "old", "--profile=ref-worker", "--param=scenario=data",
+                       "--param", "args=--steps=600 --set=a=b"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  const auto request = supervisor_.LastRequest<v1::SetRunProfileRequest>("SetRunProfile");
+  EXPECT_EQ(request.run(), "old");
+  EXPECT_EQ(request.profile(), "ref-worker");
+  EXPECT_EQ(request.params().at("scenario"), "data");
+  EXPECT_EQ(request.params().at("args"), "--steps=600 --set=a=b");
+  r = Spikectl({"runs", "set-profile", "old", "--profile=p", "--param=novalue"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("want NAME=VALUE"));
+  r = Spikectl({"runs", "set-profile", "old"});
+  EXPECT_EQ(r.code, 2);
 }
 
 TEST_F(SpikectlServerTest, RunsShowPrintsRanksAndGenerations) {

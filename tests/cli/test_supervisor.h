@@ -103,6 +103,7 @@ class RecordingSupervisor final : public v1::SupervisorService::Service {
   SG_TEST_UNARY(CreateRun, CreateRunRequest, Run)
   SG_TEST_UNARY(GetRun, GetRunRequest, Run)
   SG_TEST_UNARY(ListRuns, ListRunsRequest, ListRunsResponse)
+  SG_TEST_UNARY(SetRunProfile, SetRunProfileRequest, Run)
   SG_TEST_UNARY(ListCheckpoints, ListCheckpointsRequest, ListCheckpointsResponse)
   SG_TEST_UNARY(RegisterCheckpoint, RegisterCheckpointRequest, Checkpoint)
   SG_TEST_UNARY(PinCheckpoint, PinCheckpointRequest, Checkpoint)
