@@ -8,6 +8,7 @@ the interpreter exits cleanly with a client still open.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import subprocess
 import textwrap
@@ -150,20 +151,24 @@ def test_a_stale_generation_is_fenced_and_a_rewind_switches_generations(daemon, 
     """PAUSE and REWIND reach poll_command() with their ids; after a rewind the
     old generation is refused, and the client carries on in the new one."""
     daemon.create_run("cmds")
-    ckpt = tmp_path / "step10.pt"
+    # Inside the run's checkpoint root (a run without a launch profile:
+    # DATA_DIR/runs/RUN), with the checksum a rewind verifies.
+    ckpt = daemon.data_dir / "runs" / "cmds" / "step10.pt"
+    ckpt.parent.mkdir(parents=True, exist_ok=True)
     ckpt.write_bytes(b"weights")
+    checksum = hashlib.sha256(b"weights").hexdigest()
     c = client(daemon, "cmds")
     c.start(timeout=20)
     assert c.poll_command() is None
     for s in range(20):
         c.report(step_report(s))
         if s == 10:
-            c.checkpoint_saved(10, ckpt.as_uri(), data_position=11, size_bytes=7, checksum="abc")
+            c.checkpoint_saved(10, ckpt.as_uri(), data_position=11, size_bytes=7, checksum=checksum)
     c.flush(timeout=20)
     listed = daemon.checkpoints("cmds")
     assert [(int(x["step"]), x["uri"], x["complete"]) for x in listed] == \
         [(10, ckpt.as_uri(), True)]
-    assert listed[0]["checksum"] == "abc" and int(listed[0]["data_position"]) == 11
+    assert listed[0]["checksum"] == checksum and int(listed[0]["data_position"]) == 11
 
     out = daemon.spikectl("pause", "--run=cmds", check=True).stdout
     pause = c.poll_command(timeout=20)
@@ -292,7 +297,7 @@ def test_checkpoint_notices_and_the_end_of_a_generation(daemon, tmp_path):
     daemon.create_run("notices")
     c = client(daemon, "notices")
     c.start(timeout=20)
-    uris = [(tmp_path / f"step{s}.pt").as_uri() for s in (5, 10)]
+    uris = [(daemon.data_dir / "runs" / "notices" / f"step{s}.pt").as_uri() for s in (5, 10)]
     for s in range(12):
         c.report(step_report(s))
         if s in (5, 10):
