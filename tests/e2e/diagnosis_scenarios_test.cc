@@ -246,17 +246,10 @@ TEST_F(DiagnosisScenario, CulpritAtTheProbesFirstStep) {
 // both.
 TEST_F(DiagnosisScenario, DocumentsAreNamedFromTheWorkersDataOrder) {
   MakeCorpus({}, /*seed=*/23);
-  daemon_ = cluster_.StartDaemon("first", daemon_args_);
-  const std::vector<std::string> worker = {
-      WORKER, "train", "--corpus", dir_.File("corpus"), "--checkpoint-dir", dir_.File("ckpt-{rank}"),
-      "--config", std::string(SCENARIO_DIR) + "/small.conf", "--steps", "40", "--addr", "{addr}",
-      "--run", "{run}", "--rank", "{rank}", "--world-size", "{world_size}", "--generation",
-      "{generation}", "--resume", "{resume}", "--plan", "{plan}", "--linger-s", "0", "--set",
-      "data_seed=99"};
+  daemon_ = cluster_.StartDaemon("first", DaemonArgs());
   auto spec = [&](const std::string& name, const std::string& manifest) {
-    std::ofstream f(dir_.File(name));
-    for (const auto& c : worker) f << "command: \"" << c << "\"\n";
-    f << "manifest { corpus_dir: \"" << dir_.File("corpus") << "\" " << manifest << " }\n";
+    WriteSpec(dir_.File(name), "small", {"--steps", "40", "--linger-s", "0", "--set", "data_seed=99"},
+              manifest);
   };
   spec("contradicts.textproto", "seed: 7");
   spec("free.textproto", "");

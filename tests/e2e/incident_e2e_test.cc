@@ -227,7 +227,7 @@ TEST_F(IncidentE2E, KillNineDuringReplayResumesFromTheEventLog) {
   EXPECT_THAT(manual.err, HasSubstr("probe"));
   daemon_->Kill(SIGKILL);
   absl::SleepFor(absl::Milliseconds(300));
-  daemon_ = cluster_.StartDaemon("second");
+  daemon_ = cluster_.StartDaemon("second", DaemonArgs());
   auto list = WaitIncidents("crash", [](const auto& l) {
     return l.incidents_size() > 0 && Closed(l.incidents(0));
   }, absl::Minutes(6));

@@ -3,7 +3,9 @@
 // The fixture of the end-to-end incident tests: a temporary directory, a real
 // spikeguardd on its embedded SQLite catalog, a synthetic corpus with placed
 // poisons, and a run whose reference workers the daemon launches itself
-// (local launcher), all driven through spikectl as an operator would.
+// (local launcher) from a launch profile the fixture writes into its temp
+// dir (spikeguardd --launch-profiles), all driven through spikectl as an
+// operator would.
 //
 //   class MyE2E : public IncidentE2E {};
 //   TEST_F(MyE2E, X) {
@@ -29,6 +31,7 @@
 #include "gmock/gmock.h"
 #include "spikeguard/v1/supervisor.pb.h"
 #include "tests/e2e/cluster.h"
+#include "tests/e2e/launch_profile.h"
 #include "tests/e2e/probe_policy.h"
 
 namespace spikeguard::testing {
@@ -70,10 +73,31 @@ class IncidentE2E : public ::testing::Test {
     return docs;
   }
 
+  // The reference worker's launch profile (tests/e2e/launch_profile.h), in
+  // the temp dir.
+  std::string WriteProfiles() {
+    const std::string path = dir_.File("profiles.textproto");
+    WriteRefWorkerProfile(path, dir_.path(), WORKER, SCENARIO_DIR);
+    return path;
+  }
+
+  // The daemon's arguments: the test's own plus the launch profiles.
+  std::vector<std::string> DaemonArgs() {
+    std::vector<std::string> args = daemon_args_;
+    args.push_back("--launch-profiles=" + WriteProfiles());
+    return args;
+  }
+
+  // A RunSpec naming the profile, the scenario and the worker options.
+  void WriteSpec(const std::string& path, const std::string& scenario,
+                 const std::vector<std::string>& extra_args, const std::string& manifest = "") {
+    WriteRefWorkerSpec(path, scenario, extra_args, dir_.File("corpus"), manifest);
+  }
+
   // Starts the daemon, sets the policy and launches the run.
   void Launch(const std::string& run, const std::string& scenario,
               const std::vector<std::string>& extra_args, const std::string& policy = kPolicy) {
-    daemon_ = cluster_.StartDaemon("first", daemon_args_);
+    daemon_ = cluster_.StartDaemon("first", DaemonArgs());
     {
       std::ofstream f(dir_.File("policy.textproto"));
       f << policy;
@@ -81,19 +105,7 @@ class IncidentE2E : public ::testing::Test {
     RunResult set = cluster_.Spikectl({"policy", "set", "--file", dir_.File("policy.textproto")},
                                       "policy");
     ASSERT_EQ(set.code, 0) << set.err;
-    std::vector<std::string> command = {WORKER, "train", "--corpus", dir_.File("corpus"),
-                                        "--checkpoint-dir", dir_.File("ckpt-{rank}"), "--config",
-                                        std::string(SCENARIO_DIR) + "/" + scenario + ".conf",
-                                        "--addr", "{addr}", "--run", "{run}", "--rank", "{rank}",
-                                        "--world-size", "{world_size}", "--generation",
-                                        "{generation}", "--resume", "{resume}", "--plan", "{plan}",
-                                        "--linger-s", "300"};
-    command.insert(command.end(), extra_args.begin(), extra_args.end());
-    {
-      std::ofstream f(dir_.File("spec.textproto"));
-      for (const auto& c : command) f << "command: \"" << c << "\"\n";
-      f << "manifest { corpus_dir: \"" << dir_.File("corpus") << "\" }\n";
-    }
+    WriteSpec(dir_.File("spec.textproto"), scenario, extra_args);
     RunResult created = cluster_.Spikectl({"runs", "create", run, "--world-size=1", "--mode=auto",
                                            "--spec=" + dir_.File("spec.textproto")},
                                           "create");

@@ -27,7 +27,7 @@ from typing import Dict, List
 
 import pytest
 
-from conftest import PYTHON, PYTHON_DIR, REPO, SPIKEGUARD_WORKER, wait_until
+from conftest import PYTHON, PYTHON_DIR, REPO, SPIKEGUARD_WORKER, Daemon, wait_until
 
 TRAIN = REPO / "worker" / "examples" / "torch_gpt" / "train.py"
 
@@ -59,16 +59,66 @@ def synth(directory: Path, seed: int, poisons: List[str]) -> Dict[int, List[str]
     return placed
 
 
+def profiles(tmp: Path) -> Path:
+    """The launch profile the daemon starts the trainer from (it executes
+    nothing a run spec sends): the trainer with the test's options as the
+    "flags" parameter "args", checkpoints and corpora confined to `tmp`."""
+    argv = [PYTHON, str(TRAIN), "--corpus={corpus}", f"--checkpoint-dir={tmp / 'ckpt'}",
+            "--addr={addr}", "--run={run}", "--generation={generation}", "--resume={resume}",
+            "--plan={plan}", "--threads=1", "{args}"]
+    text = 'profile {\n  name: "torch-gpt"\n'
+    text += "".join(f"  argv: {json.dumps(a)}\n" for a in argv)
+    for name in ("PATH", "HOME", "TMPDIR", "LD_LIBRARY_PATH", "LANG", "LC_ALL", "USER",
+                 "OMP_NUM_THREADS", "MKL_NUM_THREADS", "VIRTUAL_ENV"):
+        text += f'  env_allow: "{name}"\n'
+    text += f'  env {{ key: "PYTHONPATH" value: {json.dumps(str(PYTHON_DIR))} }}\n'
+    text += f"  checkpoint_root: {json.dumps(str(tmp))}\n"
+    text += f"  corpus_root: {json.dumps(str(tmp))}\n"
+    text += "  max_world_size: 4\n"
+    text += f'  param {{ name: "corpus" path {{ root: {json.dumps(str(tmp))} }} }}\n'
+    text += ('  param { name: "args" flags { allow: "steps" allow: "checkpoint-every" '
+             'allow: "linger-s" allow: "report-documents" allow: "lr" allow: "warmup" '
+             'allow: "beta2" } default_value: "" }\n')
+    text += "}\n"
+    path = tmp / "profiles.textproto"
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    """A running spikeguardd with the trainer's launch profile."""
+    d = Daemon(tmp_path / "daemon", [f"--launch-profiles={profiles(tmp_path)}"])
+    d.start()
+    try:
+        yield d
+    finally:
+        if d.running:
+            d.stop()
+
+
+def flags(args: List[str]) -> str:
+    """["--steps", "300", "--report-documents"] -> "--steps=300 --report-documents"."""
+    items, i = [], 0
+    while i < len(args):
+        item = args[i]
+        if item.startswith("--") and "=" not in item and i + 1 < len(args) \
+                and not args[i + 1].startswith("--"):
+            item, i = f"{item}={args[i + 1]}", i + 1
+        items.append(item)
+        i += 1
+    return " ".join(items)
+
+
 def launch(daemon, tmp: Path, run: str, corpus: Path, args: List[str], policy: str = POLICY,
            world_size: int = 2, manifest: bool = True) -> None:
-    """Sets the policy and creates the run: the daemon launches the ranks."""
+    """Sets the policy and creates the run: the daemon launches the ranks
+    from the "torch-gpt" profile."""
     (tmp / "policy.textproto").write_text(policy)
     daemon.spikectl("policy", "set", "--file", str(tmp / "policy.textproto"), check=True)
-    command = [PYTHON, str(TRAIN), "--corpus", str(corpus), "--checkpoint-dir", str(tmp / "ckpt"),
-               "--addr", "{addr}", "--run", "{run}", "--generation", "{generation}",
-               "--resume", "{resume}", "--plan", "{plan}", "--threads", "1"] + args
-    spec = "".join(f"command: {json.dumps(c)}\n" for c in command)
-    spec += f'env {{ key: "PYTHONPATH" value: {json.dumps(str(PYTHON_DIR))} }}\n'
+    spec = 'profile: "torch-gpt"\n'
+    spec += f'params {{ key: "corpus" value: {json.dumps(str(corpus))} }}\n'
+    spec += f'params {{ key: "args" value: {json.dumps(flags(args))} }}\n'
     spec += "restart_all_ranks: true\n"
     if manifest:
         spec += f"manifest {{ corpus_dir: {json.dumps(str(corpus))} }}\n"

@@ -27,6 +27,10 @@ class WorkerClientTest : public DaemonFixture {
     o.max_backoff = absl::Milliseconds(200);
     return o;
   }
+
+  // A checkpoint URI inside run "run"'s checkpoint root (no launch profile:
+  // DATA_DIR/runs/run); the daemon refuses one outside.
+  std::string Uri(const std::string& name) const { return "file://" + dir_.File("runs/run/" + name); }
 };
 
 TEST_F(WorkerClientTest, ReportsAreAcknowledgedAndStored) {
@@ -99,7 +103,7 @@ TEST_F(WorkerClientTest, CheckpointNoticesAreRegistered) {
   v1::CheckpointSaved saved;
   saved.set_step(100);
   saved.set_data_position(100);
-  saved.set_uri("file:///ckpt/step-100");
+  saved.set_uri(Uri("step-100"));
   saved.set_bytes(4096);
   saved.set_checksum("abc123");
   saved.set_complete(true);
@@ -117,7 +121,7 @@ TEST_F(WorkerClientTest, CheckpointNoticesAreRegistered) {
   }
   ASSERT_EQ(out.checkpoints_size(), 1);
   EXPECT_EQ(out.checkpoints(0).step(), 100);
-  EXPECT_EQ(out.checkpoints(0).uri(), "file:///ckpt/step-100");
+  EXPECT_EQ(out.checkpoints(0).uri(), Uri("step-100"));
   EXPECT_TRUE(out.checkpoints(0).complete());
 }
 
@@ -129,13 +133,13 @@ TEST_F(WorkerClientTest, DeletedCheckpointIsNotResurrectedAfterADaemonRestart) {
   for (int64_t step : {100, 200}) {
     v1::CheckpointSaved saved;
     saved.set_step(step);
-    saved.set_uri("file:///ckpt/step-" + std::to_string(step));
+    saved.set_uri(Uri("step-" + std::to_string(step)));
     saved.set_complete(true);
     (*c)->ReportCheckpoint(saved);
   }
   v1::CheckpointDeleted deleted;
   deleted.set_step(100);
-  deleted.set_uri("file:///ckpt/step-100");
+  deleted.set_uri(Uri("step-100"));
   (*c)->ReportCheckpointDeleted(deleted);
   ASSERT_TRUE((*c)->Flush(absl::Seconds(30)).ok());
   auto steps = [&] {
@@ -185,7 +189,7 @@ TEST_F(WorkerClientTest, HelloCarriesTheDataOrderAndCloseDeliversWhatWasSent) {
   // A notice queued right before Close still reaches the daemon.
   v1::CheckpointSaved saved;
   saved.set_step(50);
-  saved.set_uri("file:///ckpt/step-50");
+  saved.set_uri(Uri("step-50"));
   (*c)->ReportCheckpoint(saved);
   (*c)->Close();
   grpc::ClientContext list_ctx;

@@ -36,6 +36,7 @@
 #include "daemon/incident/policy.h"
 #include "google/protobuf/util/json_util.h"
 #include "spikeguard/v1/supervisor.pb.h"
+#include "tests/e2e/launch_profile.h"
 #include "tests/e2e/process.h"
 #include "tests/e2e/probe_policy.h"
 
@@ -154,9 +155,11 @@ class ScenarioRun {
   std::string Prepare() {
     // Daemon.
     const std::string port_file = dir_.File("port");
+    spikeguard::testing::WriteRefWorkerProfile(dir_.File("profiles.textproto"), dir_.path(), WORKER, SCENARIO_DIR);
     daemon_ = std::make_unique<Process>(
         std::vector<std::string>{SPIKEGUARDD, "--listen=" + addr_, "--data-dir=" + dir_.File("data"),
-                                 "--port-file=" + port_file},
+                                 "--port-file=" + port_file,
+                                 "--launch-profiles=" + dir_.File("profiles.textproto")},
         dir_.File("daemon"));
     for (int i = 0; i < 500 && ReadFile(port_file).empty(); ++i) {
       if (!daemon_->running()) break;
@@ -179,17 +182,10 @@ class ScenarioRun {
         r.code != 0) {
       return "policy set: " + r.err;
     }
-    // The run spec: the daemon launches the reference worker itself.
-    std::vector<std::string> command = {
-        WORKER, "train", "--corpus", dir_.File("corpus"), "--checkpoint-dir",
-        dir_.File("ckpt-{rank}"), "--config",
-        std::string(SCENARIO_DIR) + "/" + scenario_.conf + ".conf", "--addr", "{addr}", "--run",
-        "{run}", "--rank", "{rank}", "--world-size", "{world_size}", "--generation",
-        "{generation}", "--resume", "{resume}", "--plan", "{plan}", "--linger-s", "300"};
-    command.insert(command.end(), scenario_.worker_args.begin(), scenario_.worker_args.end());
-    std::ofstream spec(dir_.File("spec.textproto"));
-    for (const auto& c : command) spec << "command: \"" << c << "\"\n";
-    spec << "manifest { corpus_dir: \"" << dir_.File("corpus") << "\" }\n";
+    // The run spec: the daemon launches the reference worker itself, from
+    // its launch profile.
+    spikeguard::testing::WriteRefWorkerSpec(dir_.File("spec.textproto"), scenario_.conf,
+                                            scenario_.worker_args, dir_.File("corpus"));
     return "";
   }
 
