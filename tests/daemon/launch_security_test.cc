@@ -426,6 +426,23 @@ TEST_F(LaunchSecurityTest, TheLauncherResumesOnlyFromAVerifiedCheckpoint) {
   EXPECT_THAT(text, Not(HasSubstr("step-20")));
   EXPECT_THAT(text, Not(HasSubstr("step-25")));
   EXPECT_THAT(text, Not(HasSubstr("step-30")));
+  // The profile's max_restarts (1): the restarted rank fails again and the
+  // run is failed, not restarted a second time.
+  v1::Run run;
+  for (int i = 0; i < 100 && run.state() != "failed"; ++i) {
+    grpc::ClientContext ctx;
+    v1::GetRunRequest get;
+    get.set_name("l");
+    ASSERT_TRUE(supervisor_->GetRun(&ctx, get, &run).ok());
+    if (run.state() != "failed") absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_EQ(run.state(), "failed");
+  absl::SleepFor(absl::Milliseconds(500));
+  size_t starts = 0;
+  for (size_t at = 0; (at = Slurp(log).find("unrecognized option", at)) != std::string::npos; ++at) {
+    ++starts;
+  }
+  EXPECT_EQ(starts, 1u);
 }
 
 // The engine chooses its rewinds from CatalogRunView::Checkpoints: with the
