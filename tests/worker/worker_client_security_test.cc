@@ -68,17 +68,18 @@ class WorkerClientSecurityTest : public ::testing::Test {
     return path;
   }
 
-  const TestCerts& certs_ = GetTestCerts();
+  // Made on first use (a few seconds of RSA key generation).
+  static const TestCerts& certs() { return GetTestCerts(); }
   std::map<std::string, std::string> saved_;
 };
 
 TEST_F(WorkerClientSecurityTest, TokenAndTlsComeFromTheEnvironment) {
   ScriptedController::Config config;
-  config.credentials = certs_.ServerCredentials();
+  config.credentials = certs().ServerCredentials();
   config.expected_token = kToken;
   ScriptedController controller(config);
   setenv("SPIKEGUARD_TOKEN_FILE", WriteTempFile("worker-token", std::string(kToken) + "\n").c_str(), 1);
-  setenv("SPIKEGUARD_TLS_CA", certs_.Path("ca.pem").c_str(), 1);
+  setenv("SPIKEGUARD_TLS_CA", certs().Path("ca.pem").c_str(), 1);
 
   auto client = WorkerClient::Start(Options(controller.address()));
   ASSERT_TRUE(client.ok()) << client.status();
@@ -92,12 +93,12 @@ TEST_F(WorkerClientSecurityTest, TokenAndTlsComeFromTheEnvironment) {
 
 TEST_F(WorkerClientSecurityTest, MutualTlsFromTheEnvironment) {
   ScriptedController::Config config;
-  config.credentials = certs_.ServerCredentials(/*require_client_cert=*/true);
+  config.credentials = certs().ServerCredentials(/*require_client_cert=*/true);
   ScriptedController controller(config);
   setenv("SPIKEGUARD_TOKEN", kToken, 1);
-  setenv("SPIKEGUARD_TLS_CA", certs_.Path("ca.pem").c_str(), 1);
-  setenv("SPIKEGUARD_TLS_CERT", certs_.Path("client.pem").c_str(), 1);
-  setenv("SPIKEGUARD_TLS_KEY", certs_.Path("client.key").c_str(), 1);
+  setenv("SPIKEGUARD_TLS_CA", certs().Path("ca.pem").c_str(), 1);
+  setenv("SPIKEGUARD_TLS_CERT", certs().Path("client.pem").c_str(), 1);
+  setenv("SPIKEGUARD_TLS_KEY", certs().Path("client.key").c_str(), 1);
   setenv("SPIKEGUARD_TLS_SERVER_NAME", "localhost", 1);
 
   auto client = WorkerClient::Start(Options(controller.address()));
@@ -156,16 +157,16 @@ TEST_F(WorkerClientSecurityTest, UnauthenticatedStreamIsFinalToo) {
 
 TEST_F(WorkerClientSecurityTest, AnotherCaIsRetriedAndExplained) {
   ScriptedController::Config config;
-  config.credentials = certs_.ServerCredentials();
+  config.credentials = certs().ServerCredentials();
   ScriptedController controller(config);
-  setenv("SPIKEGUARD_TLS_CA", certs_.Path("other-ca.pem").c_str(), 1);
+  setenv("SPIKEGUARD_TLS_CA", certs().Path("other-ca.pem").c_str(), 1);
   auto client = WorkerClient::Start(Options(controller.address()));
   ASSERT_TRUE(client.ok()) << client.status();
   absl::Status s = (*client)->WaitForWelcome(absl::Seconds(1));
   EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("last error UNAVAILABLE"));
   EXPECT_THAT(std::string(s.message()),
-              HasSubstr("TLS with the CA of SPIKEGUARD_TLS_CA '" + certs_.Path("other-ca.pem")));
+              HasSubstr("TLS with the CA of SPIKEGUARD_TLS_CA '" + certs().Path("other-ca.pem")));
   EXPECT_FALSE((*client)->rejection().has_value());  // a network error is not final
   EXPECT_TRUE(controller.authorizations().empty());
 }
