@@ -469,17 +469,6 @@ int Status(Session& s, const ParsedArgs& args) {
   return kExitOk;
 }
 
-int RunsList(Session& s, const ParsedArgs& args) {
-  v1::ListRunsResponse response;
-  if (!s.Call([&](Stub* stub, grpc::ClientContext* ctx) {
-        return stub->ListRuns(ctx, v1::ListRunsRequest(), &response);
-      })) {
-    return kExitFailed;
-  }
-  s.Emit(response, FormatRunList(response));
-  return kExitOk;
-}
-
 // Calls one unary RPC with `request` and prints the response with `format`
 // (table) or as JSON; the exit code of spikectl.
 template <typename Response, typename Request, typename Format>
@@ -494,6 +483,43 @@ int CallAndEmit(Session& s,
   }
   s.Emit(response, format(response));
   return kExitOk;
+}
+
+// A list RPC whose responses come in pages (the daemon keeps each under a
+// byte budget): follows next_page_token and prints every page as one
+// response.
+template <typename Response, typename Request, typename Format>
+int CallAllPagesAndEmit(Session& s,
+                        grpc::Status (Stub::*rpc)(grpc::ClientContext*, const Request&, Response*),
+                        Request request, Format format) {
+  Response all;
+  std::vector<std::string> seen_tokens;
+  while (true) {
+    Response page;
+    if (!s.Call([&](Stub* stub, grpc::ClientContext* ctx) {
+          return (stub->*rpc)(ctx, request, &page);
+        })) {
+      return kExitFailed;
+    }
+    const std::string next = page.next_page_token();
+    all.MergeFrom(page);  // appends the page's items
+    if (next.empty()) break;
+    // A daemon that hands out a page token twice would loop forever.
+    if (std::find(seen_tokens.begin(), seen_tokens.end(), next) != seen_tokens.end()) {
+      s.err() << "spikectl: INTERNAL: spikeguardd repeated the page token '" << next << "'\n";
+      return kExitFailed;
+    }
+    seen_tokens.push_back(next);
+    request.set_page_token(next);
+  }
+  all.clear_next_page_token();
+  s.Emit(all, format(all));
+  return kExitOk;
+}
+
+int RunsList(Session& s, const ParsedArgs& args) {
+  return CallAllPagesAndEmit<v1::ListRunsResponse>(s, &Stub::ListRuns, v1::ListRunsRequest(),
+                                                   FormatRunList);
 }
 
 int RunsCreate(Session& s, const ParsedArgs& args) {
@@ -543,7 +569,8 @@ int RunsShow(Session& s, const ParsedArgs& args) {
 int CheckpointsList(Session& s, const ParsedArgs& args) {
   v1::ListCheckpointsRequest request;
   request.set_run(*args.Get("run"));
-  return CallAndEmit<v1::ListCheckpointsResponse>(s, &Stub::ListCheckpoints, request, FormatCheckpoints);
+  return CallAllPagesAndEmit<v1::ListCheckpointsResponse>(s, &Stub::ListCheckpoints, request,
+                                                          FormatCheckpoints);
 }
 
 int Telemetry(Session& s, const ParsedArgs& args) {
@@ -582,11 +609,25 @@ int Telemetry(Session& s, const ParsedArgs& args) {
     for (std::string& field : RequestFields(metrics)) request.add_metrics(std::move(field));
   }
 
+  // The daemon pages telemetry by rows and by bytes: follow next_from_step
+  // until the range (or --limit) is done.
   v1::QueryTelemetryResponse response;
-  if (!s.Call([&](Stub* stub, grpc::ClientContext* ctx) {
-        return stub->QueryTelemetry(ctx, request, &response);
-      })) {
-    return kExitFailed;
+  while (true) {
+    v1::QueryTelemetryResponse page;
+    if (!s.Call([&](Stub* stub, grpc::ClientContext* ctx) {
+          return stub->QueryTelemetry(ctx, request, &page);
+        })) {
+      return kExitFailed;
+    }
+    for (v1::StepRecord& r : *page.mutable_records()) *response.add_records() = std::move(r);
+    response.set_truncated(page.truncated());
+    response.set_next_from_step(page.next_from_step());
+    if (!page.truncated()) break;
+    if (limit.has_value() && response.records_size() >= *limit) break;
+    // An older daemon sets no next_from_step: it stays cut, as it said.
+    if (page.next_from_step() <= request.from_step()) break;
+    request.set_from_step(page.next_from_step());
+    if (limit.has_value()) request.set_limit(static_cast<int32_t>(*limit - response.records_size()));
   }
   s.Emit(response, FormatTelemetry(response, metrics));
   return kExitOk;
@@ -605,7 +646,8 @@ int IncidentsList(Session& s, const ParsedArgs& args) {
         s, parsed, ParseEnumFlag<v1::Verdict>("verdict", *verdict, v1::Verdict_descriptor()));
     request.set_verdict(parsed);
   }
-  return CallAndEmit<v1::ListIncidentsResponse>(s, &Stub::ListIncidents, request, FormatIncidentList);
+  return CallAllPagesAndEmit<v1::ListIncidentsResponse>(s, &Stub::ListIncidents, request,
+                                                        FormatIncidentList);
 }
 
 int IncidentsShow(Session& s, const ParsedArgs& args) {
@@ -756,7 +798,8 @@ int Manifest(Session& s, const ParsedArgs& args) {
 int QuarantineList(Session& s, const ParsedArgs& args) {
   v1::ListQuarantineRequest request;
   request.set_run(*args.Get("run"));
-  return CallAndEmit<v1::ListQuarantineResponse>(s, &Stub::ListQuarantine, request, FormatQuarantine);
+  return CallAllPagesAndEmit<v1::ListQuarantineResponse>(s, &Stub::ListQuarantine, request,
+                                                         FormatQuarantine);
 }
 
 int Audit(Session& s, const ParsedArgs& args) {

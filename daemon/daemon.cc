@@ -8,6 +8,7 @@
 #include "daemon/control/supervisor.h"
 #include "daemon/launch/local_launcher.h"
 #include "daemon/server/daemon_state.h"
+#include "daemon/server/parse_errors.h"
 #include "daemon/server/supervisor_service.h"
 #include "daemon/server/worker_service.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -50,6 +51,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options) {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &d->port_);
+  {
+    // Requests that do not parse (invalid UTF-8) are answered INVALID_ARGUMENT
+    // naming the field.
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
+    creators.push_back(MakeParseErrorInterceptorFactory());
+    builder.experimental().SetInterceptorCreators(std::move(creators));
+  }
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.limits.max_message_bytes));
   builder.RegisterService(d->worker_service_.get());
   builder.RegisterService(d->supervisor_service_.get());

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
+#include "daemon/ingest/limits.h"
 #include "base/status_macros.h"
 
 namespace spikeguard::daemon {
@@ -207,8 +208,8 @@ void RunControl::OnCommandResult(const std::string& run, uint32_t rank,
                                  const v1::CommandResult& result) {
   if (!result.ok()) {
     (void)catalog_->UpdateCommandState(result.command_id(), "failed", result.message());
-    SG_LOG(ERROR) << "run " << run << " rank " << rank << ": command " << result.command_id()
-                  << " failed: " << result.message();
+    SG_LOG(ERROR) << "run " << run << " rank " << rank << ": command "
+                  << LogText(result.command_id(), 128) << " failed: " << LogText(result.message());
     return;
   }
   auto run_row = catalog_->GetRun(run);

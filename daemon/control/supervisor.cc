@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
+#include "daemon/ingest/limits.h"
 #include "daemon/detect/trace_io.h"
 #include "daemon/incident/policy.h"
 
@@ -254,7 +255,7 @@ void Supervisor::OnGenerationEnded(const std::string& run, int64_t generation, u
   absl::MutexLock lock(&mu_);
   if (!engine_) return;
   SG_LOG(INFO) << "run " << run << " rank " << rank << ": generation " << generation
-               << " ended at step " << last_step << " (" << reason << ")";
+               << " ended at step " << last_step << " (" << LogText(reason) << ")";
   if (absl::Status s = engine_->OnGenerationEnded(run, generation, last_step, reason); !s.ok()) {
     SG_LOG(ERROR) << "run " << run << ": incident engine: " << s;
   }

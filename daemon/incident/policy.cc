@@ -3,6 +3,7 @@
 #include <cmath>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -14,6 +15,13 @@ namespace spikeguard::incident {
 namespace {
 
 namespace v1 = spikeguard::v1;
+
+// Upper bounds of the policy's knobs: a detector window is memory per run
+// and a step count is arithmetic on steps; neither may be anything an int
+// holds.
+constexpr int64_t kMaxWindow = 100'000;
+constexpr int64_t kMaxSteps = 1'000'000'000;
+constexpr int64_t kMaxCount = 10'000;
 
 v1::SpikeDetectorPolicy DefaultSpike() {
   v1::SpikeDetectorPolicy p;
@@ -38,25 +46,26 @@ class ErrorCollector final : public google::protobuf::io::ErrorCollector {
 };
 
 absl::Status CheckSpike(const std::string& name, const v1::SpikeDetectorPolicy& p) {
-  if (p.window() <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name, ".window must be positive (got ", p.window(), ")"));
+  if (p.window() <= 0 || p.window() > kMaxWindow) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ".window must be in [1, ", kMaxWindow,
+                                                   "] (got ", p.window(), ")"));
   }
   if (p.min_samples() <= 0 || p.min_samples() > p.window()) {
     return absl::InvalidArgumentError(absl::StrCat(name, ".min_samples must be in [1, window=",
                                                    p.window(), "] (got ", p.min_samples(), ")"));
   }
-  if (!(p.z_threshold() > 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name, ".z_threshold must be positive (got ", p.z_threshold(), ")"));
+  if (!(p.z_threshold() > 0) || !std::isfinite(p.z_threshold())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, ".z_threshold must be a finite positive number (got ", p.z_threshold(), ")"));
   }
-  if (!(p.relative_floor() >= 0)) {
+  if (!(p.relative_floor() >= 0) || !std::isfinite(p.relative_floor())) {
     return absl::InvalidArgumentError(
         absl::StrCat(name, ".relative_floor must be >= 0 (got ", p.relative_floor(), ")"));
   }
-  if (p.recovery_steps() <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        name, ".recovery_steps must be positive (got ", p.recovery_steps(), ")"));
+  if (p.recovery_steps() <= 0 || p.recovery_steps() > kMaxWindow) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ".recovery_steps must be in [1, ",
+                                                   kMaxWindow, "] (got ", p.recovery_steps(),
+                                                   ")"));
   }
   return absl::OkStatus();
 }
@@ -71,6 +80,19 @@ absl::Status Positive(const std::string& field, double value) {
 absl::Status NonNegative(const std::string& field, int64_t value) {
   if (value < 0) {
     return absl::InvalidArgumentError(absl::StrCat(field, " must be >= 0 (got ", value, ")"));
+  }
+  if (value > kMaxSteps) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " must be at most ", kMaxSteps, " (got ", value, ")"));
+  }
+  return absl::OkStatus();
+}
+
+// A count or step span: in [1, max].
+absl::Status InRange(const std::string& field, int64_t value, int64_t max) {
+  if (value <= 0 || value > max) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " must be in [1, ", max, "] (got ", value, ")"));
   }
   return absl::OkStatus();
 }
@@ -170,9 +192,9 @@ absl::Status ValidatePolicy(const v1::Policy& p) {
   if (absl::Status s = CheckSpike("grad_norm_spike", p.grad_norm_spike()); !s.ok()) return s;
 
   const v1::PrecursorPolicy& pre = p.precursor();
-  if (pre.trend_window() <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("precursor.trend_window must be positive (got ", pre.trend_window(), ")"));
+  if (absl::Status s = InRange("precursor.trend_window", pre.trend_window(), kMaxWindow);
+      !s.ok()) {
+    return s;
   }
   if (absl::Status s = Positive("precursor.trend_z_threshold", pre.trend_z_threshold()); !s.ok()) {
     return s;
@@ -180,14 +202,15 @@ absl::Status ValidatePolicy(const v1::Policy& p) {
   if (absl::Status s = Positive("precursor.attn_logit_warn", pre.attn_logit_warn()); !s.ok()) {
     return s;
   }
-  if (pre.attn_logit_critical() < pre.attn_logit_warn()) {
+  if (!(pre.attn_logit_critical() >= pre.attn_logit_warn()) ||
+      !std::isfinite(pre.attn_logit_critical())) {
     return absl::InvalidArgumentError(
         absl::StrCat("precursor.attn_logit_critical (", pre.attn_logit_critical(),
                      ") must be >= attn_logit_warn (", pre.attn_logit_warn(), ")"));
   }
-  if (pre.persistence_steps() <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "precursor.persistence_steps must be positive (got ", pre.persistence_steps(), ")"));
+  if (absl::Status s = InRange("precursor.persistence_steps", pre.persistence_steps(), kMaxWindow);
+      !s.ok()) {
+    return s;
   }
 
   const v1::ProbePolicy& probe = p.probe();
@@ -205,39 +228,28 @@ absl::Status ValidatePolicy(const v1::Policy& p) {
         "probe.min_steps_before_onset (", probe.min_steps_before_onset(),
         ") must be <= probe.max_steps_before_onset (", probe.max_steps_before_onset(), ")"));
   }
-  if (probe.skip_horizon() <= probe.skip_after()) {
+  if (probe.skip_horizon() <= probe.skip_after() || probe.skip_horizon() > kMaxSteps) {
     return absl::InvalidArgumentError(
         absl::StrCat("probe.skip_horizon (", probe.skip_horizon(),
-                     ") must exceed probe.skip_after (", probe.skip_after(), ")"));
+                     ") must exceed probe.skip_after (", probe.skip_after(), ") and be at most ",
+                     kMaxSteps));
   }
-  if (probe.max_document_probes() <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "probe.max_document_probes must be positive (got ", probe.max_document_probes(), ")"));
+  if (absl::Status s = InRange("probe.max_document_probes", probe.max_document_probes(), kMaxCount);
+      !s.ok()) {
+    return s;
   }
 
-  if (p.budget().max_probes() <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("budget.max_probes must be positive (got ", p.budget().max_probes(), ")"));
-  }
-  if (p.budget().max_reexecuted_steps() <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "budget.max_reexecuted_steps must be positive (got ", p.budget().max_reexecuted_steps(),
-        ")"));
-  }
-  if (p.escalation().data_incidents() <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "escalation.data_incidents must be positive (got ", p.escalation().data_incidents(), ")"));
-  }
-  if (p.escalation().window_steps() <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "escalation.window_steps must be positive (got ", p.escalation().window_steps(), ")"));
+  for (const auto& [name, value, max] : std::vector<std::tuple<std::string, int64_t, int64_t>>{
+           {"budget.max_probes", p.budget().max_probes(), kMaxCount},
+           {"budget.max_reexecuted_steps", p.budget().max_reexecuted_steps(), kMaxSteps},
+           {"escalation.data_incidents", p.escalation().data_incidents(), kMaxCount},
+           {"escalation.window_steps", p.escalation().window_steps(), kMaxSteps},
+           {"fix.verify_steps", p.fix().verify_steps(), kMaxSteps},
+       }) {
+    if (absl::Status s = InRange(name, value, max); !s.ok()) return s;
   }
 
   const v1::FixPolicy& fix = p.fix();
-  if (fix.verify_steps() <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("fix.verify_steps must be positive (got ", fix.verify_steps(), ")"));
-  }
   if (!(fix.lr_factor() > 0 && fix.lr_factor() <= 1)) {
     return absl::InvalidArgumentError(
         absl::StrCat("fix.lr_factor must be in (0, 1] (got ", fix.lr_factor(), ")"));
@@ -252,13 +264,19 @@ absl::Status ValidatePolicy(const v1::Policy& p) {
   }
   if (absl::Status s = Positive("fix.eps", fix.eps()); !s.ok()) return s;
 
-  if (p.launch().heartbeat_timeout_ms() <= 0) {
+  if (p.launch().heartbeat_timeout_ms() <= 0 ||
+      p.launch().heartbeat_timeout_ms() > 7LL * 24 * 3600 * 1000) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "launch.heartbeat_timeout_ms must be positive (got ", p.launch().heartbeat_timeout_ms(),
-        ")"));
+        "launch.heartbeat_timeout_ms must be in [1, 604800000] (a week) (got ",
+        p.launch().heartbeat_timeout_ms(), ")"));
   }
   if (absl::Status s = NonNegative("launch.max_restarts", p.launch().max_restarts()); !s.ok()) {
     return s;
+  }
+  if (p.launch().max_restarts() > kMaxCount) {
+    return absl::InvalidArgumentError(absl::StrCat("launch.max_restarts must be at most ",
+                                                   kMaxCount, " (got ",
+                                                   p.launch().max_restarts(), ")"));
   }
   return absl::OkStatus();
 }

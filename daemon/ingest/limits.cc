@@ -1,10 +1,14 @@
 #include "daemon/ingest/limits.h"
 
 #include <cmath>
+#include <map>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/str_format.h"
+#include "base/status_macros.h"
+#include "google/protobuf/unknown_field_set.h"
 
 namespace spikeguard::daemon {
 namespace {
@@ -258,6 +262,257 @@ absl::Status ValidateCheckpointSaved(const spikeguard::v1::CheckpointSaved& c,
   if (c.bytes() < 0) return absl::InvalidArgumentError("checkpoint.bytes: negative");
   if (auto s = ValidateText("checkpoint.uri", c.uri(), limits.max_string_length); !s.ok()) return s;
   return ValidateText("checkpoint.checksum", c.checksum(), limits.max_name_length);
+}
+
+}  // namespace spikeguard::daemon
+
+namespace spikeguard::daemon {
+
+std::string LogText(absl::string_view text, size_t max_len) {
+  const absl::string_view kept = text.substr(0, max_len);
+  std::string out;
+  out.reserve(kept.size() + 16);
+  size_t i = 0;
+  while (i < kept.size()) {
+    const unsigned char c = static_cast<unsigned char>(kept[i]);
+    if (c >= 0x80) {
+      // A valid multi-byte sequence is kept as it is; stray bytes escaped.
+      const int extra = (c >> 5) == 0x6 ? 1 : (c >> 4) == 0xe ? 2 : (c >> 3) == 0x1e ? 3 : -1;
+      bool ok = extra > 0 && i + extra < kept.size();
+      for (int k = 1; ok && k <= extra; ++k) {
+        if ((static_cast<unsigned char>(kept[i + k]) >> 6) != 0x2) ok = false;
+      }
+      if (ok) {
+        out.append(kept.data() + i, extra + 1);
+        i += extra + 1;
+        continue;
+      }
+      absl::StrAppend(&out, "\\x", absl::Hex(c, absl::kZeroPad2));
+      ++i;
+      continue;
+    }
+    switch (c) {
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      case '\\': out += "\\\\"; break;
+      default:
+        if (c < 0x20 || c == 0x7f) {
+          absl::StrAppend(&out, "\\x", absl::Hex(c, absl::kZeroPad2));
+        } else {
+          out.push_back(static_cast<char>(c));
+        }
+    }
+    ++i;
+  }
+  if (text.size() > max_len) absl::StrAppend(&out, "...(", text.size(), " bytes)");
+  return out;
+}
+
+namespace {
+
+// Walks `bytes` as a message of type `d` without checking UTF-8 (the
+// unknown-field parser keeps length-delimited fields as raw bytes).
+bool FindInvalidUtf8In(const google::protobuf::Descriptor* d, absl::string_view bytes,
+                       const std::string& prefix, int depth, std::string* found) {
+  if (depth > 32) return false;
+  google::protobuf::UnknownFieldSet fields;
+  if (!fields.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) return false;
+  std::map<int, int> seen;  // field number -> occurrences so far
+  for (int i = 0; i < fields.field_count(); ++i) {
+    const google::protobuf::UnknownField& u = fields.field(i);
+    const int index = seen[u.number()]++;
+    if (u.type() != google::protobuf::UnknownField::TYPE_LENGTH_DELIMITED) continue;
+    const google::protobuf::FieldDescriptor* f = d->FindFieldByNumber(u.number());
+    if (f == nullptr) continue;
+    std::string path = prefix.empty() ? f->name() : absl::StrCat(prefix, ".", f->name());
+    if (f->is_repeated() && !f->is_map()) absl::StrAppend(&path, "[", index, "]");
+    if (f->type() == google::protobuf::FieldDescriptor::TYPE_STRING) {
+      if (!IsValidUtf8(u.length_delimited())) {
+        *found = path;
+        return true;
+      }
+    } else if (f->type() == google::protobuf::FieldDescriptor::TYPE_MESSAGE) {
+      if (f->is_map()) {
+        // A map entry: name the key when it is readable.
+        const auto* entry = f->message_type();
+        google::protobuf::UnknownFieldSet kv;
+        std::string key_text;
+        if (kv.ParseFromString(u.length_delimited())) {
+          for (int k = 0; k < kv.field_count(); ++k) {
+            if (kv.field(k).number() == 1 &&
+                kv.field(k).type() == google::protobuf::UnknownField::TYPE_LENGTH_DELIMITED &&
+                IsValidUtf8(kv.field(k).length_delimited())) {
+              key_text = kv.field(k).length_delimited().substr(0, 64);
+            }
+          }
+        }
+        std::string inner;
+        if (FindInvalidUtf8In(entry, u.length_delimited(), "", depth + 1, &inner)) {
+          *found = inner == "key" ? absl::StrCat(path, " key")
+                                  : absl::StrCat(path, "['", LogText(key_text, 64), "']");
+          return true;
+        }
+      } else if (FindInvalidUtf8In(f->message_type(), u.length_delimited(), path, depth + 1,
+                                   found)) {
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+absl::Status Finite(absl::string_view field, double value) {
+  if (!std::isfinite(value)) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", value, " is not a finite number"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string FindInvalidUtf8Field(const google::protobuf::Descriptor* descriptor,
+                                 absl::string_view bytes) {
+  std::string found;
+  if (descriptor == nullptr) return "";
+  FindInvalidUtf8In(descriptor, bytes, "", 0, &found);
+  return found;
+}
+
+absl::Status ValidateDataPlan(absl::string_view field, const spikeguard::v1::DataPlan& plan,
+                              const Limits& limits) {
+  constexpr int kMaxRanges = 4096;
+  if (plan.ranges_size() > kMaxRanges) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s.ranges: %d ranges, more than %d", field,
+                                                      plan.ranges_size(), kMaxRanges));
+  }
+  for (int i = 0; i < plan.ranges_size(); ++i) {
+    const auto& r = plan.ranges(i);
+    if (r.begin() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s.ranges[%d].begin: %d is negative", field, i, r.begin()));
+    }
+    if (r.end() == -1) {
+      if (i + 1 != plan.ranges_size()) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "%s.ranges[%d].end: -1 (unbounded) is allowed only in the last range", field, i));
+      }
+      continue;
+    }
+    if (r.end() <= r.begin()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s.ranges[%d].end: %d is not after begin %d (use -1 for unbounded)",
+                          field, i, r.end(), r.begin()));
+    }
+  }
+  if (plan.masks_size() > limits.max_reports_per_batch * 16) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s.masks: %d masks, too many", field, plan.masks_size()));
+  }
+  for (int i = 0; i < plan.masks_size(); ++i) {
+    if (plan.masks(i).position() < 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s.masks[%d].position: %d is negative", field, i, plan.masks(i).position()));
+    }
+    for (int k = 0; k < plan.masks(i).slots_size(); ++k) {
+      if (plan.masks(i).slots(k) < 0) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "%s.masks[%d].slots[%d]: %d is negative", field, i, k, plan.masks(i).slots(k)));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateCreateRunRequest(const spikeguard::v1::CreateRunRequest& req,
+                                      const Limits& limits) {
+  SG_RETURN_IF_ERROR(ValidateRunName(req.name(), limits));
+  if (req.world_size() == 0 || req.world_size() > limits.max_world_size) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "world_size: %d is out of range [1, %d]", req.world_size(), limits.max_world_size));
+  }
+  if (!spikeguard::v1::Mode_IsValid(req.mode())) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "mode: %d is not a mode (observe=1, propose=2, auto=3)", static_cast<int>(req.mode())));
+  }
+  const auto& spec = req.spec();
+  const size_t spec_bytes = spec.ByteSizeLong();
+  if (spec_bytes > static_cast<size_t>(limits.max_spec_bytes)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "spec: %d bytes, more than the limit %d", spec_bytes, limits.max_spec_bytes));
+  }
+  SG_RETURN_IF_ERROR(ValidateText("spec.launcher", spec.launcher(), limits.max_name_length));
+  SG_RETURN_IF_ERROR(ValidateText("spec.profile", spec.profile(), limits.max_name_length));
+  for (const auto& [key, value] : spec.params()) {
+    SG_RETURN_IF_ERROR(ValidateText("spec.params key", key, limits.max_name_length));
+    SG_RETURN_IF_ERROR(
+        ValidateText(absl::StrCat("spec.params['", key, "']"), value, limits.max_string_length));
+  }
+  const auto& m = spec.manifest();
+  if (m.version() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("spec.manifest.version: %d is negative", m.version()));
+  }
+  SG_RETURN_IF_ERROR(ValidateText("spec.manifest.dataset_fingerprint", m.dataset_fingerprint(),
+                                  limits.max_string_length));
+  if (m.global_batch_size() < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "spec.manifest.global_batch_size: %d is negative", m.global_batch_size()));
+  }
+  if (m.sequence_length() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("spec.manifest.sequence_length: %d is negative", m.sequence_length()));
+  }
+  if (m.blend_size() > limits.max_domains_per_report) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "spec.manifest.blend: %d domains, more than %d", m.blend_size(),
+        limits.max_domains_per_report));
+  }
+  for (const auto& [domain, weight] : m.blend()) {
+    if (domain.empty()) return absl::InvalidArgumentError("spec.manifest.blend: empty domain name");
+    SG_RETURN_IF_ERROR(ValidateText("spec.manifest.blend domain", domain, limits.max_name_length));
+    const std::string field = absl::StrCat("spec.manifest.blend['", domain, "']");
+    SG_RETURN_IF_ERROR(Finite(field, weight));
+    if (weight < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": weight ", weight, " is negative"));
+    }
+  }
+  SG_RETURN_IF_ERROR(ValidateDataPlan("spec.manifest.data_plan", m.data_plan(), limits));
+  return ValidateText("spec.manifest.corpus_dir", m.corpus_dir(), limits.max_string_length);
+}
+
+absl::Status ValidateStepWindow(absl::string_view from_field, int64_t from,
+                                absl::string_view to_field, int64_t to, const Limits& limits) {
+  if (from < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: %d is negative", from_field, from));
+  }
+  if (to < from) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: %d is before %s %d", to_field, to, from_field, from));
+  }
+  // from >= 0 and to >= from: the difference cannot overflow.
+  if (to - from >= limits.max_step_ahead) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: %d is too far: the window %d..%d spans more than %d steps (limits.max_step_ahead)",
+        to_field, to, from, to, limits.max_step_ahead));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateStepsAhead(const spikeguard::v1::StepReportBatch& batch, int64_t last_step,
+                                const Limits& limits) {
+  const int64_t base = last_step < 0 ? 0 : last_step;
+  for (int i = 0; i < batch.reports_size(); ++i) {
+    const int64_t step = batch.reports(i).step();
+    // step >= 0 and base >= 0: the difference cannot overflow.
+    if (step > base && step - base > limits.max_step_ahead) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "reports[%d].step: %d is more than %d steps (limits.max_step_ahead) past the run's "
+          "last step %d",
+          i, step, limits.max_step_ahead, last_step));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace spikeguard::daemon

@@ -6,9 +6,14 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 #include "absl/status/status.h"
+#include "google/protobuf/descriptor.h"
+#include "spikeguard/v1/supervisor.pb.h"
 #include "spikeguard/v1/telemetry.pb.h"
 #include "spikeguard/v1/worker.pb.h"
 
@@ -24,7 +29,59 @@ struct Limits {
   int max_string_length = 4096;   // URIs, checksums, messages
   uint32_t max_world_size = 1 << 20;
   uint32_t max_layer_index = 1 << 16;
+  // A report's step may lead the run's last known step (or the schedule's
+  // total_steps from the hello) by at most this much; a skip window spans at
+  // most this many steps.
+  int64_t max_step_ahead = 1 << 24;
+  // Serialized bytes of a RunSpec the catalog stores.
+  int64_t max_spec_bytes = 64 << 10;
+  // Byte budget of one list or telemetry response: well under the 4 MB a
+  // default gRPC client accepts; the rest comes in further pages.
+  int64_t max_response_bytes = 1 << 20;
+  // A worker stream must send its hello within this; at most this many
+  // streams may be waiting for theirs at once.
+  absl::Duration hello_timeout = absl::Seconds(10);
+  int max_pending_hellos = 64;
+  // Worker- or client-supplied text written to the daemon's log: escaped
+  // and cut to this many bytes.
+  int max_logged_text = 512;
 };
+
+// Text from a worker or client made safe for one log line: control
+// characters, backslashes and invalid UTF-8 escaped (\n, \x01, ...), cut to
+// `max_len` bytes of the original with a "...(N bytes)" marker.
+std::string LogText(absl::string_view text, size_t max_len = 512);
+
+// The first string field of `bytes` (a serialized message of type
+// `descriptor`) that is not valid UTF-8, as a path such as
+// "reports.reports[2].domain_losses[0].domain"; "" when every string field
+// is valid (or the bytes do not parse at all).
+std::string FindInvalidUtf8Field(const google::protobuf::Descriptor* descriptor,
+                                 absl::string_view bytes);
+
+// Every field of a CreateRunRequest that is not about the launch profile:
+// name, world_size, mode, the spec's size, its manifest (blend weights,
+// data plan ranges, sizes).
+absl::Status ValidateCreateRunRequest(const spikeguard::v1::CreateRunRequest& request,
+                                      const Limits& limits);
+
+// A data plan: ranges with 0 <= begin < end (end = -1: unbounded, last
+// only), bounded count; masks at non-negative positions.
+absl::Status ValidateDataPlan(absl::string_view field, const spikeguard::v1::DataPlan& plan,
+                              const Limits& limits);
+
+// A step window from..to (inclusive) named by an operator: from >= 0,
+// to >= from, and at most max_step_ahead steps long; the messages name
+// `from_field` / `to_field` and the values.
+absl::Status ValidateStepWindow(absl::string_view from_field, int64_t from,
+                                absl::string_view to_field, int64_t to, const Limits& limits);
+
+// Steps of an already validated batch against the rank's and run's
+// progress: no step more than max_step_ahead past `last_step` (the largest
+// of the run's last step, the rank's committed step and the hello's
+// total_steps; -1 when nothing is known).
+absl::Status ValidateStepsAhead(const spikeguard::v1::StepReportBatch& batch, int64_t last_step,
+                                const Limits& limits);
 
 // A run name: 1..max_name_length of [A-Za-z0-9._-], not starting with '.'.
 absl::Status ValidateRunName(absl::string_view name, const Limits& limits);

@@ -36,20 +36,8 @@ void RunRegistry::AddReports(const std::string& run, uint32_t rank,
   Rank& r = runs_[run][rank];
   r.last_seen_ms = clock_->NowUnixMillis();
   for (const auto& report : reports) {
-    r.window.push_back(report);
     if (report.step() > r.last_step) r.last_step = report.step();
   }
-  while (r.window.size() > window_) r.window.pop_front();
-}
-
-std::vector<spikeguard::v1::StepReport> RunRegistry::Window(const std::string& run,
-                                                            uint32_t rank) const {
-  absl::MutexLock lock(&mu_);
-  auto it = runs_.find(run);
-  if (it == runs_.end()) return {};
-  auto rit = it->second.find(rank);
-  if (rit == it->second.end()) return {};
-  return {rit->second.window.begin(), rit->second.window.end()};
 }
 
 std::vector<spikeguard::v1::RankState> RunRegistry::Ranks(const std::string& run) const {

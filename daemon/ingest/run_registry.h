@@ -1,11 +1,11 @@
 // run_registry.h
 // -----------------------------------------------------------------------------
 // Live state of every rank the daemon has heard from: whether its stream is
-// connected, when it was last seen, its last step, and a bounded window of its
-// most recent raw StepReports (DESIGN §4: per-rank raw reports live in bounded
-// memory; the catalog keeps the merged run-level record).
+// connected, when it was last seen and its last step. Raw reports are not
+// kept: the catalog holds the merged run-level record, and a window of raw
+// reports per rank (~50 MB at 1,024 layers, never read) is gone.
 //
-//   RunRegistry registry(Clock::Real(), /*window=*/512);
+//   RunRegistry registry(Clock::Real());
 //   uint64_t stream = registry.Connect("run-a", 3, /*generation=*/0, "host-7");
 //   registry.AddReports("run-a", 3, reports);
 //   registry.Disconnect("run-a", 3, stream);
@@ -14,7 +14,6 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <span>
 #include <string>
@@ -30,7 +29,7 @@ namespace spikeguard::daemon {
 
 class RunRegistry {
  public:
-  RunRegistry(Clock* clock, size_t window) : clock_(clock), window_(window) {}
+  explicit RunRegistry(Clock* clock) : clock_(clock) {}
 
   // Registers a stream for (run, rank); a newer stream supersedes an older
   // one for the same rank. Returns the stream's id.
@@ -40,11 +39,11 @@ class RunRegistry {
   void Disconnect(const std::string& run, uint32_t rank, uint64_t stream_id);
   // Heartbeat: last seen = now, and the step the worker is at.
   void Touch(const std::string& run, uint32_t rank, int64_t step);
-  // Keeps the newest `window` reports of the rank.
+  // Committed reports: last seen = now, and the rank's last step. The
+  // reports themselves are not kept.
   void AddReports(const std::string& run, uint32_t rank,
                   std::span<const spikeguard::v1::StepReport> reports);
 
-  std::vector<spikeguard::v1::StepReport> Window(const std::string& run, uint32_t rank) const;
   std::vector<spikeguard::v1::RankState> Ranks(const std::string& run) const;
   int ConnectedRanks() const;
 
@@ -56,11 +55,9 @@ class RunRegistry {
     int64_t last_step = -1;
     int64_t last_seen_ms = 0;
     std::string host;
-    std::deque<spikeguard::v1::StepReport> window;
   };
 
   Clock* const clock_;
-  const size_t window_;
   mutable absl::Mutex mu_;
   uint64_t next_stream_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<std::string, std::map<uint32_t, Rank>> runs_ ABSL_GUARDED_BY(mu_);

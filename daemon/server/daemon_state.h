@@ -35,7 +35,7 @@ struct DaemonState {
         clock(clock),
         limits(limits),
         catalog_path(std::move(catalog_path)),
-        registry(clock, /*window=*/512),
+        registry(clock),
         started(clock->Now()) {}
 
   storage::Catalog* const catalog;

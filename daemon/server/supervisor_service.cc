@@ -1,9 +1,11 @@
 #include "daemon/server/supervisor_service.h"
 
 #include <algorithm>
+#include <limits>
 #include <set>
 #include <string>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -52,6 +54,36 @@ const std::set<std::string>& RecordMetricNames() {
 
 bool IsIdentityField(const std::string& name) {
   return name == "generation" || name == "step" || name == "ranks_reported";
+}
+
+// Every list response is paged under the byte budget limits.max_response_bytes;
+// a page token is "o<offset>" into the list (opaque to clients).
+absl::StatusOr<size_t> PageOffset(const std::string& token, size_t total) {
+  if (token.empty()) return 0;
+  uint64_t offset = 0;
+  if (token.size() < 2 || token[0] != 'o' || !absl::SimpleAtoi(token.substr(1), &offset) ||
+      offset > total) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_token: '", LogText(token, 64),
+                     "' is not a token this daemon gave out (or the list shrank since); ask "
+                     "again without one"));
+  }
+  return static_cast<size_t>(offset);
+}
+
+// Adds items from `offset` on while they fit in `budget` bytes (at least
+// one); returns the next page's token, "" after the last page.
+template <class Item, class Add>
+std::string FillPage(std::vector<Item>& items, size_t offset, int64_t budget, Add add) {
+  int64_t used = 0;
+  size_t i = offset;
+  for (; i < items.size(); ++i) {
+    const int64_t bytes = static_cast<int64_t>(items[i].ByteSizeLong()) + 8;
+    if (i > offset && used + bytes > budget) break;
+    used += bytes;
+    add(std::move(items[i]));
+  }
+  return i < items.size() ? absl::StrCat("o", i) : std::string();
 }
 
 }  // namespace
@@ -126,6 +158,7 @@ grpc::Status SupervisorServiceImpl::GetStatus(Ctx*, const v1::GetStatusRequest*,
 }
 
 grpc::Status SupervisorServiceImpl::CreateRun(Ctx*, const v1::CreateRunRequest* req, v1::Run* out) {
+  if (auto s = ValidateCreateRunRequest(*req, state_->limits); !s.ok()) return Invalid(std::string(s.message()));
   if (auto s = ValidateRunName(req->name(), state_->limits); !s.ok()) {
     return Invalid(std::string(s.message()));
   }
@@ -198,11 +231,20 @@ grpc::Status SupervisorServiceImpl::GetRun(Ctx*, const v1::GetRunRequest* req, v
   return grpc::Status::OK;
 }
 
-grpc::Status SupervisorServiceImpl::ListRuns(Ctx*, const v1::ListRunsRequest*,
+grpc::Status SupervisorServiceImpl::ListRuns(Ctx*, const v1::ListRunsRequest* req,
                                              v1::ListRunsResponse* out) {
   auto runs = state_->catalog->ListRuns();
   if (!runs.ok()) return ToGrpcStatus(runs.status());
-  for (auto& r : *runs) *out->add_runs() = std::move(r);
+  auto offset = PageOffset(req->page_token(), runs->size());
+  if (!offset.ok()) return Invalid(std::string(offset.status().message()));
+  const int64_t budget = state_->limits.max_response_bytes;
+  for (auto& r : *runs) {
+    // A spec stored before specs were bounded is left out of the list
+    // (runs show has it) rather than make the list unreadable.
+    if (static_cast<int64_t>(r.ByteSizeLong()) > budget / 2) r.clear_spec();
+  }
+  out->set_next_page_token(
+      FillPage(*runs, *offset, budget, [&](v1::Run&& r) { *out->add_runs() = std::move(r); }));
   return grpc::Status::OK;
 }
 
@@ -215,7 +257,12 @@ grpc::Status SupervisorServiceImpl::ListCheckpoints(Ctx*, const v1::ListCheckpoi
   if (!run.ok()) return ToGrpcStatus(run.status());
   auto list = state_->catalog->ListCheckpoints(req->run());
   if (!list.ok()) return ToGrpcStatus(list.status());
-  for (auto& c : *list) *out->add_checkpoints() = std::move(c);
+  auto offset = PageOffset(req->page_token(), list->size());
+  if (!offset.ok()) return Invalid(std::string(offset.status().message()));
+  out->set_next_page_token(FillPage(*list, *offset, state_->limits.max_response_bytes,
+                                    [&](v1::Checkpoint&& c) {
+                                      *out->add_checkpoints() = std::move(c);
+                                    }));
   return grpc::Status::OK;
 }
 
@@ -282,14 +329,35 @@ grpc::Status SupervisorServiceImpl::QueryTelemetry(Ctx*, const v1::QueryTelemetr
                              kMaxTelemetryLimit);
   std::optional<int64_t> to;
   if (req->has_to_step()) to = req->to_step();
-  auto records = state_->catalog->QueryTelemetry(req->run(), generation, req->from_step(), to,
-                                                 limit + 1);
-  if (!records.ok()) return ToGrpcStatus(records.status());
-  if (static_cast<int>(records->size()) > limit) {
-    records->resize(limit);
-    out->set_truncated(true);
+  // Paged by rows (limit) and by bytes (limits.max_response_bytes, well
+  // under a client's 4 MB): a cut result is truncated, with the step to ask
+  // again from. Read in chunks, so a wide record costs no more than a page.
+  constexpr int kChunk = 64;
+  const int64_t budget = state_->limits.max_response_bytes;
+  int64_t used = 0;
+  int64_t from = req->from_step();
+  int taken = 0;
+  while (true) {
+    const int want = std::min(kChunk, limit - taken) + 1;  // one more: is there a next?
+    auto records = state_->catalog->QueryTelemetry(req->run(), generation, from, to, want);
+    if (!records.ok()) return ToGrpcStatus(records.status());
+    bool cut = false;
+    for (const auto& r : *records) {
+      v1::StepRecord filtered = FilterMetrics(r, req->metrics());
+      const int64_t bytes = static_cast<int64_t>(filtered.ByteSizeLong()) + 8;
+      if (taken == limit || (taken > 0 && used + bytes > budget)) {
+        out->set_truncated(true);
+        out->set_next_from_step(r.step());
+        cut = true;
+        break;
+      }
+      used += bytes;
+      ++taken;
+      *out->add_records() = std::move(filtered);
+    }
+    if (cut || static_cast<int>(records->size()) < want) break;
+    from = records->back().step() + 1;
   }
-  for (const auto& r : *records) *out->add_records() = FilterMetrics(r, req->metrics());
   return grpc::Status::OK;
 }
 
@@ -328,7 +396,7 @@ grpc::Status SupervisorServiceImpl::ManualRewind(const std::string& run, int64_t
                                                  const std::string& reason,
                                                  v1::ActionResponse* out) {
   if (auto s = ValidateRunName(run, state_->limits); !s.ok()) return Invalid(std::string(s.message()));
-  if (to_step < 0) return Invalid("to_step: negative");
+  if (to_step < 0) return Invalid(absl::StrFormat("to_step: %d is negative", to_step));
   if (stop_after != 0 && stop_after < to_step) {
     return Invalid(absl::StrFormat("stop_after_step: %d is before the rewind step %d", stop_after,
                                    to_step));
@@ -356,6 +424,10 @@ grpc::Status SupervisorServiceImpl::ManualRewind(const std::string& run, int64_t
     auto begin = storage_plan->PositionForStep(from);
     auto end = storage_plan->PositionForStep(to);
     if (!begin.ok() || !end.ok()) return Invalid("skip: window is past the end of the data plan");
+    if (*end == std::numeric_limits<int64_t>::max()) {
+      return Invalid(absl::StrFormat("skip: window %d:%d reaches past the last data position",
+                                     from, to));
+    }
     auto holed = edited.WithHole(*begin, *end + 1);
     if (!holed.ok()) return ToGrpcStatus(holed.status());
     edited = *holed;
@@ -384,19 +456,39 @@ grpc::Status SupervisorServiceImpl::ManualRewind(const std::string& run, int64_t
 
 grpc::Status SupervisorServiceImpl::Rewind(Ctx*, const v1::RewindRequest* req, v1::ActionResponse* out) {
   std::vector<std::pair<int64_t, int64_t>> skip;
-  for (const auto& w : req->skip()) skip.emplace_back(w.from_step(), w.to_step());
+  for (int i = 0; i < req->skip_size(); ++i) {
+    const auto& w = req->skip(i);
+    if (auto s = ValidateStepWindow(absl::StrFormat("skip[%d].from_step", i), w.from_step(),
+                                    absl::StrFormat("skip[%d].to_step", i), w.to_step(),
+                                    state_->limits);
+        !s.ok()) {
+      return Invalid(std::string(s.message()));
+    }
+    skip.emplace_back(w.from_step(), w.to_step());
+  }
   return ManualRewind(req->run(), req->to_step(), skip, req->stop_after_step(),
                       RequestId(req->request_id(), "rewind", state_->clock),
                       absl::StrCat("manual rewind to step ", req->to_step()), out);
 }
 
 grpc::Status SupervisorServiceImpl::Replay(Ctx*, const v1::ReplayRequest* req, v1::ActionResponse* out) {
+  if (req->from_step() < 0) {
+    return Invalid(absl::StrFormat("from_step: %d is negative", req->from_step()));
+  }
+  if (req->stop_after_step() < 0) {
+    return Invalid(absl::StrFormat("stop_after_step: %d is negative", req->stop_after_step()));
+  }
   return ManualRewind(req->run(), req->from_step(), {}, req->stop_after_step(),
                       RequestId(req->request_id(), "replay", state_->clock),
                       absl::StrCat("manual replay from step ", req->from_step()), out);
 }
 
 grpc::Status SupervisorServiceImpl::Skip(Ctx*, const v1::SkipRequest* req, v1::ActionResponse* out) {
+  if (auto s = ValidateStepWindow("from_step", req->from_step(), "to_step", req->to_step(),
+                                  state_->limits);
+      !s.ok()) {
+    return Invalid(std::string(s.message()));
+  }
   return ManualRewind(req->run(), req->from_step(), {{req->from_step(), req->to_step()}}, 0,
                       RequestId(req->request_id(), "skip", state_->clock),
                       absl::StrFormat("manual skip of steps %d..%d", req->from_step(), req->to_step()),
@@ -450,7 +542,12 @@ grpc::Status SupervisorServiceImpl::ListIncidents(Ctx*, const v1::ListIncidentsR
   filter.since_unix_ms = req->since_unix_ms();
   auto list = state_->catalog->ListIncidents(filter);
   if (!list.ok()) return ToGrpcStatus(list.status());
-  for (auto& i : *list) *out->add_incidents() = std::move(i);
+  auto offset = PageOffset(req->page_token(), list->size());
+  if (!offset.ok()) return Invalid(std::string(offset.status().message()));
+  out->set_next_page_token(FillPage(*list, *offset, state_->limits.max_response_bytes,
+                                    [&](v1::Incident&& i) {
+                                      *out->add_incidents() = std::move(i);
+                                    }));
   return grpc::Status::OK;
 }
 
@@ -486,6 +583,8 @@ grpc::Status SupervisorServiceImpl::WatchIncidents(Ctx* ctx, const v1::WatchInci
     if (auto s = ValidateRunName(req->run(), state_->limits); !s.ok()) {
       return Invalid(std::string(s.message()));
     }
+    // As ListIncidents: an unknown run is NOT_FOUND, not a watch that never ends.
+    if (auto r = state_->catalog->GetRun(req->run()); !r.ok()) return ToGrpcStatus(r.status());
   }
   if (state_->supervisor == nullptr) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "starting");
   auto watcher = state_->supervisor->Watch(req->run());
@@ -594,7 +693,12 @@ grpc::Status SupervisorServiceImpl::ListQuarantine(Ctx*, const v1::ListQuarantin
   }
   auto list = state_->catalog->ListQuarantine(req->run());
   if (!list.ok()) return ToGrpcStatus(list.status());
-  for (auto& e : *list) *out->add_entries() = std::move(e);
+  auto offset = PageOffset(req->page_token(), list->size());
+  if (!offset.ok()) return Invalid(std::string(offset.status().message()));
+  out->set_next_page_token(FillPage(*list, *offset, state_->limits.max_response_bytes,
+                                    [&](v1::QuarantineEntry&& e) {
+                                      *out->add_entries() = std::move(e);
+                                    }));
   return grpc::Status::OK;
 }
 

@@ -2,6 +2,7 @@
 
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/const_init.h"
@@ -9,7 +10,9 @@
 #include "absl/strings/str_format.h"
 #include "base/logging.h"
 #include "daemon/control/supervisor.h"
+#include "daemon/server/parse_errors.h"
 #include "daemon/server/status_util.h"
+#include "grpc/grpc.h"
 #include "google/protobuf/map.h"
 
 namespace spikeguard::daemon {
@@ -118,17 +121,113 @@ grpc::Status SendReject(grpc::ServerReaderWriter<ControllerMessage, WorkerMessag
 
 }  // namespace
 
+// One thread for every stream still waiting for its hello: at the deadline
+// the call is cancelled with DEADLINE_EXCEEDED and a message saying why
+// (the handler's blocked Read then returns).
+class WorkerServiceImpl::HelloWatchdog {
+ public:
+  HelloWatchdog() : thread_([this] { Loop(); }) {}
+  ~HelloWatchdog() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    thread_.join();
+  }
+
+  uint64_t Arm(grpc::ServerContext* context, absl::Time deadline, std::string message) {
+    absl::MutexLock lock(&mu_);
+    const uint64_t id = next_id_++;
+    entries_[id] = Entry{context, deadline, std::move(message)};
+    return id;
+  }
+
+  // Once this returns, the watchdog no longer touches the call.
+  void Disarm(uint64_t id) {
+    absl::MutexLock lock(&mu_);
+    entries_.erase(id);
+  }
+
+ private:
+  struct Entry {
+    grpc::ServerContext* context;
+    absl::Time deadline;
+    std::string message;
+  };
+
+  void Loop() {
+    absl::MutexLock lock(&mu_);
+    while (!stop_) {
+      const absl::Time now = absl::Now();
+      absl::Time next = now + absl::Milliseconds(250);
+      for (auto it = entries_.begin(); it != entries_.end();) {
+        if (it->second.deadline <= now) {
+          // Under the lock: the handler cannot return (Disarm) meanwhile.
+          grpc_call_cancel_with_status(it->second.context->c_call(), GRPC_STATUS_DEADLINE_EXCEEDED,
+                                       it->second.message.c_str(), nullptr);
+          it = entries_.erase(it);
+        } else {
+          next = std::min(next, it->second.deadline);
+          ++it;
+        }
+      }
+      mu_.AwaitWithDeadline(absl::Condition(&stop_), next);
+    }
+  }
+
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, Entry> entries_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+WorkerServiceImpl::WorkerServiceImpl(DaemonState* state)
+    : state_(state), hello_watchdog_(std::make_unique<HelloWatchdog>()) {
+  InstallParseErrorCapture();
+}
+
+WorkerServiceImpl::~WorkerServiceImpl() = default;
+
 grpc::Status WorkerServiceImpl::Attach(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<ControllerMessage, WorkerMessage>* stream) {
   WorkerMessage msg;
-  if (!stream->Read(&msg)) {
-    if (context->IsCancelled()) return grpc::Status::OK;  // the client went away
-    // Half-closed without a hello, or a first message that does not parse
-    // (malformed bytes, invalid UTF-8 in a string field).
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "no hello: the stream ended or its first message could not be parsed as "
-                        "a WorkerMessage (malformed protobuf or invalid UTF-8 in a string field)");
+  {
+    // Until its hello, a stream is unauthenticated: bounded in number and
+    // in time.
+    const int pending = pending_hellos_.fetch_add(1) + 1;
+    struct Pending {
+      std::atomic<int>* n;
+      ~Pending() { n->fetch_sub(1); }
+    } pending_guard{&pending_hellos_};
+    if (pending > state_->limits.max_pending_hellos) {
+      return grpc::Status(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          absl::StrFormat("too many streams waiting for their hello (limits.max_pending_hellos = "
+                          "%d); retry later",
+                          state_->limits.max_pending_hellos));
+    }
+    const uint64_t timer = hello_watchdog_->Arm(
+        context, absl::Now() + state_->limits.hello_timeout,
+        absl::StrCat("no hello within ", absl::FormatDuration(state_->limits.hello_timeout),
+                     " (limits.hello_timeout): the first message of a stream must be hello"));
+    TakeParseError();
+    const bool read = stream->Read(&msg);
+    hello_watchdog_->Disarm(timer);
+    if (!read) {
+      if (context->IsCancelled()) return grpc::Status::OK;  // the client went away, or no hello in time
+      // Half-closed without a hello, or a first message that does not parse
+      // (malformed bytes, invalid UTF-8 in a string field).
+      const std::string field = TakeParseError();
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("no hello: the stream ended or its first message could not "
+                                       "be parsed as a WorkerMessage (",
+                                       field.empty() ? "malformed protobuf or invalid UTF-8 in a "
+                                                       "string field"
+                                                     : ParseErrorMessage(field, "the hello"),
+                                       ")"));
+    }
   }
   if (!msg.has_hello()) {
     return SendReject(stream, Reject::INVALID_HELLO, "the first message of a stream must be hello",
@@ -239,7 +338,11 @@ grpc::Status WorkerServiceImpl::Attach(
     }
   }
 
+  // The furthest step this rank committed: later reports may not run
+  // arbitrarily far past what the run has reached.
+  int64_t rank_last_step = *committed;
   grpc::Status result = grpc::Status::OK;
+  TakeParseError();
   while (stream->Read(&msg)) {
     switch (msg.body_case()) {
       case WorkerMessage::kReports: {
@@ -269,12 +372,20 @@ grpc::Status WorkerServiceImpl::Attach(
                                             batch_gen, generation),
                             generation, grpc::StatusCode::FAILED_PRECONDITION);
         }
-        if (absl::Status s = ValidateBatch(batch, state_->limits); !s.ok()) {
+        absl::Status valid = ValidateBatch(batch, state_->limits);
+        if (valid.ok()) {
+          int64_t run_last_step = std::max(rank_last_step, hello.total_steps());
+          for (const auto& r : state_->registry.Ranks(run_name)) {
+            run_last_step = std::max(run_last_step, r.last_step());
+          }
+          valid = ValidateStepsAhead(batch, run_last_step, state_->limits);
+        }
+        if (absl::Status s = valid; !s.ok()) {
           ack->set_rejected(batch.reports_size());
           ack->set_message(std::string(s.message()));
           state_->counters.reports_rejected.fetch_add(batch.reports_size());
           SG_LOG(WARNING) << "run " << run_name << " rank " << rank << ": batch " << batch.seq()
-                          << " rejected: " << s.message();
+                          << " rejected: " << LogText(s.message(), state_->limits.max_logged_text);
         } else {
           const std::vector<spikeguard::v1::StepReport> reports(batch.reports().begin(),
                                                                 batch.reports().end());
@@ -287,6 +398,7 @@ grpc::Status WorkerServiceImpl::Attach(
                                   absl::StrCat("catalog write failed: ", ingested.status().message()));
             break;
           }
+          rank_last_step = std::max(rank_last_step, ingested->committed_step);
           state_->registry.AddReports(run_name, rank, reports);
           if (state_->supervisor != nullptr && ingested->accepted > 0) {
             state_->supervisor->OnCommitted(run_name, generation, hello.world_size(),
@@ -313,7 +425,15 @@ grpc::Status WorkerServiceImpl::Attach(
         const auto& c = msg.checkpoint();
         if (absl::Status s = ValidateCheckpointSaved(c, state_->limits); !s.ok()) {
           SG_LOG(WARNING) << "run " << run_name << " rank " << rank
-                          << ": checkpoint refused: " << s.message();
+                          << ": checkpoint refused: " << LogText(s.message());
+          // The worker is told why (an Ack naming no batch: seq 0).
+          ControllerMessage refused;
+          refused.mutable_ack()->set_rejected(1);
+          refused.mutable_ack()->set_message(absl::StrCat("checkpoint refused: ", s.message()));
+          if (!write(refused)) {
+            state_->registry.Disconnect(run_name, rank, stream_id);
+            return grpc::Status::OK;
+          }
           break;
         }
         spikeguard::v1::Checkpoint ckpt;
@@ -337,7 +457,15 @@ grpc::Status WorkerServiceImpl::Attach(
         const auto& d = msg.checkpoint_deleted();
         if (absl::Status s = ValidateCheckpointDeleted(d, state_->limits); !s.ok()) {
           SG_LOG(WARNING) << "run " << run_name << " rank " << rank
-                          << ": checkpoint deletion notice refused: " << s.message();
+                          << ": checkpoint deletion notice refused: " << LogText(s.message());
+          ControllerMessage refused;
+          refused.mutable_ack()->set_rejected(1);
+          refused.mutable_ack()->set_message(
+              absl::StrCat("checkpoint deletion notice refused: ", s.message()));
+          if (!write(refused)) {
+            state_->registry.Disconnect(run_name, rank, stream_id);
+            return grpc::Status::OK;
+          }
           break;
         }
         auto deleted = state_->catalog->DeleteCheckpoint(run_name, d.step(), d.uri());
@@ -346,7 +474,8 @@ grpc::Status WorkerServiceImpl::Attach(
                         << deleted.status();
         } else if (*deleted) {
           SG_LOG(INFO) << "run " << run_name << " rank " << rank << " deleted checkpoint "
-                       << d.uri() << " (step " << d.step() << ")";
+                       << LogText(d.uri(), state_->limits.max_logged_text) << " (step "
+                       << d.step() << ")";
         }
         break;
       }
@@ -354,7 +483,7 @@ grpc::Status WorkerServiceImpl::Attach(
         const auto& e = msg.generation_ended();
         if (absl::Status s = ValidateGenerationEnded(e, state_->limits); !s.ok()) {
           SG_LOG(WARNING) << "run " << run_name << " rank " << rank
-                          << ": generation_ended refused: " << s.message();
+                          << ": generation_ended refused: " << LogText(s.message());
           break;
         }
         if (catching_up || e.generation() != generation) {
@@ -365,7 +494,8 @@ grpc::Status WorkerServiceImpl::Attach(
           break;
         }
         SG_LOG(INFO) << "run " << run_name << " rank " << rank << ": generation " << e.generation()
-                     << " ended at step " << e.last_step() << ": " << e.reason();
+                     << " ended at step " << e.last_step() << ": "
+                     << LogText(e.reason(), state_->limits.max_logged_text);
         if (state_->supervisor != nullptr) {
           state_->supervisor->OnGenerationEnded(run_name, e.generation(), rank, e.last_step(),
                                                 e.reason());
@@ -377,9 +507,9 @@ grpc::Status WorkerServiceImpl::Attach(
         break;
       case WorkerMessage::kCommandResult:
         SG_LOG(INFO) << "run " << run_name << " rank " << rank << ": command "
-                     << msg.command_result().command_id() << " "
+                     << LogText(msg.command_result().command_id(), 128) << " "
                      << (msg.command_result().ok() ? "ok" : "failed") << ": "
-                     << msg.command_result().message();
+                     << LogText(msg.command_result().message(), state_->limits.max_logged_text);
         if (state_->supervisor != nullptr) {
           const auto& r = msg.command_result();
           state_->supervisor->control()->OnCommandResult(run_name, rank, r);
@@ -402,6 +532,15 @@ grpc::Status WorkerServiceImpl::Attach(
     if (!result.ok()) break;
   }
   state_->registry.Disconnect(run_name, rank, stream_id);
+  if (result.ok() && !context->IsCancelled()) {
+    // Read fails alike on a half-close and on a message that does not
+    // parse: protobuf names the field of the latter.
+    if (const std::string field = TakeParseError(); !field.empty()) {
+      SG_LOG(WARNING) << "run " << run_name << " rank " << rank << ": stream ended: "
+                      << ParseErrorMessage(field, "a message");
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, ParseErrorMessage(field, "a message"));
+    }
+  }
   return result;
 }
 

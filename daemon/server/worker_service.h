@@ -10,7 +10,15 @@
 // this generation are counted as duplicates and not stored twice. Invalid
 // batches are acknowledged as rejected with a message naming the field, and
 // the stream stays open.
+//
+// A stream must send its hello within limits.hello_timeout (else it ends
+// DEADLINE_EXCEEDED), and at most limits.max_pending_hellos streams may be
+// waiting for theirs (others end RESOURCE_EXHAUSTED at once): a client that
+// never says hello holds no thread for long.
 #pragma once
+
+#include <atomic>
+#include <memory>
 
 #include "daemon/server/daemon_state.h"
 #include "spikeguard/v1/worker.grpc.pb.h"
@@ -19,7 +27,8 @@ namespace spikeguard::daemon {
 
 class WorkerServiceImpl final : public spikeguard::v1::WorkerService::Service {
  public:
-  explicit WorkerServiceImpl(DaemonState* state) : state_(state) {}
+  explicit WorkerServiceImpl(DaemonState* state);
+  ~WorkerServiceImpl() override;
 
   grpc::Status Attach(grpc::ServerContext* context,
                       grpc::ServerReaderWriter<spikeguard::v1::ControllerMessage,
@@ -27,6 +36,10 @@ class WorkerServiceImpl final : public spikeguard::v1::WorkerService::Service {
 
  private:
   DaemonState* const state_;
+  // Ends streams that keep their hello past the deadline.
+  class HelloWatchdog;
+  std::unique_ptr<HelloWatchdog> hello_watchdog_;
+  std::atomic<int> pending_hellos_{0};
 };
 
 }  // namespace spikeguard::daemon

@@ -1,5 +1,7 @@
 #include "storage/catalog/database.h"
 
+#include <cstring>
+
 #include <sqlite3.h>
 
 #include <cmath>
@@ -47,6 +49,14 @@ absl::StatusCode CodeFor(int extended_rc) {
     default:
       return absl::StatusCode::kInternal;
   }
+}
+
+// What the OS said, when SQLite's error came from a system call (a
+// read-only or full file system, a permission): "" otherwise.
+std::string SystemCause(sqlite3* db) {
+  const int err = db != nullptr ? sqlite3_system_errno(db) : 0;
+  if (err == 0) return "";
+  return absl::StrCat(" [", std::strerror(err), "]");
 }
 
 }  // namespace
@@ -159,9 +169,10 @@ absl::StatusOr<std::unique_ptr<Database>> Database::Open(const DatabaseOptions& 
   const int rc = sqlite3_open_v2(options.path.c_str(), &raw, flags, nullptr);
   if (rc != SQLITE_OK) {
     std::string message = raw != nullptr ? sqlite3_errmsg(raw) : sqlite3_errstr(rc);
+    const std::string cause = SystemCause(raw);
     sqlite3_close(raw);
-    return absl::Status(CodeFor(rc),
-                        absl::StrCat("cannot open catalog ", options.path, ": ", message));
+    return absl::Status(CodeFor(rc), absl::StrCat("cannot open catalog ", options.path, ": ",
+                                                  message, cause));
   }
   std::unique_ptr<Database> db(new Database(raw, options.path));
   sqlite3_extended_result_codes(raw, 1);
@@ -219,7 +230,8 @@ absl::Status Database::Execute(std::string_view sql) {
   std::string detail = message != nullptr ? message : sqlite3_errstr(rc);
   sqlite3_free(message);
   return absl::Status(CodeFor(sqlite3_extended_errcode(db_)),
-                      absl::StrCat("sqlite: ", detail, " in: ", Sv(sql)));
+                      absl::StrCat("catalog ", path_, ": sqlite: ", detail, SystemCause(db_),
+                                   " in: ", Sv(sql)));
 }
 
 absl::StatusOr<int> Database::UserVersion() {
@@ -244,8 +256,8 @@ absl::Status Database::Error(int rc, std::string_view sql) const {
   int code = sqlite3_extended_errcode(db_);
   if ((code & 0xff) != (rc & 0xff)) code = rc;
   return absl::Status(CodeFor(code),
-                      absl::StrCat("sqlite: ", sqlite3_errmsg(db_), " (", sqlite3_errstr(code),
-                                   ") in: ", Sv(sql)));
+                      absl::StrCat("catalog ", path_, ": sqlite: ", sqlite3_errmsg(db_), " (",
+                                   sqlite3_errstr(code), ")", SystemCause(db_), " in: ", Sv(sql)));
 }
 
 // ---------------------------------------------------------------------------
