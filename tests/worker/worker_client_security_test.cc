@@ -129,6 +129,7 @@ TEST_F(WorkerClientSecurityTest, BadTokenRejectStopsTheClient) {
   EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("BAD_TOKEN"));
   EXPECT_THAT(std::string(s.message()), HasSubstr("unknown bearer token"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("check the token from test: the daemon's tokens file"));
   EXPECT_THAT(std::string(s.message()), Not(HasSubstr(kToken)));
   ASSERT_TRUE((*client)->rejection().has_value());
   EXPECT_EQ((*client)->rejection()->reason(), v1::Reject::BAD_TOKEN);

@@ -92,9 +92,19 @@ absl::Status WorkerClient::RejectionStatusLocked() const {
   std::string message = absl::StrFormat("rejected by spikeguardd (%s): %s",
                                         v1::Reject::Reason_Name(rejection_->reason()),
                                         rejection_->message());
+  // A synthesized rejection (a refused stream) carries its hint already.
   if (rejection_->reason() == v1::Reject::BAD_TOKEN &&
       !absl::StrContains(rejection_->message(), "SPIKEGUARD_TOKEN")) {
-    absl::StrAppend(&message, "; ", security_.Hint(grpc::StatusCode::UNAUTHENTICATED));
+    // The daemon refuses with BAD_TOKEN an unknown token and a token whose
+    // role or runs do not cover this rank alike.
+    absl::StrAppend(
+        &message, "; ",
+        security_.token.empty()
+            ? security_.Hint(grpc::StatusCode::UNAUTHENTICATED)
+            : absl::StrCat("check the token from ", security_.token_origin,
+                           ": the daemon's tokens file must have its hash, for a principal "
+                           "with the role worker (or above) and run '",
+                           options_.run, "'"));
   }
   return absl::FailedPreconditionError(message);
 }

@@ -692,8 +692,17 @@ class Client:
         if reject.reason != worker_pb2.Reject.BAD_TOKEN:
             return Rejected(reject)
         code = self._auth_code
-        # A synthesized rejection's message has the hint already.
-        hint = "" if code in _AUTH_CODES else self._security.hint(code)
+        # A synthesized rejection's message has the hint already. The daemon
+        # refuses with BAD_TOKEN an unknown token and a token whose role or
+        # runs do not cover this rank alike.
+        if code in _AUTH_CODES or "SPIKEGUARD_TOKEN" in reject.message:
+            hint = ""
+        elif not self._security.token:
+            hint = self._security.hint("UNAUTHENTICATED")
+        else:
+            hint = (f"check the token from {self._security.token_origin}: the daemon's tokens "
+                    "file must have its hash, for a principal with the role worker (or above) "
+                    f"and run '{self.run}'")
         return Unauthorized(reject, code=code, hint=hint)
 
     def _check_usable_locked(self) -> None:
