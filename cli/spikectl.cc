@@ -243,6 +243,23 @@ absl::Status ReadTextProto(absl::string_view flag, const std::string& path,
   return absl::OkStatus();
 }
 
+// Whether `addr` ("host:port", "dns:///host:port", "unix:path") stays on
+// this machine.
+bool IsLoopback(absl::string_view addr) {
+  if (absl::StartsWith(addr, "unix:") || absl::StartsWith(addr, "unix-abstract:")) return true;
+  absl::ConsumePrefix(&addr, "dns:///");
+  absl::ConsumePrefix(&addr, "ipv4:");
+  absl::ConsumePrefix(&addr, "ipv6:");
+  std::string host(addr);
+  if (absl::StartsWith(host, "[")) {
+    host = host.substr(1, host.find(']') == std::string::npos ? std::string::npos
+                                                               : host.find(']') - 1);
+  } else if (size_t colon = host.rfind(':'); colon != std::string::npos) {
+    host = host.substr(0, colon);
+  }
+  return host == "localhost" || absl::StartsWith(host, "127.") || host == "::1";
+}
+
 // A random idempotency key: a retried invocation must not act twice, two
 // invocations must not be merged.
 std::string NewRequestId() {
@@ -306,6 +323,11 @@ class Session {
   // none, it lasts until the server ends it.
   bool Connect() {
     if (stub_ == nullptr) {
+      if (!security_.tls && !security_.token.empty() && !IsLoopback(options_.addr)) {
+        err_ << "spikectl: warning: the token from " << security_.token_origin
+             << " goes in clear text to " << options_.addr
+             << " (no --tls-ca or SPIKEGUARD_TLS_CA)\n";
+      }
       channel_ = CreateClientChannel(options_.addr, security_, grpc::ChannelArguments());
       stub_ = v1::SupervisorService::NewStub(channel_);
     }

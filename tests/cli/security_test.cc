@@ -155,6 +155,19 @@ TEST_F(SpikectlTokenTest, TokenFromTheEnvironment) {
   EXPECT_EQ(supervisor_.LastAuthorization("ListRuns"), "Bearer file-flag-token");
 }
 
+TEST_F(SpikectlTokenTest, ATokenInClearToAnotherHostIsWarnedAbout) {
+  // Loopback: no warning.
+  Result local = Spikectl({"--token", kToken, "status"});
+  EXPECT_EQ(local.code, 0) << local.err;
+  EXPECT_THAT(local.err, IsEmpty());
+  // 192.0.2.1 (TEST-NET-1) is never reached; the warning comes first.
+  Result remote = Run("192.0.2.1:7070", {"--token", kToken, "--timeout=0.2", "status"});
+  EXPECT_EQ(remote.code, 1);
+  EXPECT_THAT(remote.err, HasSubstr("spikectl: warning: the token from --token goes in clear text "
+                                    "to 192.0.2.1:7070"));
+  EXPECT_THAT(remote.err, Not(HasSubstr(kToken)));
+}
+
 TEST_F(SpikectlTokenTest, MissingOrBadTokenFileNamesThePathNotTheToken) {
   Result missing = Spikectl({"--token-file=/nonexistent/sg-token", "status"});
   EXPECT_EQ(missing.code, 2);
