@@ -6,6 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
 #include "daemon/control/supervisor.h"
+#include "daemon/launch/checkpoint_guard.h"
+#include "daemon/launch/launch_profiles.h"
 #include "daemon/launch/local_launcher.h"
 #include "daemon/server/daemon_state.h"
 #include "daemon/server/parse_errors.h"
@@ -41,7 +43,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options) {
   }
   d->state_ = std::make_unique<DaemonState>(d->catalog_.get(), options.clock, options.limits,
                                             d->catalog_path_);
+  if (absl::Status s = d->StartLaunchProfiles(options); !s.ok()) return s;
   d->supervisor_ = std::make_unique<Supervisor>(d->catalog_.get(), &d->state_->hub, options.clock);
+  d->supervisor_->view()->set_checkpoint_guard(d->checkpoints_.get());
   if (absl::Status s = d->supervisor_->Start(); !s.ok()) return s;
   d->state_->supervisor = d->supervisor_.get();
   d->worker_service_ = std::make_unique<WorkerServiceImpl>(d->state_.get());
@@ -71,6 +75,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options) {
   launch.daemon_address = options.advertise_address.empty()
                               ? absl::StrCat("127.0.0.1:", d->port_)
                               : options.advertise_address;
+  launch.profiles = d->profiles_.get();
+  launch.checkpoints = d->checkpoints_.get();
   d->launcher_ = std::make_unique<LocalLauncher>(launch, d->catalog_.get(), &d->state_->registry,
                                                  options.clock);
   d->state_->launcher = d->launcher_.get();
@@ -78,6 +84,29 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options) {
   SG_LOG(INFO) << "spikeguardd listening on port " << d->port_ << ", catalog "
                << d->catalog_path_ << " (schema " << d->catalog_->schema_version() << ")";
   return d;
+}
+
+absl::Status Daemon::StartLaunchProfiles(const Options& options) {
+  if (options.launch_profiles_file.empty()) {
+    profiles_ = std::make_unique<LaunchProfiles>();
+  } else {
+    auto loaded = LaunchProfiles::Load(options.launch_profiles_file);
+    if (!loaded.ok()) return loaded.status();
+    profiles_ = std::move(*loaded);
+  }
+  std::string data_dir = std::filesystem::path(catalog_path_).parent_path().string();
+  if (data_dir.empty()) data_dir = ".";
+  checkpoints_ = std::make_unique<CheckpointGuard>(catalog_.get(), profiles_.get(), data_dir);
+  state_->profiles = profiles_.get();
+  state_->checkpoints = checkpoints_.get();
+  // Runs stored before launch profiles, with a free command line: never
+  // launched until an admin maps them to a profile.
+  if (auto runs = catalog_->ListRuns(); runs.ok()) {
+    for (const auto& r : *runs) {
+      if (IsLegacySpec(r.spec())) SG_LOG(WARNING) << LegacyRunMessage(r.name());
+    }
+  }
+  return absl::OkStatus();
 }
 
 Daemon::~Daemon() { Shutdown(absl::Seconds(2)); }

@@ -40,6 +40,8 @@ class WorkerServiceImpl;
 class SupervisorServiceImpl;
 class Supervisor;
 class LocalLauncher;
+class LaunchProfiles;
+class CheckpointGuard;
 
 class Daemon {
  public:
@@ -55,6 +57,9 @@ class Daemon {
     // Installed as the daemon-wide default policy ("" scope) at startup.
     std::optional<spikeguard::v1::Policy> default_policy;
     Clock* clock = Clock::Real();
+    // Launch profiles (daemon/launch/launch_profiles.proto, text format): the
+    // only command lines the daemon executes. "": none, no run is launched.
+    std::string launch_profiles_file;
   };
 
   static absl::StatusOr<std::unique_ptr<Daemon>> Start(const Options& options);
@@ -71,10 +76,15 @@ class Daemon {
 
  private:
   Daemon() = default;
+  // Loads the launch profiles, sets up the checkpoint confinement, and logs
+  // every legacy run (free command, no profile) an admin must map.
+  absl::Status StartLaunchProfiles(const Options& options);
 
   int port_ = 0;
   std::string catalog_path_;
   std::unique_ptr<storage::Catalog> catalog_;
+  std::unique_ptr<LaunchProfiles> profiles_;
+  std::unique_ptr<CheckpointGuard> checkpoints_;
   std::unique_ptr<DaemonState> state_;
   std::unique_ptr<Supervisor> supervisor_;
   std::unique_ptr<LocalLauncher> launcher_;

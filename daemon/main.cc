@@ -20,6 +20,10 @@ ABSL_FLAG(std::string, data_dir, "./spikeguard-data", "directory of the catalog 
 ABSL_FLAG(std::string, catalog, "", "catalog path (default DATA_DIR/catalog.db)");
 ABSL_FLAG(std::string, port_file, "", "write the bound port to this file once serving");
 ABSL_FLAG(int64_t, max_message_bytes, 16 << 20, "largest message accepted");
+ABSL_FLAG(std::string, launch_profiles, "",
+          "launch profiles (text LaunchProfiles, daemon/launch/launch_profiles.proto): the only "
+          "command lines the daemon runs; re-read when the file changes. Without it no run is "
+          "launched");
 ABSL_FLAG(std::string, policy, "",
           "textproto Policy installed as the daemon-wide default at startup (runs' own "
           "policies and `spikectl policy set` still apply on top)");
@@ -43,6 +47,7 @@ int main(int argc, char** argv) {
   options.listen = absl::GetFlag(FLAGS_listen);
   options.data_dir = absl::GetFlag(FLAGS_data_dir);
   options.catalog_path = absl::GetFlag(FLAGS_catalog);
+  options.launch_profiles_file = absl::GetFlag(FLAGS_launch_profiles);
   options.limits.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   if (const std::string path = absl::GetFlag(FLAGS_policy); !path.empty()) {
     auto policy = spikeguard::incident::LoadPolicyFile(path);

@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "base/logging.h"
 #include "base/status_macros.h"
 #include "daemon/incident/policy.h"
 #include "storage/corpus/corpus_tools.h"
@@ -94,6 +95,12 @@ absl::StatusOr<std::vector<incident::CheckpointInfo>> CatalogRunView::Checkpoint
   SG_ASSIGN_OR_RETURN(std::vector<v1::Checkpoint> list, catalog_->ListCheckpoints(run));
   std::vector<incident::CheckpointInfo> out;
   for (const auto& c : list) {
+    if (guard_ != nullptr && c.complete()) {
+      if (auto verified = guard_->Verify(c); !verified.ok()) {
+        SG_LOG(WARNING) << "run " << run << ": skipped: " << verified.status().message();
+        continue;
+      }
+    }
     incident::CheckpointInfo info;
     info.generation = c.generation();
     info.step = c.step();

@@ -13,6 +13,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/incident/engine.h"
+#include "daemon/launch/checkpoint_guard.h"
 #include "storage/catalog/catalog.h"
 #include "storage/corpus/corpus.h"
 #include "storage/corpus/data_order.h"
@@ -34,6 +35,11 @@ spikeguard::v1::DataPlan ToProtoPlan(const storage::DataPlan& plan);
 class CatalogRunView final : public incident::RunView {
  public:
   explicit CatalogRunView(storage::Catalog* catalog) : catalog_(catalog) {}
+
+  // When set, Checkpoints() returns only the checkpoints the guard verifies
+  // (inside the run's checkpoint root, file there, checksum matching); each
+  // one left out is logged with the reason.
+  void set_checkpoint_guard(CheckpointGuard* guard) { guard_ = guard; }
 
   absl::StatusOr<std::vector<incident::CheckpointInfo>> Checkpoints(const std::string& run) override;
   absl::StatusOr<std::vector<incident::StepObservation>> Steps(const std::string& run,
@@ -68,6 +74,7 @@ class CatalogRunView final : public incident::RunView {
   absl::StatusOr<const storage::Corpus*> CorpusFor(const std::string& run,
                                                    storage::Manifest* manifest);
 
+  CheckpointGuard* guard_ = nullptr;
   storage::Catalog* const catalog_;
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<storage::Corpus>> corpora_ ABSL_GUARDED_BY(mu_);

@@ -11,9 +11,7 @@
 #include <filesystem>
 #include <map>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_replace.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
 #include "daemon/control/catalog_adapters.h"
@@ -78,35 +76,18 @@ LocalLauncher::~LocalLauncher() {
   if (monitor_.joinable()) monitor_.join();
 }
 
-std::vector<std::string> LocalLauncher::Expand(const std::vector<std::string>& command,
-                                               const std::map<std::string, std::string>& values) {
-  std::vector<std::pair<std::string, std::string>> subs;
-  for (const auto& [k, v] : values) subs.emplace_back("{" + k + "}", v);
-  std::vector<std::string> out;
-  for (const auto& arg : command) {
-    std::string expanded = absl::StrReplaceAll(arg, subs);
-    const bool had_placeholder = expanded != arg;
-    if (had_placeholder && expanded.empty()) {
-      // "--resume {resume}" with nothing to resume from: drop the flag too.
-      if (!out.empty() && absl::StartsWith(out.back(), "--") &&
-          out.back().find('=') == std::string::npos) {
-        out.pop_back();
-      }
-      continue;
-    }
-    if (had_placeholder && absl::EndsWith(expanded, "=") && absl::StartsWith(expanded, "--")) {
-      continue;  // "--resume={resume}" with nothing to resume from
-    }
-    out.push_back(std::move(expanded));
-  }
-  return out;
-}
-
 absl::Status LocalLauncher::Launch(const std::string& run) {
   SG_ASSIGN_OR_RETURN(v1::Run row, catalog_->GetRun(run));
-  if (row.spec().command().empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("run '", run, "': spec has no command"));
+  if (IsLegacySpec(row.spec())) return absl::FailedPreconditionError(LegacyRunMessage(run));
+  if (options_.profiles == nullptr || options_.checkpoints == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "run '", run, "': the daemon has no launch profiles (spikeguardd --launch-profiles FILE)"));
   }
+  // Refused before anything starts when the profile is gone or the spec no
+  // longer validates against it.
+  SG_RETURN_IF_ERROR(options_.profiles
+                         ->Build(run, row.spec(), std::max<uint32_t>(1, row.world_size()), {})
+                         .status());
   absl::MutexLock lock(&mu_);
   if (runs_.count(run) > 0) {
     return absl::AlreadyExistsError(absl::StrCat("run '", run, "' is already launched"));
@@ -137,32 +118,47 @@ absl::Status LocalLauncher::StartRank(const std::string& run, Run& r, uint32_t r
   }
   if (restart || generation > 0) {
     // Newest complete checkpoint of this generation; else the one the
-    // generation was rewound to.
+    // generation was rewound to. Only one that still verifies (inside the
+    // run's checkpoint root, file there, checksum matching) is named.
     SG_ASSIGN_OR_RETURN(std::vector<v1::Checkpoint> ckpts, catalog_->ListCheckpoints(run));
-    const v1::Checkpoint* best = nullptr;
+    std::vector<const v1::Checkpoint*> candidates;
     for (const auto& c : ckpts) {
       if (!c.complete()) continue;
-      if (c.generation() == generation && (!best || best->generation() != generation ||
-                                           c.step() > best->step())) {
-        best = &c;
-      } else if (!best && c.step() == origin_step) {
-        best = &c;
-      }
+      if (c.generation() == generation || c.step() == origin_step) candidates.push_back(&c);
     }
-    if (best) {
-      resume = best->uri();
-      if (absl::StartsWith(resume, "file://")) resume = resume.substr(7);
+    // Preference: this generation's newest first, then the rewind origin.
+    std::stable_sort(candidates.begin(), candidates.end(),
+                     [&](const v1::Checkpoint* a, const v1::Checkpoint* b) {
+                       const bool ag = a->generation() == generation;
+                       const bool bg = b->generation() == generation;
+                       if (ag != bg) return ag;
+                       return a->step() > b->step();
+                     });
+    for (const v1::Checkpoint* c : candidates) {
+      auto verified = options_.checkpoints->Verify(*c);
+      if (!verified.ok()) {
+        SG_LOG(WARNING) << "run " << run << ": rank " << rank << " not resumed from it: "
+                        << verified.status().message();
+        continue;
+      }
+      resume = *verified;
+      break;
     }
   }
-  const auto argv = Expand(std::vector<std::string>(r.spec.command().begin(), r.spec.command().end()),
-                           {{"rank", absl::StrCat(rank)},
-                            {"world_size", absl::StrCat(r.world_size)},
-                            {"run", run},
-                            {"addr", options_.daemon_address},
-                            {"generation", absl::StrCat(generation)},
-                            {"resume", resume},
-                            {"plan", plan_text},
-                            {"master_port", absl::StrCat(r.master_port)}});
+  if (options_.profiles == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat("run '", run, "': no launch profiles"));
+  }
+  SG_ASSIGN_OR_RETURN(LaunchCommand command,
+                      options_.profiles->Build(run, r.spec, r.world_size,
+                                               {{"rank", absl::StrCat(rank)},
+                                                {"world_size", absl::StrCat(r.world_size)},
+                                                {"addr", options_.daemon_address},
+                                                {"generation", absl::StrCat(generation)},
+                                                {"resume", resume},
+                                                {"plan", plan_text},
+                                                {"master_port", absl::StrCat(r.master_port)}}));
+  r.max_restarts = command.max_restarts;
+  const std::vector<std::string>& argv = command.argv;
   const std::string log_dir = (std::filesystem::path(options_.data_dir) / "runs" / run).string();
   std::error_code ec;
   std::filesystem::create_directories(log_dir, ec);
@@ -184,21 +180,16 @@ absl::Status LocalLauncher::StartRank(const std::string& run, Run& r, uint32_t r
       {"SPIKEGUARD_ADDR", options_.daemon_address},
       {"SPIKEGUARD_RUN", run},
       {"SPIKEGUARD_GENERATION", absl::StrCat(generation)}};
-  for (char** e = environ; *e != nullptr; ++e) {
-    const absl::string_view entry(*e);
-    const absl::string_view key = entry.substr(0, entry.find('='));
-    if (ours.count(std::string(key)) == 0 && r.spec.env().count(std::string(key)) == 0) {
-      env_storage.emplace_back(entry);
-    }
+  // Only the profile's environment (its allow-list of the daemon's
+  // variables and its fixed values); the launcher's own variables win.
+  for (const auto& [k, v] : command.env) {
+    if (ours.count(k) == 0) env_storage.push_back(k + "=" + v);
   }
-  for (const auto& [k, v] : ours) {
-    if (r.spec.env().count(k) == 0) env_storage.push_back(k + "=" + v);
-  }
-  for (const auto& [k, v] : r.spec.env()) env_storage.push_back(k + "=" + v);
+  for (const auto& [k, v] : ours) env_storage.push_back(k + "=" + v);
   std::vector<char*> envp;
   for (auto& e : env_storage) envp.push_back(e.data());
   envp.push_back(nullptr);
-  const std::string workdir = r.spec.workdir();
+  const std::string workdir = command.workdir;
 
   const pid_t pid = fork();
   if (pid < 0) {
@@ -234,7 +225,8 @@ void LocalLauncher::MonitorLoop() {
       if (r.finished) continue;
       const v1::Policy policy = EffectivePolicy(catalog_, name);
       const int max_restarts =
-          policy.launch().max_restarts() > 0 ? policy.launch().max_restarts() : 3;
+          r.max_restarts > 0 ? r.max_restarts
+                             : (policy.launch().max_restarts() > 0 ? policy.launch().max_restarts() : 3);
       const int64_t heartbeat_ms = policy.launch().heartbeat_timeout_ms() > 0
                                        ? policy.launch().heartbeat_timeout_ms()
                                        : 30'000;

@@ -4,27 +4,36 @@
 // its RunSpec, and restarts a rank that crashes or stops heartbeating, from
 // the newest complete checkpoint of the run's current generation (DESIGN §8).
 //
-// The spec's command is an argv template; these placeholders are replaced:
+// Nothing sent over the wire is executed: the command of a rank comes from
+// the run's launch profile (launch_profiles.h), built again at every start so
+// an edited profile file applies; a legacy run (free command, no profile) is
+// refused with FAILED_PRECONDITION until an admin maps it to a profile. The
+// profile's argv template gets these placeholders:
 //   {rank} {world_size} {run} {addr} {generation}
 //   {resume}  the checkpoint to start from ("" on a fresh start: an argument
 //             that becomes empty is dropped, together with a preceding
-//             "--resume"-style flag when written as two arguments)
+//             "--resume"-style flag when written as two arguments). Only a
+//             catalog checkpoint that CheckpointGuard::Verify accepts (inside
+//             the run's checkpoint root, file present, checksum matching) is
+//             ever named; others are skipped with the reason logged.
 //   {plan}    the current generation's data plan ("0-600,610-")
 //   {master_port}  the rendezvous port of this start of the ranks
-// Every rank also gets torch.distributed's environment: RANK, WORLD_SIZE,
-// LOCAL_RANK, LOCAL_WORLD_SIZE (one machine: the rank and the world size),
-// MASTER_ADDR=127.0.0.1 and MASTER_PORT (a free port, new at each start of
-// the ranks, so a restarted group never meets the old one), plus
-// SPIKEGUARD_ADDR, SPIKEGUARD_RUN and SPIKEGUARD_GENERATION. The spec's env
-// is applied last and wins.
+//   {corpus_dir} {checkpoint_root} and the profile's parameters.
+// Every rank's environment is the profile's (its allow-list of the daemon's
+// variables, then its fixed values) plus torch.distributed's: RANK,
+// WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE (one machine: the rank and the
+// world size), MASTER_ADDR=127.0.0.1 and MASTER_PORT (a free port, new at
+// each start of the ranks, so a restarted group never meets the old one),
+// plus SPIKEGUARD_ADDR, SPIKEGUARD_RUN and SPIKEGUARD_GENERATION, which win.
+// The working directory is the profile's. No shell: execve with the argv.
 // A rank's output goes to DATA_DIR/runs/RUN/rank-R.log.
 //
 // A rank that exits 0 is done; when every rank of a run is done the run is
 // "finished". Exit code 3 (rejected by the daemon) is final: the run is
-// "failed". Other exits are crashes, restarted up to max_restarts times:
-// the dead rank alone, or, with RunSpec.restart_all_ranks, every rank (the
-// others are stopped first), all from the newest complete checkpoint of the
-// generation.
+// "failed". Other exits are crashes, restarted up to max_restarts times
+// (the profile's, else the policy's): the dead rank alone, or, with
+// RunSpec.restart_all_ranks, every rank (the others are stopped first), all
+// from the newest complete checkpoint of the generation that verifies.
 #pragma once
 
 #include <sys/types.h>
@@ -39,6 +48,8 @@
 #include "absl/synchronization/mutex.h"
 #include "base/clock.h"
 #include "daemon/ingest/run_registry.h"
+#include "daemon/launch/checkpoint_guard.h"
+#include "daemon/launch/launch_profiles.h"
 #include "spikeguard/v1/supervisor.pb.h"
 #include "storage/catalog/catalog.h"
 
@@ -51,19 +62,20 @@ class LocalLauncher {
     // The address workers dial.
     std::string daemon_address;
     absl::Duration poll = absl::Milliseconds(250);
+    // Where commands come from; null: no run is launched.
+    LaunchProfiles* profiles = nullptr;
+    // Which checkpoints {resume} may name; null: no run is launched.
+    CheckpointGuard* checkpoints = nullptr;
   };
 
   LocalLauncher(Options options, storage::Catalog* catalog, RunRegistry* registry, Clock* clock);
   ~LocalLauncher();
 
-  // Starts every rank of `run` (its spec must have a command).
+  // Starts every rank of `run` from its launch profile; FAILED_PRECONDITION
+  // for a run without a (valid) profile, naming what to do.
   absl::Status Launch(const std::string& run);
   // SIGTERM to every child, SIGKILL after `grace`.
   void StopAll(absl::Duration grace);
-
-  // Expands the spec's command for one rank (exposed for tests).
-  static std::vector<std::string> Expand(const std::vector<std::string>& command,
-                                         const std::map<std::string, std::string>& values);
 
  private:
   struct Rank {
@@ -78,6 +90,8 @@ class LocalLauncher {
     int master_port = 0;
     std::vector<Rank> ranks;
     bool finished = false;
+    // The profile's, 0: the policy's.
+    int max_restarts = 0;
   };
 
   // `restart`: resume from the newest complete checkpoint of the generation

@@ -28,6 +28,8 @@ struct Counters {
 
 class Supervisor;
 class LocalLauncher;
+class LaunchProfiles;
+class CheckpointGuard;
 
 struct DaemonState {
   DaemonState(storage::Catalog* catalog, Clock* clock, Limits limits, std::string catalog_path)
@@ -48,6 +50,10 @@ struct DaemonState {
   Supervisor* supervisor = nullptr;
   // Starts and restarts the ranks of runs created with a spec.
   LocalLauncher* launcher = nullptr;
+  // The operator's launch profiles (never null once the daemon serves; empty
+  // without --launch-profiles) and the checkpoint confinement.
+  LaunchProfiles* profiles = nullptr;
+  CheckpointGuard* checkpoints = nullptr;
   Counters counters;
   const absl::Time started;
 };

@@ -12,6 +12,8 @@
 #include "base/logging.h"
 #include "daemon/control/supervisor.h"
 #include "daemon/incident/policy.h"
+#include "daemon/launch/checkpoint_guard.h"
+#include "daemon/launch/launch_profiles.h"
 #include "daemon/launch/local_launcher.h"
 #include "daemon/server/status_util.h"
 #include "storage/corpus/data_plan.h"
@@ -166,15 +168,14 @@ grpc::Status SupervisorServiceImpl::CreateRun(Ctx*, const v1::CreateRunRequest* 
     return Invalid(absl::StrFormat("world_size: %d is out of range [1, %d]", req->world_size(),
                                    state_->limits.max_world_size));
   }
-  if (req->launch() && req->spec().command().empty()) {
-    return Invalid("spec.command: launching a run needs the worker's command line");
+  // Nothing from the wire is executed: no command, env or workdir; a launch
+  // profile of the daemon's and valid values for its parameters.
+  if (state_->profiles == nullptr) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "starting");
+  if (auto s = state_->profiles->ValidateSpec(req->spec(), req->world_size(), "spec"); !s.ok()) {
+    return Invalid(std::string(s.message()));
   }
-  for (int i = 0; i < req->spec().command_size(); ++i) {
-    if (auto s = ValidateText(absl::StrFormat("spec.command[%d]", i), req->spec().command(i),
-                              state_->limits.max_string_length);
-        !s.ok()) {
-      return Invalid(std::string(s.message()));
-    }
+  if (req->launch() && req->spec().profile().empty()) {
+    return Invalid("spec.profile: launching a run needs a launch profile of the daemon's");
   }
   v1::Run run;
   run.set_name(req->name());
@@ -248,6 +249,34 @@ grpc::Status SupervisorServiceImpl::ListRuns(Ctx*, const v1::ListRunsRequest* re
   return grpc::Status::OK;
 }
 
+grpc::Status SupervisorServiceImpl::SetRunProfile(Ctx*, const v1::SetRunProfileRequest* req,
+                                                  v1::Run* out) {
+  if (auto s = ValidateRunName(req->run(), state_->limits); !s.ok()) {
+    return Invalid(absl::StrCat("run: ", s.message()));
+  }
+  if (req->profile().empty()) return Invalid("profile: empty; name a launch profile of the daemon's");
+  if (state_->profiles == nullptr) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "starting");
+  auto row = state_->catalog->GetRun(req->run());
+  if (!row.ok()) return ToGrpcStatus(row.status());
+  v1::RunSpec spec = row->spec();
+  const bool was_legacy = IsLegacySpec(spec);
+  spec.clear_command();
+  spec.clear_env();
+  spec.clear_workdir();
+  spec.set_profile(req->profile());
+  *spec.mutable_params() = req->params();
+  if (auto s = state_->profiles->ValidateSpec(spec, row->world_size(), ""); !s.ok()) {
+    return Invalid(std::string(s.message()));
+  }
+  if (auto s = state_->catalog->SetRunSpec(req->run(), spec); !s.ok()) return ToGrpcStatus(s);
+  SG_LOG(INFO) << "run '" << req->run() << "' mapped to launch profile " << Quoted(req->profile())
+               << (was_legacy ? " (its free command line is dropped)" : "");
+  auto updated = state_->catalog->GetRun(req->run());
+  if (!updated.ok()) return ToGrpcStatus(updated.status());
+  *out = *updated;
+  return grpc::Status::OK;
+}
+
 grpc::Status SupervisorServiceImpl::ListCheckpoints(Ctx*, const v1::ListCheckpointsRequest* req,
                                                     v1::ListCheckpointsResponse* out) {
   if (auto s = ValidateRunName(req->run(), state_->limits); !s.ok()) {
@@ -283,6 +312,12 @@ grpc::Status SupervisorServiceImpl::RegisterCheckpoint(Ctx*,
     return Invalid(std::string(s.message()));
   }
   if (c.generation() < 0) return Invalid("checkpoint.generation: negative");
+  // Confined to the run's checkpoint root, before anything is stored.
+  if (state_->checkpoints == nullptr) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "starting");
+  if (auto confined = state_->checkpoints->Confine(c.run(), c.uri()); !confined.ok()) {
+    if (!absl::IsInvalidArgument(confined.status())) return ToGrpcStatus(confined.status());
+    return Invalid(absl::StrCat("checkpoint.", confined.status().message()));
+  }
   v1::Checkpoint ckpt = c;
   if (ckpt.created_unix_ms() == 0) ckpt.set_created_unix_ms(state_->clock->NowUnixMillis());
   auto stored = state_->catalog->UpsertCheckpoint(ckpt);
@@ -363,16 +398,20 @@ grpc::Status SupervisorServiceImpl::QueryTelemetry(Ctx*, const v1::QueryTelemetr
 
 namespace {
 
-// Newest complete checkpoint at or before `step` (highest generation wins a
-// tie), NOT_FOUND otherwise.
-absl::StatusOr<incident::CheckpointInfo> CheckpointAtOrBefore(CatalogRunView* view,
+// Newest complete catalog checkpoint at or before `step` (highest generation
+// wins a tie); FAILED_PRECONDITION when there is none, or when that one does
+// not verify (outside the run's checkpoint root, file gone or changed),
+// naming why: an operator's rewind never silently goes further back.
+absl::StatusOr<incident::CheckpointInfo> CheckpointAtOrBefore(storage::Catalog* catalog,
+                                                            CheckpointGuard* guard,
                                                             const std::string& run, int64_t step) {
-  auto list = view->Checkpoints(run);
+  auto list = catalog->ListCheckpoints(run);
   if (!list.ok()) return list.status();
-  std::optional<incident::CheckpointInfo> best;
+  std::optional<v1::Checkpoint> best;
   for (const auto& c : *list) {
-    if (!c.complete || c.step > step) continue;
-    if (!best || c.step > best->step || (c.step == best->step && c.generation > best->generation)) {
+    if (!c.complete() || c.step() > step) continue;
+    if (!best || c.step() > best->step() ||
+        (c.step() == best->step() && c.generation() > best->generation())) {
       best = c;
     }
   }
@@ -380,7 +419,19 @@ absl::StatusOr<incident::CheckpointInfo> CheckpointAtOrBefore(CatalogRunView* vi
     return absl::FailedPreconditionError(absl::StrFormat(
         "run '%s' has no complete checkpoint at or before step %d", run, step));
   }
-  return *best;
+  if (guard != nullptr) {
+    if (auto verified = guard->Verify(*best); !verified.ok()) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "run '%s': cannot rewind to step %d: the %s", run, step, verified.status().message()));
+    }
+  }
+  incident::CheckpointInfo info;
+  info.generation = best->generation();
+  info.step = best->step();
+  info.uri = best->uri();
+  info.checksum = best->checksum();
+  info.complete = best->complete();
+  return info;
 }
 
 std::string RequestId(const std::string& given, const std::string& kind, Clock* clock) {
@@ -410,7 +461,7 @@ grpc::Status SupervisorServiceImpl::ManualRewind(const std::string& run, int64_t
                         absl::StrCat("run '", run, "' is running an incident probe; wait for it or "
                                      "abort the incident first"));
   }
-  auto ckpt = CheckpointAtOrBefore(sup->view(), run, to_step);
+  auto ckpt = CheckpointAtOrBefore(state_->catalog, state_->checkpoints, run, to_step);
   if (!ckpt.ok()) return ToGrpcStatus(ckpt.status());
   auto plan = sup->view()->Plan(run, run_row->current_generation());
   if (!plan.ok()) return ToGrpcStatus(plan.status());

@@ -32,6 +32,11 @@ class SupervisorServiceImpl final : public spikeguard::v1::SupervisorService::Se
   grpc::Status GetRun(Ctx*, const spikeguard::v1::GetRunRequest*, spikeguard::v1::Run*) override;
   grpc::Status ListRuns(Ctx*, const spikeguard::v1::ListRunsRequest*,
                         spikeguard::v1::ListRunsResponse*) override;
+  // Maps a run to a launch profile: the spec's command, env and workdir are
+  // dropped, its profile and params set (validated as CreateRun does); the
+  // run is launched from the profile the next time it is launched.
+  grpc::Status SetRunProfile(Ctx*, const spikeguard::v1::SetRunProfileRequest*,
+                             spikeguard::v1::Run*) override;
   grpc::Status ListCheckpoints(Ctx*, const spikeguard::v1::ListCheckpointsRequest*,
                                spikeguard::v1::ListCheckpointsResponse*) override;
   grpc::Status RegisterCheckpoint(Ctx*, const spikeguard::v1::RegisterCheckpointRequest*,

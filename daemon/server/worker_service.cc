@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "base/logging.h"
 #include "daemon/control/supervisor.h"
+#include "daemon/launch/checkpoint_guard.h"
 #include "daemon/server/parse_errors.h"
 #include "daemon/server/status_util.h"
 #include "grpc/grpc.h"
@@ -436,6 +437,23 @@ grpc::Status WorkerServiceImpl::Attach(
           }
           break;
         }
+        // Confined to the run's checkpoint root before anything is stored;
+        // the worker is told why (an Ack naming no batch).
+        if (state_->checkpoints != nullptr) {
+          if (auto confined = state_->checkpoints->Confine(run_name, c.uri()); !confined.ok()) {
+            SG_LOG(WARNING) << "run " << run_name << " rank " << rank
+                            << ": checkpoint refused: " << LogText(confined.status().message());
+            ControllerMessage refused;
+            refused.mutable_ack()->set_rejected(1);
+            refused.mutable_ack()->set_message(
+                absl::StrCat("checkpoint refused: ", confined.status().message()));
+            if (!write(refused)) {
+              state_->registry.Disconnect(run_name, rank, stream_id);
+              return grpc::Status::OK;
+            }
+            break;
+          }
+        }
         spikeguard::v1::Checkpoint ckpt;
         ckpt.set_run(run_name);
         ckpt.set_generation(generation);
@@ -502,9 +520,15 @@ grpc::Status WorkerServiceImpl::Attach(
         }
         break;
       }
-      case WorkerMessage::kHeartbeat:
-        state_->registry.Touch(run_name, rank, msg.heartbeat().step());
+      case WorkerMessage::kHeartbeat: {
+        // A heartbeat's step moves the rank's last step only as far as a
+        // report could (it bounds the steps of later reports).
+        const int64_t step = msg.heartbeat().step();
+        const int64_t base = std::max<int64_t>(rank_last_step, 0);
+        const bool plausible = step >= 0 && (step <= base || step - base <= state_->limits.max_step_ahead);
+        state_->registry.Touch(run_name, rank, plausible ? step : -1);
         break;
+      }
       case WorkerMessage::kCommandResult:
         SG_LOG(INFO) << "run " << run_name << " rank " << rank << ": command "
                      << LogText(msg.command_result().command_id(), 128) << " "

@@ -26,6 +26,7 @@ class DaemonFixture : public ::testing::Test {
     options.listen = "127.0.0.1:" + std::to_string(port);
     options.data_dir = dir_.path();
     options.limits = limits_;
+    ConfigureDaemon(options);
     auto d = daemon::Daemon::Start(options);
     ASSERT_TRUE(d.ok()) << d.status();
     daemon_ = std::move(*d);
@@ -34,6 +35,9 @@ class DaemonFixture : public ::testing::Test {
     supervisor_ = v1::SupervisorService::NewStub(channel_);
     worker_ = v1::WorkerService::NewStub(channel_);
   }
+
+  // Adjusts the daemon's options before each start.
+  virtual void ConfigureDaemon(daemon::Daemon::Options& options) { (void)options; }
 
   void RestartDaemon() {
     const int port = daemon_->port();

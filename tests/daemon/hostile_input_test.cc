@@ -112,6 +112,13 @@ TEST_F(HostileInputTest, StepFarPastTheRunIsRefusedNamingFieldAndValue) {
   v1::Ack next = SendBatch(a.stream.get(), 3, {Report(10)});
   EXPECT_EQ(next.accepted(), 1) << next.message();
   EXPECT_EQ(next.duplicates(), 0);
+  // Nor does a heartbeat at 2^63-1 open the way for one.
+  v1::WorkerMessage beat;
+  beat.mutable_heartbeat()->set_step(kInt64Max);
+  ASSERT_TRUE(a.stream->Write(beat));
+  v1::Ack after = SendBatch(a.stream.get(), 4, {Report(kInt64Max / 2)});
+  EXPECT_EQ(after.rejected(), 1);
+  EXPECT_THAT(after.message(), HasSubstr("max_step_ahead"));
   a.stream->WritesDone();
   a.stream->Finish();
   EXPECT_EQ(Query("r1").size(), 11u);
@@ -404,6 +411,43 @@ TEST_F(PagingTest, ListRunsAndQuarantineComeInPagesThatSpikectlFollows) {
   ASSERT_EQ(Spikectl({"quarantine", "list", "--run=r1", "--output=json"}, &out, &err), 0) << err;
   EXPECT_THAT(out, HasSubstr("\"document_id\":\"59\""));
   EXPECT_THAT(out, HasSubstr("\"document_id\":\"0\""));
+}
+
+TEST_F(PagingTest, ListCheckpointsComesInPagesThatSpikectlFollows) {
+  constexpr int kCheckpoints = 40;
+  for (int i = 0; i < kCheckpoints; ++i) {
+    grpc::ClientContext ctx;
+    v1::RegisterCheckpointRequest req;
+    v1::Checkpoint* c = req.mutable_checkpoint();
+    c->set_run("r1");
+    c->set_step(i * 10);
+    // Inside the run's checkpoint root (DATA_DIR/runs/RUN without a profile).
+    c->set_uri(absl::StrCat("file://", dir_.path(), "/runs/r1/", std::string(250, 'c'), "-", i));
+    c->set_complete(true);
+    v1::Checkpoint out;
+    grpc::Status s = supervisor_->RegisterCheckpoint(&ctx, req, &out);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  std::set<int64_t> steps;
+  v1::ListCheckpointsRequest req;
+  req.set_run("r1");
+  int pages = 0;
+  while (true) {
+    grpc::ClientContext ctx;
+    v1::ListCheckpointsResponse page;
+    ASSERT_TRUE(supervisor_->ListCheckpoints(&ctx, req, &page).ok());
+    for (const auto& c : page.checkpoints()) EXPECT_TRUE(steps.insert(c.step()).second);
+    ++pages;
+    if (page.next_page_token().empty()) break;
+    req.set_page_token(page.next_page_token());
+    ASSERT_LT(pages, 100);
+  }
+  EXPECT_GT(pages, 2);
+  EXPECT_EQ(steps.size(), static_cast<size_t>(kCheckpoints));
+  std::string out, err;
+  ASSERT_EQ(Spikectl({"checkpoints", "list", "--run=r1", "--output=json"}, &out, &err), 0) << err;
+  EXPECT_THAT(out, HasSubstr("\"step\":\"390\""));
+  EXPECT_THAT(out, HasSubstr("\"step\":\"0\""));
 }
 
 // §4.7: 600 steps x 1,024 layers made a 31 MB QueryTelemetry response that
