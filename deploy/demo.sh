@@ -34,8 +34,41 @@ echo "== 1. a synthetic corpus with bytes the model never saw at data position $
   --poison-echoes 2 | tee "$DEMO/synth.txt"
 
 echo "== 2. spikeguardd on the embedded SQLite catalog ($DATA/catalog.db)"
+# The launch profiles: the only command lines the daemon runs (a run spec
+# names a profile and gives its parameters; nothing sent over the wire is
+# executed). Checkpoints and corpora are confined to the demo's directory.
+cat > "$DEMO/profiles.textproto" <<PB
+profile {
+  name: "ref-worker"
+  argv: "$WORKER" argv: "train" argv: "--corpus={corpus_dir}"
+  argv: "--checkpoint-dir=$DEMO/ckpt-{rank}" argv: "--config=$ROOT/tests/e2e/scenarios/{scenario}.conf"
+  argv: "--addr={addr}" argv: "--run={run}" argv: "--rank={rank}" argv: "--world-size={world_size}"
+  argv: "--generation={generation}" argv: "--resume={resume}" argv: "--plan={plan}"
+  argv: "--linger-s=120" argv: "{args}"
+  env_allow: "PATH"
+  checkpoint_root: "$DEMO"
+  corpus_root: "$DEMO"
+  max_world_size: 8
+  max_restarts: 3
+  param { name: "scenario" enum { value: "data" value: "small" value: "numerics" } }
+  param { name: "args" flags { allow: "steps" allow: "set" } default_value: "" }
+}
+profile {
+  name: "torch-gpt"
+  argv: "/usr/bin/python3" argv: "$ROOT/worker/examples/torch_gpt/train.py"
+  argv: "--corpus={corpus_dir}" argv: "--checkpoint-dir=$DEMO/ckpt"
+  argv: "--addr={addr}" argv: "--run={run}" argv: "--generation={generation}"
+  argv: "--resume={resume}" argv: "--plan={plan}" argv: "--linger-s=120" argv: "{args}"
+  env_allow: "PATH" env_allow: "HOME"
+  env { key: "PYTHONPATH" value: "$BUILD/python" }
+  checkpoint_root: "$DEMO"
+  corpus_root: "$DEMO"
+  max_world_size: 4
+  param { name: "args" flags { allow: "steps" allow: "checkpoint-every" } default_value: "" }
+}
+PB
 "$BUILD/daemon/spikeguardd" --listen=127.0.0.1:0 --data-dir="$DATA" --port-file="$PORT_FILE" \
-  2>"$DEMO/daemon.log" &
+  --launch-profiles="$DEMO/profiles.textproto" 2>"$DEMO/daemon.log" &
 DAEMON_PID=$!
 for _ in $(seq 1 250); do [ -s "$PORT_FILE" ] && break; sleep 0.02; done
 [ -s "$PORT_FILE" ] || { cat "$DEMO/daemon.log"; echo "spikeguardd did not start"; exit 1; }
@@ -54,62 +87,19 @@ if [ "$TRAINER" = torch ]; then
 echo "== 4. spikectl runs create demo --world-size=2 --mode=auto --spec=... (the daemon launches"
 echo "      two ranks of worker/examples/torch_gpt/train.py with torch.distributed's environment)"
 cat > "$DEMO/spec.textproto" <<PB
-command: "/usr/bin/python3"
-command: "$ROOT/worker/examples/torch_gpt/train.py"
-command: "--corpus"
-command: "$DEMO/corpus"
-command: "--checkpoint-dir"
-command: "$DEMO/ckpt"
-command: "--steps"
-command: "300"
-command: "--checkpoint-every"
-command: "50"
-command: "--addr"
-command: "{addr}"
-command: "--run"
-command: "{run}"
-command: "--generation"
-command: "{generation}"
-command: "--resume"
-command: "{resume}"
-command: "--plan"
-command: "{plan}"
-command: "--linger-s"
-command: "120"
-env { key: "PYTHONPATH" value: "$BUILD/python" }
+profile: "torch-gpt"
+params { key: "args" value: "--steps=300 --checkpoint-every=50" }
 restart_all_ranks: true
 manifest { corpus_dir: "$DEMO/corpus" }
 PB
 "${SPIKECTL[@]}" runs create demo --world-size=2 --mode=auto --spec="$DEMO/spec.textproto"
 else
-echo "== 4. spikectl runs create demo --mode=auto --spec=... (the daemon launches the worker)"
+echo "== 4. spikectl runs create demo --mode=auto --spec=... (the daemon launches the worker from"
+echo "      its launch profile \"ref-worker\")"
 cat > "$DEMO/spec.textproto" <<PB
-command: "$WORKER"
-command: "train"
-command: "--corpus"
-command: "$DEMO/corpus"
-command: "--checkpoint-dir"
-command: "$DEMO/ckpt-{rank}"
-command: "--config"
-command: "$ROOT/tests/e2e/scenarios/data.conf"
-command: "--steps"
-command: "600"
-command: "--addr"
-command: "{addr}"
-command: "--run"
-command: "{run}"
-command: "--rank"
-command: "{rank}"
-command: "--world-size"
-command: "{world_size}"
-command: "--generation"
-command: "{generation}"
-command: "--resume"
-command: "{resume}"
-command: "--plan"
-command: "{plan}"
-command: "--linger-s"
-command: "120"
+profile: "ref-worker"
+params { key: "scenario" value: "data" }
+params { key: "args" value: "--steps=600" }
 manifest { corpus_dir: "$DEMO/corpus" }
 PB
 "${SPIKECTL[@]}" runs create demo --world-size=1 --mode=auto --spec="$DEMO/spec.textproto"
