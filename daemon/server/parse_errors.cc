@@ -36,10 +36,13 @@ class ParseErrorInterceptor : public exp::Interceptor {
       received_ = true;
       // Deserialization ran on this thread just before this hook.
       std::string field = TakeParseError();
-      if (methods->GetRecvMessage() == nullptr) failed_field_ = std::move(field);
+      if (methods->GetRecvMessage() == nullptr) {
+        parse_failed_ = true;
+        failed_field_ = std::move(field);
+      }
     }
     if (methods->QueryInterceptionHookPoint(exp::InterceptionHookPoints::PRE_SEND_STATUS) &&
-        !failed_field_.empty()) {
+        parse_failed_) {
       const grpc::Status status = methods->GetSendStatus();
       if (status.error_code() == grpc::StatusCode::INTERNAL && status.error_message().empty()) {
         methods->ModifySendStatus(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -51,7 +54,8 @@ class ParseErrorInterceptor : public exp::Interceptor {
 
  private:
   bool received_ = false;
-  std::string failed_field_;
+  bool parse_failed_ = false;
+  std::string failed_field_;  // "" when the bytes were malformed otherwise
 };
 
 class ParseErrorFactory : public exp::ServerInterceptorFactoryInterface {

@@ -20,6 +20,7 @@
 #include "daemon/ingest/limits.h"
 #include "daemon/ingest/run_registry.h"
 #include "gmock/gmock.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "storage/catalog/database.h"
 #include "tests/daemon/daemon_fixture.h"
 
@@ -180,6 +181,30 @@ TEST_F(HostileInputTest, UnaryInvalidUtf8IsInvalidArgumentNamingTheField) {
     EXPECT_THAT(s.error_message(), HasSubstr("WatchIncidentsRequest.run"));
   }
   EXPECT_TRUE(Serving());
+}
+
+// Bytes that are no protobuf at all: INVALID_ARGUMENT too, not INTERNAL ''.
+TEST_F(HostileInputTest, MalformedUnaryRequestIsInvalidArgument) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::GenericStub generic(channel_);
+  grpc::CompletionQueue cq;
+  const std::string garbage("\x0a\xff\xff\xff\xff\x0f", 6);  // a length past the end
+  grpc::Slice slice(garbage);
+  grpc::ByteBuffer request(&slice, 1);
+  grpc::ByteBuffer response;
+  grpc::Status status;
+  auto call = generic.PrepareUnaryCall(&ctx, "/spikeguard.v1.SupervisorService/GetRun", request, &cq);
+  call->StartCall();
+  call->Finish(&response, &status, reinterpret_cast<void*>(1));
+  void* tag = nullptr;
+  bool ok = false;
+  ASSERT_TRUE(cq.Next(&tag, &ok));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("could not be parsed"));
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
 }
 
 // The walker the fuzzers and tools use names the path, indices included.
