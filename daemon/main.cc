@@ -10,6 +10,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/time/time.h"
 #include "base/flag_dashes.h"
 #include "base/logging.h"
 #include "daemon/daemon.h"
@@ -20,6 +21,12 @@ ABSL_FLAG(std::string, data_dir, "./spikeguard-data", "directory of the catalog 
 ABSL_FLAG(std::string, catalog, "", "catalog path (default DATA_DIR/catalog.db)");
 ABSL_FLAG(std::string, port_file, "", "write the bound port to this file once serving");
 ABSL_FLAG(int64_t, max_message_bytes, 16 << 20, "largest message accepted");
+ABSL_FLAG(absl::Duration, hello_timeout, absl::Seconds(10),
+          "a worker stream that sends no hello within this ends DEADLINE_EXCEEDED");
+ABSL_FLAG(int, max_pending_hellos, 64,
+          "most worker streams waiting for their hello at once (others: RESOURCE_EXHAUSTED)");
+ABSL_FLAG(int64_t, max_step_ahead, 1 << 24,
+          "most steps a report may lead the run's last step (or the hello's total_steps)");
 ABSL_FLAG(std::string, launch_profiles, "",
           "launch profiles (text LaunchProfiles, daemon/launch/launch_profiles.proto): the only "
           "command lines the daemon runs; re-read when the file changes. Without it no run is "
@@ -49,6 +56,9 @@ int main(int argc, char** argv) {
   options.catalog_path = absl::GetFlag(FLAGS_catalog);
   options.launch_profiles_file = absl::GetFlag(FLAGS_launch_profiles);
   options.limits.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.limits.hello_timeout = absl::GetFlag(FLAGS_hello_timeout);
+  options.limits.max_pending_hellos = absl::GetFlag(FLAGS_max_pending_hellos);
+  options.limits.max_step_ahead = absl::GetFlag(FLAGS_max_step_ahead);
   if (const std::string path = absl::GetFlag(FLAGS_policy); !path.empty()) {
     auto policy = spikeguard::incident::LoadPolicyFile(path);
     if (!policy.ok()) {
