@@ -1,28 +1,113 @@
 #include "daemon/daemon.h"
 
+#include <sys/stat.h>
+
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
+#include "base/secret.h"
+#include "daemon/auth/authorizer.h"
+#include "daemon/server/audit_interceptor.h"
+#include "daemon/server/parse_errors.h"
 #include "daemon/control/supervisor.h"
 #include "daemon/launch/checkpoint_guard.h"
 #include "daemon/launch/launch_profiles.h"
 #include "daemon/launch/local_launcher.h"
 #include "daemon/server/daemon_state.h"
-#include "daemon/server/parse_errors.h"
 #include "daemon/server/supervisor_service.h"
 #include "daemon/server/worker_service.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "storage/catalog/catalog.h"
 
 namespace spikeguard::daemon {
+namespace {
+
+absl::StatusOr<std::string> ReadPem(const char* what, const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return absl::NotFoundError(absl::StrCat(what, " '", path, "': cannot be read"));
+  std::stringstream buffer;
+  buffer << f.rdbuf();
+  if (buffer.str().find("-----BEGIN ") == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " '", path, "': not a PEM file"));
+  }
+  return buffer.str();
+}
+
+// DATA_DIR/tokens with one admin principal, its token in DATA_DIR/admin.token
+// (0600); kept as they are when they exist.
+absl::Status EnsureDefaultTokens(const std::string& tokens_path, const std::string& token_path) {
+  if (std::filesystem::exists(tokens_path)) return absl::OkStatus();
+  const std::string token = NewToken();
+  const mode_t old = umask(077);
+  {
+    std::ofstream t(token_path, std::ios::trunc);
+    t << token << "\n";
+    std::ofstream f(tokens_path, std::ios::trunc);
+    f << "# spikeguard tokens: principal role runs sha256:HASH (see spikectl token new).\n"
+      << "# Made by spikeguardd on first start; the admin token is in " << token_path << ".\n"
+      << "admin admin * " << HashToken(token) << "\n";
+    if (!t || !f) {
+      umask(old);
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot write the default tokens file '", tokens_path, "' or '",
+                       token_path, "'"));
+    }
+  }
+  umask(old);
+  return absl::OkStatus();
+}
+
+// Removes gRPC's reflection plugin, which linking grpc++_reflection
+// registers with every server builder by a static initializer: reflection
+// stays off unless asked for.
+class WithoutReflection : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    plugins->erase(std::remove_if(plugins->begin(), plugins->end(),
+                                  [](const std::unique_ptr<grpc::ServerBuilderPlugin>& p) {
+                                    return p->name() == "proto_server_reflection";
+                                  }),
+                   plugins->end());
+  }
+};
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options) {
   std::unique_ptr<Daemon> d(new Daemon());
+  const bool loopback = auth::IsLoopbackAddress(options.listen);
+  const bool want_tls = !options.tls_cert_file.empty() || !options.tls_key_file.empty();
+  if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
+    return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
+  }
+  if (!options.tls_client_ca_file.empty() && !want_tls) {
+    return absl::InvalidArgumentError("--tls-client-ca (mutual TLS) needs --tls-cert and --tls-key");
+  }
+  if (!want_tls && !loopback && !options.insecure) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "refusing to listen in clear on ", options.listen,
+        ", which is not a loopback address: give --tls-cert and --tls-key, or --insecure to "
+        "accept that tokens and telemetry cross the network unencrypted"));
+  }
+  if (options.allow_anonymous && !loopback) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--allow-anonymous (authentication off) is only allowed on a loopback address, not ",
+        options.listen));
+  }
+  if (!want_tls && !loopback) {
+    SG_LOG(WARNING) << "--insecure: listening in clear on " << options.listen
+                    << "; bearer tokens and telemetry travel unencrypted";
+  }
   d->catalog_path_ = options.catalog_path;
   if (d->catalog_path_.empty()) {
     std::error_code ec;
@@ -32,6 +117,29 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options) {
           absl::StrCat("data dir '", options.data_dir, "': ", ec.message()));
     }
     d->catalog_path_ = (std::filesystem::path(options.data_dir) / "catalog.db").string();
+  }
+  if (options.allow_anonymous) {
+    d->authorizer_ = auth::Authorizer::Disabled();
+    SG_LOG(WARNING) << "authentication is off (--allow-anonymous): every client that reaches "
+                    << options.listen << " is admin";
+  } else {
+    std::string tokens_file = options.tokens_file;
+    if (tokens_file.empty()) {
+      const std::string dir = std::filesystem::path(d->catalog_path_).parent_path().string();
+      tokens_file = (std::filesystem::path(dir.empty() ? "." : dir) / "tokens").string();
+      const std::string token_file =
+          (std::filesystem::path(dir.empty() ? "." : dir) / "admin.token").string();
+      const bool existed = std::filesystem::exists(tokens_file);
+      if (absl::Status s = EnsureDefaultTokens(tokens_file, token_file); !s.ok()) return s;
+      if (!existed) {
+        d->admin_token_file_ = token_file;
+        SG_LOG(INFO) << "no --tokens: made " << tokens_file << " with principal 'admin'; its token "
+                     << "is in " << token_file << " (spikectl --token-file=" << token_file << ")";
+      }
+    }
+    auto authorizer = auth::Authorizer::FromFile(tokens_file);
+    if (!authorizer.ok()) return authorizer.status();
+    d->authorizer_ = std::move(*authorizer);
   }
   storage::CatalogOptions catalog_options;
   catalog_options.path = d->catalog_path_;
@@ -48,18 +156,42 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options) {
   d->supervisor_->view()->set_checkpoint_guard(d->checkpoints_.get());
   if (absl::Status s = d->supervisor_->Start(); !s.ok()) return s;
   d->state_->supervisor = d->supervisor_.get();
+  d->state_->authorizer = d->authorizer_.get();
   d->worker_service_ = std::make_unique<WorkerServiceImpl>(d->state_.get());
   d->supervisor_service_ = std::make_unique<SupervisorServiceImpl>(d->state_.get());
 
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  if (want_tls) {
+    grpc::SslServerCredentialsOptions ssl;
+    auto cert = ReadPem("--tls-cert", options.tls_cert_file);
+    if (!cert.ok()) return cert.status();
+    auto key = ReadPem("--tls-key", options.tls_key_file);
+    if (!key.ok()) return key.status();
+    ssl.pem_key_cert_pairs.push_back({*key, *cert});
+    if (!options.tls_client_ca_file.empty()) {
+      auto ca = ReadPem("--tls-client-ca", options.tls_client_ca_file);
+      if (!ca.ok()) return ca.status();
+      ssl.pem_root_certs = *ca;
+      ssl.client_certificate_request =
+          GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+    }
+    credentials = grpc::SslServerCredentials(ssl);
+    d->tls_ = true;
+  }
+  d->state_->tls = d->tls_;
+
   grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &d->port_);
+  if (options.reflection) {
+    grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  } else {
+    builder.SetOption(std::make_unique<WithoutReflection>());
+  }
+  builder.AddListeningPort(options.listen, credentials, &d->port_);
   {
-    // Requests that do not parse (invalid UTF-8) are answered INVALID_ARGUMENT
-    // naming the field.
     std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
     creators.push_back(MakeParseErrorInterceptorFactory());
+    creators.push_back(MakeAuditInterceptorFactory(d->authorizer_.get(), d->catalog_.get()));
     builder.experimental().SetInterceptorCreators(std::move(creators));
   }
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.limits.max_message_bytes));
@@ -75,14 +207,36 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options) {
   launch.daemon_address = options.advertise_address.empty()
                               ? absl::StrCat("127.0.0.1:", d->port_)
                               : options.advertise_address;
+  if (d->authorizer_->enabled()) {
+    auth::Authorizer* authorizer = d->authorizer_.get();
+    launch.worker_token = [authorizer](const std::string& run) {
+      return authorizer->WorkerTokenFor(run);
+    };
+  }
+  if (d->tls_) {
+    launch.daemon_env["SPIKEGUARD_TLS_CA"] = options.worker_tls_ca_file.empty()
+                                                 ? options.tls_cert_file
+                                                 : options.worker_tls_ca_file;
+    if (!options.worker_tls_cert_file.empty()) {
+      launch.daemon_env["SPIKEGUARD_TLS_CERT"] = options.worker_tls_cert_file;
+      launch.daemon_env["SPIKEGUARD_TLS_KEY"] = options.worker_tls_key_file;
+    }
+    if (!options.worker_tls_server_name.empty()) {
+      launch.daemon_env["SPIKEGUARD_TLS_SERVER_NAME"] = options.worker_tls_server_name;
+    }
+  }
   launch.profiles = d->profiles_.get();
   launch.checkpoints = d->checkpoints_.get();
   d->launcher_ = std::make_unique<LocalLauncher>(launch, d->catalog_.get(), &d->state_->registry,
                                                  options.clock);
   d->state_->launcher = d->launcher_.get();
   d->server_->GetHealthCheckService()->SetServingStatus(true);
-  SG_LOG(INFO) << "spikeguardd listening on port " << d->port_ << ", catalog "
-               << d->catalog_path_ << " (schema " << d->catalog_->schema_version() << ")";
+  SG_LOG(INFO) << "spikeguardd listening on port " << d->port_
+               << (d->tls_ ? (options.tls_client_ca_file.empty() ? " (TLS)" : " (mutual TLS)")
+                           : " (clear text)")
+               << ", authentication " << (d->authorizer_->enabled() ? "on" : "OFF")
+               << ", catalog " << d->catalog_path_ << " (schema "
+               << d->catalog_->schema_version() << ")";
   return d;
 }
 
@@ -110,6 +264,11 @@ absl::Status Daemon::StartLaunchProfiles(const Options& options) {
 }
 
 Daemon::~Daemon() { Shutdown(absl::Seconds(2)); }
+
+absl::Status Daemon::ReloadTokens() {
+  if (!authorizer_) return absl::OkStatus();
+  return authorizer_->Reload();
+}
 
 void Daemon::Wait() {
   if (server_) server_->Wait();

@@ -2,9 +2,16 @@
 // -----------------------------------------------------------------------------
 // `Daemon` is spikeguardd without its flags: it opens (and migrates) the
 // catalog, serves WorkerService and SupervisorService plus the standard gRPC
-// health service and server reflection, and shuts down cleanly: stop accepting,
-// let in-flight calls finish (their commits are acknowledged), close the
-// catalog.
+// health service (and server reflection when asked), and shuts down cleanly:
+// stop accepting, let in-flight calls finish (their commits are
+// acknowledged), close the catalog.
+//
+// Security (DESIGN §security): every call is authenticated by a bearer token
+// from the tokens file and authorized by its principal's role and runs
+// (daemon/auth/); mutating calls are audited. Without a tokens file the
+// daemon makes one in the data dir with an `admin` principal whose token it
+// writes to DATA_DIR/admin.token (mode 0600). TLS (and mutual TLS) when a
+// certificate is given; in clear only on loopback, unless `insecure`.
 //
 //   Daemon::Options options;
 //   options.listen = "127.0.0.1:0";
@@ -31,6 +38,10 @@ class Server;
 
 namespace spikeguard::storage {
 class Catalog;
+}
+
+namespace spikeguard::auth {
+class Authorizer;
 }
 
 namespace spikeguard::daemon {
@@ -60,6 +71,31 @@ class Daemon {
     // Launch profiles (daemon/launch/launch_profiles.proto, text format): the
     // only command lines the daemon executes. "": none, no run is launched.
     std::string launch_profiles_file;
+
+    // --- Security -----------------------------------------------------------
+    // Tokens file (see daemon/auth/tokens.h). "": DATA_DIR/tokens, created
+    // with an admin principal on first start.
+    std::string tokens_file;
+    // Authentication off: every caller is admin. Refused off loopback.
+    bool allow_anonymous = false;
+    // PEM files. A certificate and key: TLS. A client CA too: mutual TLS
+    // (clients must present a certificate that CA signed).
+    std::string tls_cert_file;
+    std::string tls_key_file;
+    std::string tls_client_ca_file;
+    // Listen in clear on a non-loopback address anyway (warned at start).
+    bool insecure = false;
+    // gRPC server reflection (off: it tells any caller the whole API).
+    bool reflection = false;
+    // What the ranks the daemon launches use to verify it (default: the
+    // certificate itself, right for a self-signed one or a full chain), and
+    // their client certificate for mutual TLS.
+    std::string worker_tls_ca_file;
+    std::string worker_tls_cert_file;
+    std::string worker_tls_key_file;
+    // The name the workers check in the daemon's certificate ("": the host
+    // of the advertised address).
+    std::string worker_tls_server_name;
   };
 
   static absl::StatusOr<std::unique_ptr<Daemon>> Start(const Options& options);
@@ -67,6 +103,13 @@ class Daemon {
 
   int port() const { return port_; }
   const std::string& catalog_path() const { return catalog_path_; }
+  // The admin token file the daemon generated ("" when it used a given
+  // tokens file or authentication is off).
+  const std::string& generated_admin_token_file() const { return admin_token_file_; }
+  bool tls() const { return tls_; }
+
+  // Re-reads the tokens file (SIGHUP); on error the old table stays.
+  absl::Status ReloadTokens();
 
   // Blocks until the server has shut down.
   void Wait();
@@ -82,6 +125,9 @@ class Daemon {
 
   int port_ = 0;
   std::string catalog_path_;
+  std::string admin_token_file_;
+  bool tls_ = false;
+  std::unique_ptr<auth::Authorizer> authorizer_;
   std::unique_ptr<storage::Catalog> catalog_;
   std::unique_ptr<LaunchProfiles> profiles_;
   std::unique_ptr<CheckpointGuard> checkpoints_;

@@ -1,6 +1,10 @@
 // spikeguardd: the spikeguard daemon.
 //
 //   spikeguardd --listen=127.0.0.1:7070 --data-dir=/var/lib/spikeguard
+//   spikeguardd --listen=0.0.0.0:7070 --tls-cert=server.pem --tls-key=server.key \
+//               --tls-client-ca=clients-ca.pem --tokens=/etc/spikeguard/tokens
+//
+// SIGHUP re-reads the tokens file; SIGTERM/SIGINT shut down.
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -35,6 +39,27 @@ ABSL_FLAG(std::string, policy, "",
           "textproto Policy installed as the daemon-wide default at startup (runs' own "
           "policies and `spikectl policy set` still apply on top)");
 
+ABSL_FLAG(std::string, tokens, "",
+          "tokens file: one 'principal role runs sha256:HASH' per line (spikectl token new); "
+          "re-read on SIGHUP. Default: DATA_DIR/tokens, made with an admin principal on first "
+          "start (its token in DATA_DIR/admin.token)");
+ABSL_FLAG(bool, allow_anonymous, false,
+          "authentication off: every caller is admin (loopback addresses only)");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate (chain) the daemon presents: TLS on");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle: clients must present a certificate it signed (mutual TLS)");
+ABSL_FLAG(bool, insecure, false,
+          "allow listening in clear on a non-loopback address (warned at every start)");
+ABSL_FLAG(bool, reflection, false, "serve gRPC server reflection (off: it describes the API)");
+ABSL_FLAG(std::string, worker_tls_ca, "",
+          "CA the workers the daemon launches verify it with (default: --tls-cert)");
+ABSL_FLAG(std::string, worker_tls_cert, "",
+          "client certificate the launched workers present (mutual TLS)");
+ABSL_FLAG(std::string, worker_tls_key, "", "key of --worker-tls-cert");
+ABSL_FLAG(std::string, worker_tls_server_name, "",
+          "name the launched workers check in the daemon's certificate");
+
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("spikeguardd --listen=HOST:PORT --data-dir=DIR");
   std::vector<std::string> args = spikeguard::DashesToUnderscores(argc, argv);
@@ -47,6 +72,7 @@ int main(int argc, char** argv) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
 
@@ -59,6 +85,17 @@ int main(int argc, char** argv) {
   options.limits.hello_timeout = absl::GetFlag(FLAGS_hello_timeout);
   options.limits.max_pending_hellos = absl::GetFlag(FLAGS_max_pending_hellos);
   options.limits.max_step_ahead = absl::GetFlag(FLAGS_max_step_ahead);
+  options.tokens_file = absl::GetFlag(FLAGS_tokens);
+  options.allow_anonymous = absl::GetFlag(FLAGS_allow_anonymous);
+  options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  options.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
+  options.insecure = absl::GetFlag(FLAGS_insecure);
+  options.reflection = absl::GetFlag(FLAGS_reflection);
+  options.worker_tls_ca_file = absl::GetFlag(FLAGS_worker_tls_ca);
+  options.worker_tls_cert_file = absl::GetFlag(FLAGS_worker_tls_cert);
+  options.worker_tls_key_file = absl::GetFlag(FLAGS_worker_tls_key);
+  options.worker_tls_server_name = absl::GetFlag(FLAGS_worker_tls_server_name);
   if (const std::string path = absl::GetFlag(FLAGS_policy); !path.empty()) {
     auto policy = spikeguard::incident::LoadPolicyFile(path);
     if (!policy.ok()) {
@@ -88,10 +125,22 @@ int main(int argc, char** argv) {
   }
 
   std::thread waiter([&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
-    SG_LOG(INFO) << "signal " << sig << ": shutting down";
-    (*daemon)->Shutdown(absl::Seconds(5));
+    while (true) {
+      int sig = 0;
+      sigwait(&signals, &sig);
+      if (sig == SIGHUP) {
+        absl::Status s = (*daemon)->ReloadTokens();
+        if (s.ok()) {
+          SG_LOG(INFO) << "SIGHUP: tokens file re-read";
+        } else {
+          SG_LOG(ERROR) << "SIGHUP: " << s.message() << "; the previous tokens stay in force";
+        }
+        continue;
+      }
+      SG_LOG(INFO) << "signal " << sig << ": shutting down";
+      (*daemon)->Shutdown(absl::Seconds(5));
+      return;
+    }
   });
   (*daemon)->Wait();
   waiter.join();

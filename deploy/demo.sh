@@ -33,7 +33,11 @@ echo "== 1. a synthetic corpus with bytes the model never saw at data position $
 "$WORKER" corpus synth --out "$DEMO/corpus" --seed "$SEED" --poison "highbytes@$POISON_AT" \
   --poison-echoes 2 | tee "$DEMO/synth.txt"
 
-echo "== 2. spikeguardd on the embedded SQLite catalog ($DATA/catalog.db)"
+echo "== 2. spikeguardd on the embedded SQLite catalog ($DATA/catalog.db), over TLS, with tokens"
+# A throwaway CA and the daemon's certificate; the daemon makes its tokens file
+# and an admin token ($DATA/admin.token) on first start. The workers it
+# launches get a token of their own run and the CA from their environment.
+"$ROOT/tests/testdata/make_test_certs.sh" "$DEMO/tls"
 # The launch profiles: the only command lines the daemon runs (a run spec
 # names a profile and gives its parameters; nothing sent over the wire is
 # executed). Checkpoints and corpora are confined to the demo's directory.
@@ -68,12 +72,15 @@ profile {
 }
 PB
 "$BUILD/daemon/spikeguardd" --listen=127.0.0.1:0 --data-dir="$DATA" --port-file="$PORT_FILE" \
-  --launch-profiles="$DEMO/profiles.textproto" 2>"$DEMO/daemon.log" &
+  --tls-cert="$DEMO/tls/server.pem" --tls-key="$DEMO/tls/server.key" \
+  --worker-tls-ca="$DEMO/tls/ca.pem" --launch-profiles="$DEMO/profiles.textproto" \
+  2>"$DEMO/daemon.log" &
 DAEMON_PID=$!
 for _ in $(seq 1 250); do [ -s "$PORT_FILE" ] && break; sleep 0.02; done
 [ -s "$PORT_FILE" ] || { cat "$DEMO/daemon.log"; echo "spikeguardd did not start"; exit 1; }
 ADDR="127.0.0.1:$(cat "$PORT_FILE")"
-SPIKECTL=("$BUILD/cli/spikectl" "--addr=$ADDR")
+SECURE=("--token-file=$DATA/admin.token" "--tls-ca=$DEMO/tls/ca.pem")
+SPIKECTL=("$BUILD/cli/spikectl" "--addr=$ADDR" "${SECURE[@]}")
 
 echo "== 3. policy: probe horizons sized for a small demo run; bisect the skip window to the culprit batch"
 cat > "$DEMO/policy.textproto" <<'PB'
@@ -147,8 +154,11 @@ else
   exit 1
 fi
 echo
+echo "== 8. spikectl audit --run demo --limit 8 (who did what: the operator's calls, the daemon's rewinds)"
+"${SPIKECTL[@]}" audit --run demo --limit 8
+echo
 echo "While a daemon runs, query it with spikectl, e.g.:"
-echo "  $BUILD/cli/spikectl --addr=$ADDR incidents list"
-echo "  $BUILD/cli/spikectl --addr=$ADDR --output=json incidents show $ID"
-echo "  $BUILD/cli/spikectl --addr=$ADDR telemetry --run demo --gen 0 --from $((POISON_AT - 5)) --to $((POISON_AT + 5))"
+echo "  $BUILD/cli/spikectl --addr=$ADDR ${SECURE[*]} incidents list"
+echo "  $BUILD/cli/spikectl --addr=$ADDR ${SECURE[*]} --output=json incidents show $ID"
+echo "  $BUILD/cli/spikectl --addr=$ADDR ${SECURE[*]} telemetry --run demo --gen 0 --from $((POISON_AT - 5)) --to $((POISON_AT + 5))"
 echo "(this demo's daemon stops now; its catalog stays in $DATA/catalog.db)"

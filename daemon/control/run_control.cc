@@ -128,9 +128,19 @@ absl::StatusOr<int64_t> RunControl::Rewind(const std::string& run, const inciden
       SG_LOG(WARNING) << "run " << run << ": rewind sent, but its state stays paused: " << s;
     }
   }
-  (void)catalog_->AppendAudit("spikeguardd", "rewind", run,
-                              absl::StrCat("generation ", next, " from step ",
-                                           spec.checkpoint.step, ": ", spec.reason));
+  {
+    // The daemon's own rewinds (incident probes, fixes) sit in the audit log
+    // next to the operators' calls.
+    v1::AuditEntry audit;
+    audit.set_principal("spikeguardd");
+    audit.set_role("daemon");
+    audit.set_rpc("Rewind");
+    audit.set_run(run);
+    audit.set_outcome("OK");
+    audit.set_detail(absl::StrCat("generation ", next, " from step ", spec.checkpoint.step, ": ",
+                                  spec.reason.substr(0, 400)));
+    (void)catalog_->AppendAudit(audit);
+  }
   return next;
 }
 

@@ -170,7 +170,7 @@ absl::Status LocalLauncher::StartRank(const std::string& run, Run& r, uint32_t r
   for (auto& a : storage) args.push_back(a.data());
   args.push_back(nullptr);
   std::vector<std::string> env_storage;
-  const std::map<std::string, std::string> ours = {
+  std::map<std::string, std::string> ours = {
       {"RANK", absl::StrCat(rank)},
       {"WORLD_SIZE", absl::StrCat(r.world_size)},
       {"LOCAL_RANK", absl::StrCat(rank)},
@@ -180,6 +180,12 @@ absl::Status LocalLauncher::StartRank(const std::string& run, Run& r, uint32_t r
       {"SPIKEGUARD_ADDR", options_.daemon_address},
       {"SPIKEGUARD_RUN", run},
       {"SPIKEGUARD_GENERATION", absl::StrCat(generation)}};
+  for (const auto& [k, v] : options_.daemon_env) ours[k] = v;
+  if (options_.worker_token) {
+    if (std::string token = options_.worker_token(run); !token.empty()) {
+      ours["SPIKEGUARD_TOKEN"] = token;
+    }
+  }
   // Only the profile's environment (its allow-list of the daemon's
   // variables and its fixed values); the launcher's own variables win.
   for (const auto& [k, v] : command.env) {

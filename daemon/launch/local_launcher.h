@@ -38,6 +38,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <map>
 #include <string>
 #include <thread>
@@ -66,6 +67,12 @@ class LocalLauncher {
     LaunchProfiles* profiles = nullptr;
     // Which checkpoints {resume} may name; null: no run is launched.
     CheckpointGuard* checkpoints = nullptr;
+    // The bearer token the ranks of a run present (SPIKEGUARD_TOKEN); unset
+    // or "": none (authentication off).
+    std::function<std::string(const std::string& run)> worker_token;
+    // Set in every rank's environment: how the workers reach the daemon over
+    // TLS (SPIKEGUARD_TLS_CA, SPIKEGUARD_TLS_CERT/KEY, _SERVER_NAME).
+    std::map<std::string, std::string> daemon_env;
   };
 
   LocalLauncher(Options options, storage::Catalog* catalog, RunRegistry* registry, Clock* clock);

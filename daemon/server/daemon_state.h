@@ -30,6 +30,13 @@ class Supervisor;
 class LocalLauncher;
 class LaunchProfiles;
 class CheckpointGuard;
+}  // namespace spikeguard::daemon
+
+namespace spikeguard::auth {
+class Authorizer;
+}
+
+namespace spikeguard::daemon {
 
 struct DaemonState {
   DaemonState(storage::Catalog* catalog, Clock* clock, Limits limits, std::string catalog_path)
@@ -54,6 +61,9 @@ struct DaemonState {
   // without --launch-profiles) and the checkpoint confinement.
   LaunchProfiles* profiles = nullptr;
   CheckpointGuard* checkpoints = nullptr;
+  // Who may call what; never null once the daemon serves.
+  const auth::Authorizer* authorizer = nullptr;
+  bool tls = false;
   Counters counters;
   const absl::Time started;
 };

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/logging.h"
+#include "daemon/auth/authorizer.h"
 #include "daemon/control/supervisor.h"
 #include "daemon/incident/policy.h"
 #include "daemon/launch/checkpoint_guard.h"
@@ -141,8 +142,39 @@ v1::StepRecord FilterMetrics(const v1::StepRecord& record,
   return out;
 }
 
-grpc::Status SupervisorServiceImpl::GetStatus(Ctx*, const v1::GetStatusRequest*,
+grpc::Status SupervisorServiceImpl::Allow(Ctx* ctx, auth::Need need, const char* rpc,
+                                          const std::string& run, auth::Principal* who) const {
+  if (state_->authorizer == nullptr) {
+    if (who != nullptr) {
+      who->name = "anonymous";
+      who->role = auth::Role::kAdmin;
+      who->all_runs = true;
+    }
+    return grpc::Status::OK;
+  }
+  return state_->authorizer->Check(*ctx, need, rpc, run, who);
+}
+
+grpc::Status SupervisorServiceImpl::AllowIncident(Ctx* ctx, auth::Need need, const char* rpc,
+                                                  int64_t incident_id) const {
+  if (state_->authorizer == nullptr) return grpc::Status::OK;
+  // The incident's run decides; an unknown incident is the handler's
+  // NOT_FOUND, once the caller is known.
+  auto incident = state_->catalog->GetIncident(incident_id);
+  if (!incident.ok()) {
+    auto who = state_->authorizer->Authenticate(*ctx);
+    if (!who.ok()) {
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, std::string(who.status().message()));
+    }
+    return grpc::Status::OK;
+  }
+  return state_->authorizer->Check(*ctx, need, rpc, incident->run());
+}
+
+grpc::Status SupervisorServiceImpl::GetStatus(Ctx* ctx, const v1::GetStatusRequest*,
                                               v1::ServerStatus* out) {
+  auth::Principal who;
+  if (grpc::Status a = Allow(ctx, auth::Need::kRead, "GetStatus", "", &who); !a.ok()) return a;
   out->set_version(kVersion);
   out->set_uptime_s(absl::ToInt64Seconds(state_->clock->Now() - state_->started));
   out->set_catalog_path(state_->catalog_path);
@@ -156,10 +188,17 @@ grpc::Status SupervisorServiceImpl::GetStatus(Ctx*, const v1::GetStatusRequest*,
   out->set_reports_rejected(state_->counters.reports_rejected.load());
   out->set_reports_dropped(state_->counters.reports_dropped.load());
   out->set_open_incidents(state_->supervisor ? state_->supervisor->OpenIncidents() : 0);
+  out->set_authentication(state_->authorizer != nullptr && state_->authorizer->enabled());
+  out->set_tls(state_->tls);
+  if (out->authentication()) {
+    out->set_principal(who.name);
+    out->set_role(auth::RoleName(who.role));
+  }
   return grpc::Status::OK;
 }
 
-grpc::Status SupervisorServiceImpl::CreateRun(Ctx*, const v1::CreateRunRequest* req, v1::Run* out) {
+grpc::Status SupervisorServiceImpl::CreateRun(Ctx* ctx, const v1::CreateRunRequest* req, v1::Run* out) {
+  if (grpc::Status a = Allow(ctx, auth::Need::kAdmin, "CreateRun", req->name()); !a.ok()) return a;
   if (auto s = ValidateCreateRunRequest(*req, state_->limits); !s.ok()) return Invalid(std::string(s.message()));
   if (auto s = ValidateRunName(req->name(), state_->limits); !s.ok()) {
     return Invalid(std::string(s.message()));
@@ -186,8 +225,6 @@ grpc::Status SupervisorServiceImpl::CreateRun(Ctx*, const v1::CreateRunRequest* 
   *run.mutable_spec() = req->spec();
   auto created = state_->catalog->CreateRun(run);
   if (!created.ok()) return ToGrpcStatus(created.status());
-  (void)state_->catalog->AppendAudit("operator", "create_run", req->name(),
-                                     absl::StrCat("world_size=", req->world_size()));
   SG_LOG(INFO) << "run '" << req->name() << "' created (world size " << req->world_size() << ")";
   *out = *created;
   if (req->launch()) {
@@ -200,7 +237,8 @@ grpc::Status SupervisorServiceImpl::CreateRun(Ctx*, const v1::CreateRunRequest* 
   return grpc::Status::OK;
 }
 
-grpc::Status SupervisorServiceImpl::GetRun(Ctx*, const v1::GetRunRequest* req, v1::Run* out) {
+grpc::Status SupervisorServiceImpl::GetRun(Ctx* ctx, const v1::GetRunRequest* req, v1::Run* out) {
+  if (grpc::Status a = Allow(ctx, auth::Need::kRead, "GetRun", req->name()); !a.ok()) return a;
   if (auto s = ValidateRunName(req->name(), state_->limits); !s.ok()) {
     return Invalid(std::string(s.message()));
   }
@@ -232,10 +270,16 @@ grpc::Status SupervisorServiceImpl::GetRun(Ctx*, const v1::GetRunRequest* req, v
   return grpc::Status::OK;
 }
 
-grpc::Status SupervisorServiceImpl::ListRuns(Ctx*, const v1::ListRunsRequest* req,
+grpc::Status SupervisorServiceImpl::ListRuns(Ctx* ctx, const v1::ListRunsRequest* req,
                                              v1::ListRunsResponse* out) {
+  auth::Principal who;
+  if (grpc::Status a = Allow(ctx, auth::Need::kRead, "ListRuns", "", &who); !a.ok()) return a;
   auto runs = state_->catalog->ListRuns();
   if (!runs.ok()) return ToGrpcStatus(runs.status());
+  // A principal scoped to some runs sees only those.
+  runs->erase(std::remove_if(runs->begin(), runs->end(),
+                             [&](const v1::Run& r) { return !who.MayUseRun(r.name()); }),
+              runs->end());
   auto offset = PageOffset(req->page_token(), runs->size());
   if (!offset.ok()) return Invalid(std::string(offset.status().message()));
   const int64_t budget = state_->limits.max_response_bytes;
@@ -249,8 +293,9 @@ grpc::Status SupervisorServiceImpl::ListRuns(Ctx*, const v1::ListRunsRequest* re
   return grpc::Status::OK;
 }
 
-grpc::Status SupervisorServiceImpl::SetRunProfile(Ctx*, const v1::SetRunProfileRequest* req,
+grpc::Status SupervisorServiceImpl::SetRunProfile(Ctx* ctx, const v1::SetRunProfileRequest* req,
                                                   v1::Run* out) {
+  if (grpc::Status a = Allow(ctx, auth::Need::kAdmin, "SetRunProfile", req->run()); !a.ok()) return a;
   if (auto s = ValidateRunName(req->run(), state_->limits); !s.ok()) {
     return Invalid(absl::StrCat("run: ", s.message()));
   }
@@ -277,8 +322,9 @@ grpc::Status SupervisorServiceImpl::SetRunProfile(Ctx*, const v1::SetRunProfileR
   return grpc::Status::OK;
 }
 
-grpc::Status SupervisorServiceImpl::ListCheckpoints(Ctx*, const v1::ListCheckpointsRequest* req,
+grpc::Status SupervisorServiceImpl::ListCheckpoints(Ctx* ctx, const v1::ListCheckpointsRequest* req,
                                                     v1::ListCheckpointsResponse* out) {
+  if (grpc::Status a = Allow(ctx, auth::Need::kRead, "ListCheckpoints", req->run()); !a.ok()) return a;
   if (auto s = ValidateRunName(req->run(), state_->limits); !s.ok()) {
     return Invalid(std::string(s.message()));
   }
@@ -295,9 +341,10 @@ grpc::Status SupervisorServiceImpl::ListCheckpoints(Ctx*, const v1::ListCheckpoi
   return grpc::Status::OK;
 }
 
-grpc::Status SupervisorServiceImpl::RegisterCheckpoint(Ctx*,
+grpc::Status SupervisorServiceImpl::RegisterCheckpoint(Ctx* ctx,
                                                        const v1::RegisterCheckpointRequest* req,
                                                        v1::Checkpoint* out) {
+  if (grpc::Status a = Allow(ctx, auth::Need::kWorker, "RegisterCheckpoint", req->checkpoint().run()); !a.ok()) return a;
   const v1::Checkpoint& c = req->checkpoint();
   if (auto s = ValidateRunName(c.run(), state_->limits); !s.ok()) {
     return Invalid(absl::StrCat("checkpoint.", s.message()));
@@ -326,8 +373,9 @@ grpc::Status SupervisorServiceImpl::RegisterCheckpoint(Ctx*,
   return grpc::Status::OK;
 }
 
-grpc::Status SupervisorServiceImpl::PinCheckpoint(Ctx*, const v1::PinCheckpointRequest* req,
+grpc::Status SupervisorServiceImpl::PinCheckpoint(Ctx* ctx, const v1::PinCheckpointRequest* req,
                                                   v1::Checkpoint* out) {
+  if (grpc::Status a = Allow(ctx, auth::Need::kOperate, "PinCheckpoint", req->run()); !a.ok()) return a;
   if (auto s = ValidateRunName(req->run(), state_->limits); !s.ok()) {
     return Invalid(std::string(s.message()));
   }
@@ -338,8 +386,9 @@ grpc::Status SupervisorServiceImpl::PinCheckpoint(Ctx*, const v1::PinCheckpointR
   return grpc::Status::OK;
 }
 
-grpc::Status SupervisorServiceImpl::QueryTelemetry(Ctx*, const v1::QueryTelemetryRequest* req,
+grpc::Status SupervisorServiceImpl::QueryTelemetry(Ctx* ctx, const v1::QueryTelemetryRequest* req,
                                                    v1::QueryTelemetryResponse* out) {
+  if (grpc::Status a = Allow(ctx, auth::Need::kRead, "QueryTelemetry", req->run()); !a.ok()) return a;
   if (auto s = ValidateRunName(req->run(), state_->limits); !s.ok()) {
     return Invalid(std::string(s.message()));
   }
@@ -495,8 +544,6 @@ grpc::Status SupervisorServiceImpl::ManualRewind(const std::string& run, int64_t
   }
   auto gen = sup->control()->Rewind(run, spec);
   if (!gen.ok()) return ToGrpcStatus(gen.status());
-  (void)state_->catalog->AppendAudit("operator", "rewind", run,
-                                     absl::StrCat(reason, " -> generation ", *gen));
   out->set_accepted(true);
   out->set_generation(*gen);
   out->set_command_id(request_id);
@@ -505,7 +552,8 @@ grpc::Status SupervisorServiceImpl::ManualRewind(const std::string& run, int64_t
   return grpc::Status::OK;
 }
 
-grpc::Status SupervisorServiceImpl::Rewind(Ctx*, const v1::RewindRequest* req, v1::ActionResponse* out) {
+grpc::Status SupervisorServiceImpl::Rewind(Ctx* ctx, const v1::RewindRequest* req, v1::ActionResponse* out) {
+  if (grpc::Status a = Allow(ctx, auth::Need::kOperate, "Rewind", req->run()); !a.ok()) return a;
   std::vector<std::pair<int64_t, int64_t>> skip;
   for (int i = 0; i < req->skip_size(); ++i) {
     const auto& w = req->skip(i);
@@ -522,7 +570,8 @@ grpc::Status SupervisorServiceImpl::Rewind(Ctx*, const v1::RewindRequest* req, v
                       absl::StrCat("manual rewind to step ", req->to_step()), out);
 }
 
-grpc::Status SupervisorServiceImpl::Replay(Ctx*, const v1::ReplayRequest* req, v1::ActionResponse* out) {
+grpc::Status SupervisorServiceImpl::Replay(Ctx* ctx, const v1::ReplayRequest* req, v1::ActionResponse* out) {
+  if (grpc::Status a = Allow(ctx, auth::Need::kOperate, "Replay", req->run()); !a.ok()) return a;
   if (req->from_step() < 0) {
     return Invalid(absl::StrFormat("from_step: %d is negative", req->from_step()));
   }
@@ -534,7 +583,8 @@ grpc::Status SupervisorServiceImpl::Replay(Ctx*, const v1::ReplayRequest* req, v
                       absl::StrCat("manual replay from step ", req->from_step()), out);
 }
 
-grpc::Status SupervisorServiceImpl::Skip(Ctx*, const v1::SkipRequest* req, v1::ActionResponse* out) {
+grpc::Status SupervisorServiceImpl::Skip(Ctx* ctx, const v1::SkipRequest* req, v1::ActionResponse* out) {
+  if (grpc::Status a = Allow(ctx, auth::Need::kOperate, "Skip", req->run()); !a.ok()) return a;
   if (auto s = ValidateStepWindow("from_step", req->from_step(), "to_step", req->to_step(),
                                   state_->limits);
       !s.ok()) {
@@ -546,7 +596,8 @@ grpc::Status SupervisorServiceImpl::Skip(Ctx*, const v1::SkipRequest* req, v1::A
                       out);
 }
 
-grpc::Status SupervisorServiceImpl::Pause(Ctx*, const v1::PauseRequest* req, v1::ActionResponse* out) {
+grpc::Status SupervisorServiceImpl::Pause(Ctx* ctx, const v1::PauseRequest* req, v1::ActionResponse* out) {
+  if (grpc::Status a = Allow(ctx, auth::Need::kOperate, "Pause", req->run()); !a.ok()) return a;
   if (auto s = ValidateRunName(req->run(), state_->limits); !s.ok()) {
     return Invalid(std::string(s.message()));
   }
@@ -554,14 +605,14 @@ grpc::Status SupervisorServiceImpl::Pause(Ctx*, const v1::PauseRequest* req, v1:
   if (auto r = state_->catalog->GetRun(req->run()); !r.ok()) return ToGrpcStatus(r.status());
   const std::string id = RequestId("", "pause", state_->clock);
   if (auto s = state_->supervisor->control()->Pause(req->run(), id); !s.ok()) return ToGrpcStatus(s);
-  (void)state_->catalog->AppendAudit("operator", "pause", req->run(), id);
   out->set_accepted(true);
   out->set_command_id(id);
   out->set_message("pause sent");
   return grpc::Status::OK;
 }
 
-grpc::Status SupervisorServiceImpl::Resume(Ctx*, const v1::ResumeRequest* req, v1::ActionResponse* out) {
+grpc::Status SupervisorServiceImpl::Resume(Ctx* ctx, const v1::ResumeRequest* req, v1::ActionResponse* out) {
+  if (grpc::Status a = Allow(ctx, auth::Need::kOperate, "Resume", req->run()); !a.ok()) return a;
   if (auto s = ValidateRunName(req->run(), state_->limits); !s.ok()) {
     return Invalid(std::string(s.message()));
   }
@@ -571,15 +622,16 @@ grpc::Status SupervisorServiceImpl::Resume(Ctx*, const v1::ResumeRequest* req, v
   if (auto s = state_->supervisor->control()->Continue(req->run(), id, std::nullopt); !s.ok()) {
     return ToGrpcStatus(s);
   }
-  (void)state_->catalog->AppendAudit("operator", "resume", req->run(), id);
   out->set_accepted(true);
   out->set_command_id(id);
   out->set_message("continue sent");
   return grpc::Status::OK;
 }
 
-grpc::Status SupervisorServiceImpl::ListIncidents(Ctx*, const v1::ListIncidentsRequest* req,
+grpc::Status SupervisorServiceImpl::ListIncidents(Ctx* ctx, const v1::ListIncidentsRequest* req,
                                                   v1::ListIncidentsResponse* out) {
+  auth::Principal who;
+  if (grpc::Status a = Allow(ctx, auth::Need::kRead, "ListIncidents", req->run(), &who); !a.ok()) return a;
   if (!req->run().empty()) {
     if (auto s = ValidateRunName(req->run(), state_->limits); !s.ok()) {
       return Invalid(std::string(s.message()));
@@ -593,6 +645,9 @@ grpc::Status SupervisorServiceImpl::ListIncidents(Ctx*, const v1::ListIncidentsR
   filter.since_unix_ms = req->since_unix_ms();
   auto list = state_->catalog->ListIncidents(filter);
   if (!list.ok()) return ToGrpcStatus(list.status());
+  list->erase(std::remove_if(list->begin(), list->end(),
+                             [&](const v1::Incident& i) { return !who.MayUseRun(i.run()); }),
+              list->end());
   auto offset = PageOffset(req->page_token(), list->size());
   if (!offset.ok()) return Invalid(std::string(offset.status().message()));
   out->set_next_page_token(FillPage(*list, *offset, state_->limits.max_response_bytes,
@@ -602,8 +657,9 @@ grpc::Status SupervisorServiceImpl::ListIncidents(Ctx*, const v1::ListIncidentsR
   return grpc::Status::OK;
 }
 
-grpc::Status SupervisorServiceImpl::GetIncident(Ctx*, const v1::GetIncidentRequest* req,
+grpc::Status SupervisorServiceImpl::GetIncident(Ctx* ctx, const v1::GetIncidentRequest* req,
                                                 v1::Incident* out) {
+  if (grpc::Status a = AllowIncident(ctx, auth::Need::kRead, "GetIncident", req->id()); !a.ok()) return a;
   if (req->id() <= 0) return Invalid(absl::StrFormat("id: %d is not an incident id", req->id()));
   std::optional<v1::Incident> live;
   if (state_->supervisor != nullptr) live = state_->supervisor->LiveIncident(req->id());
@@ -630,6 +686,10 @@ grpc::Status SupervisorServiceImpl::GetIncident(Ctx*, const v1::GetIncidentReque
 
 grpc::Status SupervisorServiceImpl::WatchIncidents(Ctx* ctx, const v1::WatchIncidentsRequest* req,
                                                    grpc::ServerWriter<v1::IncidentUpdate>* writer) {
+  auth::Principal who;
+  if (grpc::Status a = Allow(ctx, auth::Need::kRead, "WatchIncidents", req->run(), &who); !a.ok()) {
+    return a;
+  }
   if (!req->run().empty()) {
     if (auto s = ValidateRunName(req->run(), state_->limits); !s.ok()) {
       return Invalid(std::string(s.message()));
@@ -653,25 +713,30 @@ grpc::Status SupervisorServiceImpl::WatchIncidents(Ctx* ctx, const v1::WatchInci
       }
     }
     bool ok = true;
-    for (const auto& u : batch) ok = ok && writer->Write(u);
+    for (const auto& u : batch) {
+      // Watching every run: a principal scoped to some sees only theirs.
+      if (!who.MayUseRun(u.incident().run())) continue;
+      ok = ok && writer->Write(u);
+    }
     if (!ok) break;
   }
   state_->supervisor->Unwatch(watcher);
   return grpc::Status::OK;
 }
 
-grpc::Status SupervisorServiceImpl::Approve(Ctx*, const v1::ApproveRequest* req,
+grpc::Status SupervisorServiceImpl::Approve(Ctx* ctx, const v1::ApproveRequest* req,
                                             v1::ActionResponse* out) {
+  if (grpc::Status a = AllowIncident(ctx, auth::Need::kOperate, "Approve", req->incident_id()); !a.ok()) return a;
   if (req->incident_id() <= 0) return Invalid("incident_id: not an incident id");
   if (state_->supervisor == nullptr) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "starting");
   if (auto s = state_->supervisor->Approve(req->incident_id()); !s.ok()) return ToGrpcStatus(s);
-  (void)state_->catalog->AppendAudit("operator", "approve", absl::StrCat(req->incident_id()), "");
   out->set_accepted(true);
   out->set_message(absl::StrCat("incident ", req->incident_id(), " approved"));
   return grpc::Status::OK;
 }
 
-grpc::Status SupervisorServiceImpl::Abort(Ctx*, const v1::AbortRequest* req, v1::ActionResponse* out) {
+grpc::Status SupervisorServiceImpl::Abort(Ctx* ctx, const v1::AbortRequest* req, v1::ActionResponse* out) {
+  if (grpc::Status a = AllowIncident(ctx, auth::Need::kOperate, "Abort", req->incident_id()); !a.ok()) return a;
   if (req->incident_id() <= 0) return Invalid("incident_id: not an incident id");
   if (auto s = ValidateText("reason", req->reason(), state_->limits.max_string_length); !s.ok()) {
     return Invalid(std::string(s.message()));
@@ -680,14 +745,13 @@ grpc::Status SupervisorServiceImpl::Abort(Ctx*, const v1::AbortRequest* req, v1:
   if (auto s = state_->supervisor->Abort(req->incident_id(), req->reason()); !s.ok()) {
     return ToGrpcStatus(s);
   }
-  (void)state_->catalog->AppendAudit("operator", "abort", absl::StrCat(req->incident_id()),
-                                     req->reason());
   out->set_accepted(true);
   out->set_message(absl::StrCat("incident ", req->incident_id(), " aborted"));
   return grpc::Status::OK;
 }
 
-grpc::Status SupervisorServiceImpl::GetPolicy(Ctx*, const v1::GetPolicyRequest* req, v1::Policy* out) {
+grpc::Status SupervisorServiceImpl::GetPolicy(Ctx* ctx, const v1::GetPolicyRequest* req, v1::Policy* out) {
+  if (grpc::Status a = Allow(ctx, auth::Need::kRead, "GetPolicy", req->run()); !a.ok()) return a;
   if (!req->run().empty()) {
     if (auto s = ValidateRunName(req->run(), state_->limits); !s.ok()) {
       return Invalid(std::string(s.message()));
@@ -698,7 +762,8 @@ grpc::Status SupervisorServiceImpl::GetPolicy(Ctx*, const v1::GetPolicyRequest* 
   return grpc::Status::OK;
 }
 
-grpc::Status SupervisorServiceImpl::SetPolicy(Ctx*, const v1::SetPolicyRequest* req, v1::Policy* out) {
+grpc::Status SupervisorServiceImpl::SetPolicy(Ctx* ctx, const v1::SetPolicyRequest* req, v1::Policy* out) {
+  if (grpc::Status a = Allow(ctx, req->run().empty() ? auth::Need::kAdmin : auth::Need::kOperate, "SetPolicy", req->run()); !a.ok()) return a;
   if (!req->run().empty()) {
     if (auto s = ValidateRunName(req->run(), state_->limits); !s.ok()) {
       return Invalid(std::string(s.message()));
@@ -711,14 +776,13 @@ grpc::Status SupervisorServiceImpl::SetPolicy(Ctx*, const v1::SetPolicyRequest* 
   if (auto s = state_->catalog->PutPolicy(req->run(), req->policy()); !s.ok()) {
     return ToGrpcStatus(s);
   }
-  (void)state_->catalog->AppendAudit("operator", "set_policy", req->run().empty() ? "*" : req->run(),
-                                     req->policy().ShortDebugString());
   *out = EffectivePolicy(state_->catalog, req->run());
   return grpc::Status::OK;
 }
 
-grpc::Status SupervisorServiceImpl::ResolveManifest(Ctx*, const v1::ResolveManifestRequest* req,
+grpc::Status SupervisorServiceImpl::ResolveManifest(Ctx* ctx, const v1::ResolveManifestRequest* req,
                                                     v1::ResolveManifestResponse* out) {
+  if (grpc::Status a = Allow(ctx, auth::Need::kRead, "ResolveManifest", req->run()); !a.ok()) return a;
   if (auto s = ValidateRunName(req->run(), state_->limits); !s.ok()) {
     return Invalid(std::string(s.message()));
   }
@@ -737,8 +801,9 @@ grpc::Status SupervisorServiceImpl::ResolveManifest(Ctx*, const v1::ResolveManif
   return grpc::Status::OK;
 }
 
-grpc::Status SupervisorServiceImpl::ListQuarantine(Ctx*, const v1::ListQuarantineRequest* req,
+grpc::Status SupervisorServiceImpl::ListQuarantine(Ctx* ctx, const v1::ListQuarantineRequest* req,
                                                    v1::ListQuarantineResponse* out) {
+  if (grpc::Status a = Allow(ctx, auth::Need::kRead, "ListQuarantine", req->run()); !a.ok()) return a;
   if (auto s = ValidateRunName(req->run(), state_->limits); !s.ok()) {
     return Invalid(std::string(s.message()));
   }
@@ -753,8 +818,9 @@ grpc::Status SupervisorServiceImpl::ListQuarantine(Ctx*, const v1::ListQuarantin
   return grpc::Status::OK;
 }
 
-grpc::Status SupervisorServiceImpl::AddQuarantine(Ctx*, const v1::AddQuarantineRequest* req,
+grpc::Status SupervisorServiceImpl::AddQuarantine(Ctx* ctx, const v1::AddQuarantineRequest* req,
                                                   v1::QuarantineEntry* out) {
+  if (grpc::Status a = Allow(ctx, auth::Need::kOperate, "AddQuarantine", req->entry().run()); !a.ok()) return a;
   const auto& e = req->entry();
   if (auto s = ValidateRunName(e.run(), state_->limits); !s.ok()) {
     return Invalid(absl::StrCat("entry.", s.message()));
@@ -771,9 +837,49 @@ grpc::Status SupervisorServiceImpl::AddQuarantine(Ctx*, const v1::AddQuarantineR
   if (entry.created_unix_ms() == 0) entry.set_created_unix_ms(state_->clock->NowUnixMillis());
   auto stored = state_->catalog->AddQuarantine(entry);
   if (!stored.ok()) return ToGrpcStatus(stored.status());
-  (void)state_->catalog->AppendAudit("operator", "quarantine", e.run(),
-                                     absl::StrCat(e.domain(), ":", e.document_id()));
   *out = *stored;
+  return grpc::Status::OK;
+}
+
+}  // namespace spikeguard::daemon
+
+namespace spikeguard::daemon {
+
+grpc::Status SupervisorServiceImpl::ListAudit(Ctx* ctx, const v1::ListAuditRequest* req,
+                                              v1::ListAuditResponse* out) {
+  // Operators read the audit of their runs; the whole log (no run) needs a
+  // principal of every run.
+  if (grpc::Status a = Allow(ctx, auth::Need::kOperate, "ListAudit", req->run()); !a.ok()) return a;
+  if (!req->run().empty()) {
+    if (auto s = ValidateRunName(req->run(), state_->limits); !s.ok()) {
+      return Invalid(std::string(s.message()));
+    }
+  }
+  if (auto s = ValidateText("principal", req->principal(), state_->limits.max_name_length);
+      !s.ok()) {
+    return Invalid(std::string(s.message()));
+  }
+  if (req->since_unix_ms() < 0) return Invalid("since_unix_ms: negative");
+  if (req->limit() < 0) return Invalid(absl::StrFormat("limit: %d is negative", req->limit()));
+  constexpr int kPage = 500;
+  storage::Catalog::AuditQuery query;
+  query.run = req->run();
+  query.principal = req->principal();
+  query.since_unix_ms = req->since_unix_ms();
+  if (!req->page_token().empty()) {
+    if (!absl::SimpleAtoi(req->page_token(), &query.before_id) || query.before_id <= 0) {
+      return Invalid("page_token: not a token this daemon gave out");
+    }
+  }
+  const int wanted = req->limit() > 0 ? req->limit() : std::numeric_limits<int>::max();
+  query.limit = std::min(wanted, kPage) + 1;
+  auto entries = state_->catalog->QueryAudit(query);
+  if (!entries.ok()) return ToGrpcStatus(entries.status());
+  const size_t page = static_cast<size_t>(std::min(wanted, kPage));
+  for (size_t i = 0; i < entries->size() && i < page; ++i) *out->add_entries() = (*entries)[i];
+  if (entries->size() > page && req->limit() == 0) {
+    out->set_next_page_token(absl::StrCat(out->entries(out->entries_size() - 1).id()));
+  }
   return grpc::Status::OK;
 }
 

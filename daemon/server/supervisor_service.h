@@ -7,6 +7,7 @@
 // request id.
 #pragma once
 
+#include "daemon/auth/authorizer.h"
 #include "daemon/server/daemon_state.h"
 #include "spikeguard/v1/supervisor.grpc.pb.h"
 
@@ -78,7 +79,17 @@ class SupervisorServiceImpl final : public spikeguard::v1::SupervisorService::Se
   grpc::Status AddQuarantine(Ctx*, const spikeguard::v1::AddQuarantineRequest*,
                              spikeguard::v1::QuarantineEntry*) override;
 
+  grpc::Status ListAudit(Ctx*, const spikeguard::v1::ListAuditRequest*,
+                         spikeguard::v1::ListAuditResponse*) override;
+
  private:
+  // Whether the caller may make this call (UNAUTHENTICATED /
+  // PERMISSION_DENIED otherwise); `who` receives the principal.
+  grpc::Status Allow(Ctx* ctx, auth::Need need, const char* rpc, const std::string& run,
+                     auth::Principal* who = nullptr) const;
+  // The same for a call naming an incident: its run decides.
+  grpc::Status AllowIncident(Ctx* ctx, auth::Need need, const char* rpc, int64_t incident_id) const;
+
   grpc::Status ManualRewind(const std::string& run, int64_t to_step,
                             const std::vector<std::pair<int64_t, int64_t>>& skip,
                             int64_t stop_after, const std::string& request_id,

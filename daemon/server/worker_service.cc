@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/logging.h"
+#include "daemon/auth/authorizer.h"
 #include "daemon/control/supervisor.h"
 #include "daemon/launch/checkpoint_guard.h"
 #include "daemon/server/parse_errors.h"
@@ -193,6 +194,17 @@ WorkerServiceImpl::~WorkerServiceImpl() = default;
 grpc::Status WorkerServiceImpl::Attach(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<ControllerMessage, WorkerMessage>* stream) {
+  // The token is in the call's metadata: a stream without a valid one is
+  // answered before anything it sends is read.
+  auth::Principal who;
+  if (state_->authorizer != nullptr) {
+    auto principal = state_->authorizer->Authenticate(*context);
+    if (!principal.ok()) {
+      return SendReject(stream, Reject::BAD_TOKEN, std::string(principal.status().message()), 0,
+                        grpc::StatusCode::UNAUTHENTICATED);
+    }
+    who = std::move(*principal);
+  }
   WorkerMessage msg;
   {
     // Until its hello, a stream is unauthenticated: bounded in number and
@@ -238,6 +250,14 @@ grpc::Status WorkerServiceImpl::Attach(
   if (absl::Status s = ValidateHello(hello, state_->limits); !s.ok()) {
     return SendReject(stream, Reject::INVALID_HELLO, std::string(s.message()), 0,
                       grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  if (state_->authorizer != nullptr) {
+    if (absl::Status s = state_->authorizer->Authorize(who, auth::Need::kWorker, "Attach",
+                                                       hello.run());
+        !s.ok()) {
+      return SendReject(stream, Reject::BAD_TOKEN, std::string(s.message()), 0,
+                        grpc::StatusCode::PERMISSION_DENIED);
+    }
   }
   auto run = state_->catalog->GetRun(hello.run());
   if (!run.ok()) {

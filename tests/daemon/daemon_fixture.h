@@ -26,6 +26,9 @@ class DaemonFixture : public ::testing::Test {
     options.listen = "127.0.0.1:" + std::to_string(port);
     options.data_dir = dir_.path();
     options.limits = limits_;
+    // These tests exercise ingest and validation; authentication has its
+    // own tests (auth_test.cc), which override ConfigureDaemon.
+    options.allow_anonymous = true;
     ConfigureDaemon(options);
     auto d = daemon::Daemon::Start(options);
     ASSERT_TRUE(d.ok()) << d.status();

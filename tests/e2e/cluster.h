@@ -1,6 +1,7 @@
 // A real spikeguardd process on a loopback port with a data dir in a temp
 // dir, and spikectl run as a real process against it. Shared by the e2e
-// tests.
+// tests. Both run as deployed: TLS, a tokens file, spikectl presenting the
+// admin token (tests/e2e/security.h).
 #pragma once
 
 #include <signal.h>
@@ -14,12 +15,13 @@
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "tests/e2e/process.h"
+#include "tests/e2e/security.h"
 
 namespace spikeguard::testing {
 
 class Cluster {
  public:
-  explicit Cluster(const TempDir& dir) : dir_(dir), port_(FreePort()) {
+  explicit Cluster(const TempDir& dir) : dir_(dir), port_(FreePort()), security_(dir) {
     addr_ = absl::StrCat("127.0.0.1:", port_);
   }
 
@@ -32,6 +34,7 @@ class Cluster {
     std::remove(port_file.c_str());
     std::vector<std::string> argv = {SPIKEGUARDD, "--listen=" + addr_, "--data-dir=" + data_dir(),
                                      "--port-file=" + port_file};
+    for (const auto& a : security_.DaemonArgs()) argv.push_back(a);
     argv.insert(argv.end(), extra.begin(), extra.end());
     auto p = std::make_unique<Process>(argv, dir_.File("daemon-" + tag));
     for (int i = 0; i < 500 && ReadFile(port_file).empty(); ++i) {
@@ -44,6 +47,7 @@ class Cluster {
 
   RunResult Spikectl(std::vector<std::string> args, const std::string& tag) {
     std::vector<std::string> argv = {SPIKECTL, "--addr=" + addr_};
+    for (const auto& a : security_.ClientArgs()) argv.push_back(a);
     argv.insert(argv.end(), args.begin(), args.end());
     return RunCommand(argv, dir_.File("spikectl-" + tag + "-" + std::to_string(++calls_)));
   }
@@ -60,10 +64,12 @@ class Cluster {
     return google::protobuf::util::JsonStringToMessage(r.out, out).ok();
   }
   const std::string& last_error() const { return last_error_; }
+  const TestSecurity& security() const { return security_; }
 
  private:
   const TempDir& dir_;
   int port_;
+  TestSecurity security_;
   std::string addr_;
   int calls_ = 0;
   std::string last_error_;

@@ -11,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "spikeguard/v1/supervisor.grpc.pb.h"
 #include "tests/e2e/process.h"
+#include "tests/e2e/security.h"
 
 namespace spikeguard::testing {
 namespace {
@@ -23,14 +24,19 @@ class TelemetryE2E : public ::testing::Test {
   void SetUp() override {
     port_ = FreePort();
     addr_ = absl::StrCat("127.0.0.1:", port_);
+    // tracegen, like any worker started by hand, takes the token and the CA
+    // from its environment.
+    setenv("SPIKEGUARD_TOKEN_FILE", security_.token_file().c_str(), 1);
+    setenv("SPIKEGUARD_TLS_CA", TestSecurity::Tls("ca.pem").c_str(), 1);
   }
 
   std::unique_ptr<Process> StartDaemon(const std::string& tag) {
     const std::string port_file = dir_.File("port");
     std::remove(port_file.c_str());
     auto p = std::make_unique<Process>(
-        std::vector<std::string>{SPIKEGUARDD, "--listen=" + addr_, "--data-dir=" + dir_.File("data"),
-                                 "--port-file=" + port_file},
+        Concat({SPIKEGUARDD, "--listen=" + addr_, "--data-dir=" + dir_.File("data"),
+                "--port-file=" + port_file},
+               security_.DaemonArgs()),
         dir_.File("daemon-" + tag));
     for (int i = 0; i < 500 && ReadFile(port_file).empty(); ++i) {
       EXPECT_TRUE(p->running()) << p->err();
@@ -41,7 +47,7 @@ class TelemetryE2E : public ::testing::Test {
   }
 
   RunResult Spikectl(std::vector<std::string> args, const std::string& tag) {
-    std::vector<std::string> argv = {SPIKECTL, "--addr=" + addr_};
+    std::vector<std::string> argv = Concat({SPIKECTL, "--addr=" + addr_}, security_.ClientArgs());
     argv.insert(argv.end(), args.begin(), args.end());
     return RunCommand(argv, dir_.File("spikectl-" + tag));
   }
@@ -56,9 +62,9 @@ class TelemetryE2E : public ::testing::Test {
   }
 
   v1::QueryTelemetryResponse QueryAll(const std::string& run) {
-    auto channel = grpc::CreateChannel(addr_, grpc::InsecureChannelCredentials());
-    auto stub = v1::SupervisorService::NewStub(channel);
+    auto stub = v1::SupervisorService::NewStub(security_.Channel(addr_));
     grpc::ClientContext ctx;
+    security_.Authorize(&ctx);
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
     v1::QueryTelemetryRequest req;
     req.set_run(run);
@@ -70,16 +76,23 @@ class TelemetryE2E : public ::testing::Test {
   }
 
   int64_t ReportsAccepted() {
-    auto channel = grpc::CreateChannel(addr_, grpc::InsecureChannelCredentials());
-    auto stub = v1::SupervisorService::NewStub(channel);
+    auto stub = v1::SupervisorService::NewStub(security_.Channel(addr_));
     grpc::ClientContext ctx;
+    security_.Authorize(&ctx);
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     v1::ServerStatus status;
     if (!stub->GetStatus(&ctx, v1::GetStatusRequest(), &status).ok()) return -1;
     return status.reports_accepted();
   }
 
+  static std::vector<std::string> Concat(std::vector<std::string> a,
+                                         const std::vector<std::string>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  }
+
   TempDir dir_;
+  TestSecurity security_{dir_};
   int port_ = 0;
   std::string addr_;
 };

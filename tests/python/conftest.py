@@ -11,12 +11,20 @@ loopback port with a temp data dir, and spikectl against it.
 The binaries come from SPIKEGUARD_BUILD_DIR (set by ctest; default: build/
 of this checkout). ctest also puts the assembled package on PYTHONPATH; when
 run by hand, build/python is added here.
+
+The daemons run as deployed: TLS with the tests' certificate (made by the
+build in build/tests/tls) and a tokens file with one admin principal whose
+token this process exports as SPIKEGUARD_TOKEN (with SPIKEGUARD_TLS_CA), so
+spikeguard.Client, spikectl and any worker the test starts itself connect as
+a user would. Workers the daemon launches get their own run-scoped token.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -37,6 +45,15 @@ SPIKEGUARDD = BUILD_DIR / "daemon" / "spikeguardd"
 SPIKECTL = BUILD_DIR / "cli" / "spikectl"
 SPIKEGUARD_WORKER = BUILD_DIR / "worker" / "spikeguard-worker"
 PYTHON = os.environ.get("SPIKEGUARD_PYTHON", "/usr/bin/python3")
+
+TLS_DIR = BUILD_DIR / "tests" / "tls"
+# One admin token for the whole test session: every daemon made here trusts
+# it, and every client of this process presents it by default.
+ADMIN_TOKEN = secrets.token_hex(32)
+ADMIN_TOKEN_HASH = "sha256:" + hashlib.sha256(ADMIN_TOKEN.encode()).hexdigest()
+os.environ["SPIKEGUARD_TOKEN"] = ADMIN_TOKEN
+os.environ["SPIKEGUARD_TLS_CA"] = str(TLS_DIR / "ca.pem")
+os.environ.pop("SPIKEGUARD_TOKEN_FILE", None)
 
 
 def free_port() -> int:
@@ -68,7 +85,13 @@ class Daemon:
     def __init__(self, directory: Path, extra_args: Optional[List[str]] = None):
         if not SPIKEGUARDD.exists():
             pytest.skip(f"{SPIKEGUARDD} is not built")
+        if not (TLS_DIR / "server.pem").exists():
+            pytest.skip(f"{TLS_DIR} has no TLS material (build the test_tls_material target)")
         self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.tokens_file = self.dir / "tokens"
+        self.tokens_file.write_text(f"tests admin * {ADMIN_TOKEN_HASH}\n")
+        self.token = ADMIN_TOKEN
         self.data_dir = self.dir / "data"
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
@@ -89,7 +112,7 @@ class Daemon:
         try:
             self.proc = subprocess.Popen(
                 [str(SPIKEGUARDD), f"--listen={self.address}", f"--data-dir={self.data_dir}",
-                 f"--port-file={port_file}", *self.extra_args],
+                 f"--port-file={port_file}", *self.security_args(), *self.extra_args],
                 stdout=out, stderr=err, stdin=subprocess.DEVNULL)
         finally:
             out.close()
@@ -102,6 +125,12 @@ class Daemon:
                 raise RuntimeError(f"spikeguardd did not start within {timeout:g} s:\n{self.log()}")
             time.sleep(0.02)
         return self
+
+    def security_args(self) -> List[str]:
+        """TLS with the tests' certificate, the tokens file, and the CA the
+        workers the daemon launches verify it with."""
+        return [f"--tokens={self.tokens_file}", f"--tls-cert={TLS_DIR / 'server.pem'}",
+                f"--tls-key={TLS_DIR / 'server.key'}", f"--worker-tls-ca={TLS_DIR / 'ca.pem'}"]
 
     @property
     def running(self) -> bool:
@@ -140,7 +169,7 @@ class Daemon:
 
     def spikectl(self, *args, check: bool = False, timeout: float = 60.0,
                  output: Optional[str] = None) -> subprocess.CompletedProcess:
-        argv = [str(SPIKECTL), f"--addr={self.address}"]
+        argv = [str(SPIKECTL), f"--addr={self.address}", f"--tls-ca={TLS_DIR / 'ca.pem'}"]
         if output is not None:
             argv.append(f"--output={output}")
         argv += [str(a) for a in args]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import subprocess
 import textwrap
 import threading
@@ -19,6 +20,7 @@ import pytest
 
 from conftest import PYTHON, PYTHON_DIR, free_port, wait_until
 from spikeguard import Client, Rejected
+from spikeguard.client import Unauthorized
 from spikeguard.v1 import telemetry_pb2, worker_pb2
 
 
@@ -360,15 +362,28 @@ def test_start_times_out_when_no_daemon_listens_and_says_why():
     assert not c._thread.is_alive()
 
 
-def test_token_is_sent_as_bearer_metadata(monkeypatch, daemon):
-    monkeypatch.setenv("SPIKEGUARD_TOKEN", "s3cret")
+def test_token_is_sent_as_bearer_metadata_and_checked_by_the_daemon(monkeypatch, daemon):
     daemon.create_run("tok")
+    # The daemon's token (conftest exports it) opens the stream.
+    monkeypatch.setenv("SPIKEGUARD_TOKEN", daemon.token)
     c = client(daemon, "tok")
-    assert c._metadata == (("authorization", "Bearer s3cret"),)
-    c.start(timeout=20)  # the daemon accepts the metadata
+    assert c._metadata == (("authorization", f"Bearer {daemon.token}"),)
+    c.start(timeout=20)
     c.close()
+    # Another token is refused for good: Unauthorized, no retry loop, and
+    # the token is not repeated in the error.
+    monkeypatch.setenv("SPIKEGUARD_TOKEN", "s3cret")
+    wrong = client(daemon, "tok")
+    assert wrong._metadata == (("authorization", "Bearer s3cret"),)
+    with pytest.raises(Unauthorized) as refused:
+        wrong.start(timeout=20)
+    assert "s3cret" not in str(refused.value)
+    wrong.close()
+    # No token at all: refused too.
     anonymous = client(daemon, "tok", token="")
     assert anonymous._metadata is None
+    with pytest.raises(Unauthorized):
+        anonymous.start(timeout=20)
     anonymous.close()
 
 
@@ -394,7 +409,8 @@ def test_the_interpreter_exits_cleanly_with_an_open_client(daemon, tmp_path, mod
     daemon.create_run("exit")
     script = tmp_path / "trainer.py"
     script.write_text(SCRIPT)
-    env = {"PYTHONPATH": str(PYTHON_DIR), "PATH": "/usr/bin:/bin"}
+    env = {"PYTHONPATH": str(PYTHON_DIR), "PATH": "/usr/bin:/bin",
+           "SPIKEGUARD_TOKEN": daemon.token, "SPIKEGUARD_TLS_CA": os.environ["SPIKEGUARD_TLS_CA"]}
     proc = subprocess.Popen([PYTHON, str(script), daemon.address, "exit", mode],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)

@@ -1,0 +1,197 @@
+#include "daemon/auth/authorizer.h"
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/secret.h"
+
+namespace spikeguard::auth {
+namespace {
+
+constexpr char kHint[] =
+    "send 'authorization: Bearer <token>' (spikectl --token-file / SPIKEGUARD_TOKEN)";
+
+std::string NeedName(Need need) {
+  switch (need) {
+    case Need::kRead:
+      return "viewer";
+    case Need::kWorker:
+      return "worker";
+    case Need::kOperate:
+      return "operator";
+    case Need::kAdmin:
+      return "admin";
+  }
+  return "admin";
+}
+
+bool RoleSatisfies(Role role, Need need) {
+  switch (need) {
+    case Need::kRead:
+      return true;
+    case Need::kWorker:
+      return role == Role::kWorker || role == Role::kOperator || role == Role::kAdmin;
+    case Need::kOperate:
+      return role == Role::kOperator || role == Role::kAdmin;
+    case Need::kAdmin:
+      return role == Role::kAdmin;
+  }
+  return false;
+}
+
+std::string RunsOf(const Principal& p) {
+  if (p.all_runs) return "*";
+  std::string runs = absl::StrJoin(p.runs, ",");
+  return runs.size() > 200 ? runs.substr(0, 200) + "..." : runs;
+}
+
+}  // namespace
+
+std::unique_ptr<Authorizer> Authorizer::Disabled() {
+  return std::unique_ptr<Authorizer>(new Authorizer());
+}
+
+absl::StatusOr<std::unique_ptr<Authorizer>> Authorizer::FromFile(const std::string& tokens_file) {
+  auto entries = LoadTokensFile(tokens_file);
+  if (!entries.ok()) return entries.status();
+  std::unique_ptr<Authorizer> a(new Authorizer());
+  a->enabled_ = true;
+  a->tokens_file_ = tokens_file;
+  absl::MutexLock lock(&a->mu_);
+  a->entries_ = std::move(*entries);
+  return a;
+}
+
+std::unique_ptr<Authorizer> Authorizer::FromEntries(std::vector<TokenEntry> entries) {
+  std::unique_ptr<Authorizer> a(new Authorizer());
+  a->enabled_ = true;
+  absl::MutexLock lock(&a->mu_);
+  a->entries_ = std::move(entries);
+  return a;
+}
+
+absl::Status Authorizer::Reload() {
+  if (tokens_file_.empty()) return absl::OkStatus();
+  auto entries = LoadTokensFile(tokens_file_);
+  if (!entries.ok()) return entries.status();
+  absl::MutexLock lock(&mu_);
+  entries_ = std::move(*entries);
+  return absl::OkStatus();
+}
+
+std::string Authorizer::WorkerTokenFor(const std::string& run) {
+  if (!enabled_) return "";
+  absl::MutexLock lock(&mu_);
+  auto it = minted_tokens_.find(run);
+  if (it != minted_tokens_.end()) return it->second;
+  std::string token = NewToken();
+  TokenEntry e;
+  e.principal.name = "launcher:" + run;
+  e.principal.role = Role::kWorker;
+  e.principal.runs.insert(run);
+  e.hash = HashToken(token);
+  minted_[run] = std::move(e);
+  minted_tokens_[run] = token;
+  return token;
+}
+
+absl::StatusOr<Principal> Authorizer::Authenticate(const std::string* authorization) const {
+  if (!enabled_) {
+    Principal anonymous;
+    anonymous.name = "anonymous";
+    anonymous.role = Role::kAdmin;
+    anonymous.all_runs = true;
+    return anonymous;
+  }
+  if (authorization == nullptr || authorization->empty()) {
+    return absl::UnauthenticatedError(absl::StrCat("missing bearer token: ", kHint));
+  }
+  absl::string_view value = *authorization;
+  if (value.size() < 7 || !absl::EqualsIgnoreCase(value.substr(0, 7), "bearer ")) {
+    return absl::UnauthenticatedError(
+        absl::StrCat("the authorization metadata is not 'Bearer <token>': ", kHint));
+  }
+  absl::string_view token = absl::StripAsciiWhitespace(value.substr(7));
+  if (token.empty() || token.size() > 4096) {
+    return absl::UnauthenticatedError(absl::StrCat("empty or oversized bearer token: ", kHint));
+  }
+  absl::MutexLock lock(&mu_);
+  if (const TokenEntry* e = FindToken(entries_, token); e != nullptr) return e->principal;
+  const std::string hash = HashToken(token);
+  const TokenEntry* found = nullptr;
+  for (const auto& [run, e] : minted_) {
+    if (ConstantTimeEquals(hash, e.hash) && found == nullptr) found = &e;
+  }
+  if (found != nullptr) return found->principal;
+  return absl::UnauthenticatedError(
+      "the bearer token matches no principal in the daemon's tokens file (revoked, mistyped, or "
+      "meant for another daemon)");
+}
+
+absl::StatusOr<Principal> Authorizer::Authenticate(const grpc::ServerContext& ctx) const {
+  std::optional<std::string> header = BearerHeader(ctx);
+  return Authenticate(header ? &*header : nullptr);
+}
+
+absl::Status Authorizer::Authorize(const Principal& who, Need need, const std::string& rpc,
+                                   const std::string& run) const {
+  if (!enabled_) return absl::OkStatus();
+  if (!RoleSatisfies(who.role, need)) {
+    return absl::PermissionDeniedError(absl::StrCat("principal '", who.name, "' (role ",
+                                                    RoleName(who.role), ") may not call ", rpc,
+                                                    ": it needs the role ", NeedName(need),
+                                                    need == Need::kAdmin ? "" : " or above"));
+  }
+  if (run.empty()) {
+    // A call over every run (or the daemon-wide default): only principals
+    // that may use every run.
+    if (!who.all_runs && who.role != Role::kAdmin && need != Need::kRead) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "principal '", who.name, "' may use only the runs ", RunsOf(who), ": ", rpc,
+          " without a run acts on every run"));
+    }
+    return absl::OkStatus();
+  }
+  if (!who.MayUseRun(run)) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("principal '", who.name, "' (role ", RoleName(who.role),
+                     ") may not use run '", run.substr(0, 128), "' (its runs: ", RunsOf(who), ")"));
+  }
+  return absl::OkStatus();
+}
+
+grpc::Status Authorizer::Check(const grpc::ServerContext& ctx, Need need, const std::string& rpc,
+                               const std::string& run, Principal* who) const {
+  auto principal = Authenticate(ctx);
+  if (!principal.ok()) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        std::string(principal.status().message()));
+  }
+  if (absl::Status s = Authorize(*principal, need, rpc, run); !s.ok()) {
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, std::string(s.message()));
+  }
+  if (who != nullptr) *who = std::move(*principal);
+  return grpc::Status::OK;
+}
+
+std::optional<std::string> BearerHeader(const grpc::ServerContext& ctx) {
+  const auto& md = ctx.client_metadata();
+  auto it = md.find("authorization");
+  if (it == md.end()) return std::nullopt;
+  return std::string(it->second.data(), it->second.size());
+}
+
+bool IsLoopbackAddress(const std::string& host_port) {
+  std::string host = host_port;
+  if (absl::StartsWith(host, "[")) {
+    host = host.substr(1, host.find(']') == std::string::npos ? 0 : host.find(']') - 1);
+  } else if (auto colon = host.rfind(':'); colon != std::string::npos) {
+    host = host.substr(0, colon);
+  }
+  if (absl::StartsWith(host, "ipv4:")) host = host.substr(5);
+  if (host == "localhost" || host == "::1") return true;
+  return absl::StartsWith(host, "127.");
+}
+
+}  // namespace spikeguard::auth

@@ -1,0 +1,92 @@
+// authorizer.h
+// -----------------------------------------------------------------------------
+// Authentication and authorization of every call the daemon serves. The
+// bearer token travels as metadata ("authorization: Bearer <token>"); the
+// table of principals comes from the tokens file (tokens.h) plus the
+// run-scoped worker tokens the daemon mints for the workers it launches
+// itself (handed over in their environment, never written anywhere).
+//
+//   Principal who;
+//   if (grpc::Status s = auth->Check(ctx, Need::kOperate, "Rewind", run, &who);
+//       !s.ok()) return s;
+//
+// Missing or unknown token: UNAUTHENTICATED. Known token, wrong role or run:
+// PERMISSION_DENIED. Both messages say what was missing; none repeats a
+// token. With authentication off (loopback only, --allow-anonymous) every
+// caller is the principal "anonymous" with the admin role.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/auth/tokens.h"
+#include "grpcpp/server_context.h"
+
+namespace spikeguard::auth {
+
+// What a call needs.
+enum class Need {
+  kRead,      // any role (a worker or scoped principal: its runs only)
+  kWorker,    // attach and register checkpoints: worker, operator, admin
+  kOperate,   // actions, approvals, run policy, quarantine: operator, admin
+  kAdmin,     // create runs, profiles, the default policy: admin
+};
+
+class Authorizer {
+ public:
+  // Authentication off: everyone is "anonymous" (admin).
+  static std::unique_ptr<Authorizer> Disabled();
+  // Loads `tokens_file`; the error names the file and line.
+  static absl::StatusOr<std::unique_ptr<Authorizer>> FromFile(const std::string& tokens_file);
+  // From parsed entries (tests, generated defaults).
+  static std::unique_ptr<Authorizer> FromEntries(std::vector<TokenEntry> entries);
+
+  bool enabled() const { return enabled_; }
+
+  // Re-reads the tokens file (SIGHUP). On error the previous table stays in
+  // force and the error is returned. Minted worker tokens survive.
+  absl::Status Reload();
+
+  // A fresh token for the workers of `run` that this daemon launches: role
+  // worker, scoped to `run`. The same token for a run until the daemon
+  // restarts. "" when authentication is off.
+  std::string WorkerTokenFor(const std::string& run);
+
+  // The principal presenting `authorization` (the metadata value, or null
+  // when absent).
+  absl::StatusOr<Principal> Authenticate(const std::string* authorization) const;
+  absl::StatusOr<Principal> Authenticate(const grpc::ServerContext& ctx) const;
+
+  // Whether `who` may call `rpc` needing `need` on `run` ("" = no run).
+  absl::Status Authorize(const Principal& who, Need need, const std::string& rpc,
+                         const std::string& run) const;
+
+  // Both, as a gRPC status; `who` (optional) receives the principal.
+  grpc::Status Check(const grpc::ServerContext& ctx, Need need, const std::string& rpc,
+                     const std::string& run, Principal* who = nullptr) const;
+
+ private:
+  Authorizer() = default;
+
+  bool enabled_ = false;
+  std::string tokens_file_;
+  mutable absl::Mutex mu_;
+  std::vector<TokenEntry> entries_ ABSL_GUARDED_BY(mu_);
+  // run -> minted token's entry.
+  std::map<std::string, TokenEntry> minted_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::string> minted_tokens_ ABSL_GUARDED_BY(mu_);
+};
+
+// The "authorization" metadata of a call, if present.
+std::optional<std::string> BearerHeader(const grpc::ServerContext& ctx);
+
+// Whether HOST:PORT names a loopback address (127.0.0.0/8, ::1, localhost).
+bool IsLoopbackAddress(const std::string& host_port);
+
+}  // namespace spikeguard::auth

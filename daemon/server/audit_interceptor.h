@@ -1,0 +1,31 @@
+// audit_interceptor.h
+// -----------------------------------------------------------------------------
+// Writes one audit row per mutating call (and per call refused for want of
+// a token or a permission) once its status is known: the principal, the
+// role, the RPC, the run, the outcome (the status code's name), what was
+// asked or why it was refused (escaped, bounded), and the peer. Installed on
+// the gRPC server, so no handler can forget it; `spikectl audit` reads it.
+#pragma once
+
+#include <memory>
+
+#include "grpcpp/support/server_interceptor.h"
+
+namespace spikeguard::storage {
+class Catalog;
+}
+
+namespace spikeguard::auth {
+class Authorizer;
+}
+
+namespace spikeguard::daemon {
+
+// Whether a SupervisorService / WorkerService method (its short name,
+// e.g. "Rewind") changes state and is audited whatever its outcome.
+bool IsMutatingRpc(const std::string& method);
+
+std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> MakeAuditInterceptorFactory(
+    const auth::Authorizer* authorizer, storage::Catalog* catalog);
+
+}  // namespace spikeguard::daemon

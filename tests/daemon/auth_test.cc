@@ -1,0 +1,614 @@
+// Authentication, authorization, audit and transport security of a real
+// daemon: a tokens file with one principal per role, real gRPC calls with
+// and without bearer tokens, TLS and mutual TLS with certificates made by
+// openssl for the test, and the audit rows those calls leave.
+#include <sys/stat.h>
+
+#include <cmath>
+#include <fstream>
+#include <future>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "base/secret.h"
+#include "daemon/auth/authorizer.h"
+#include "daemon/auth/tokens.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/security/credentials.h"
+#include "tests/daemon/daemon_fixture.h"
+
+namespace spikeguard::testing {
+namespace {
+
+using auth::Role;
+
+const char kAdmin[] = "admin-token-0000000000000000000000000000000000000000000000000000";
+const char kOperatorA[] = "operator-a-token-000000000000000000000000000000000000000000000";
+const char kViewer[] = "viewer-token-00000000000000000000000000000000000000000000000000";
+const char kViewerB[] = "viewer-b-token-000000000000000000000000000000000000000000000000";
+const char kWorkerA[] = "worker-a-token-000000000000000000000000000000000000000000000000";
+const char kWorkerB[] = "worker-b-token-000000000000000000000000000000000000000000000000";
+
+std::string TokensFile() {
+  return absl::StrCat("# test principals\n",                            //
+                      "root      admin     *    ", HashToken(kAdmin), "\n",      //
+                      "alice     operator  run-a ", HashToken(kOperatorA), "\n",  //
+                      "carol     viewer    *    ", HashToken(kViewer), "\n",     //
+                      "dave      viewer    run-b ", HashToken(kViewerB), "\n",    //
+                      "trainer   worker    run-a ", HashToken(kWorkerA), "\n",   //
+                      "trainer-b worker    run-b ", HashToken(kWorkerB), "\n");
+}
+
+// --- The tokens file ---------------------------------------------------------
+
+TEST(TokensFile, ParsesPrincipalsRolesAndRuns) {
+  auto entries = auth::ParseTokens(TokensFile());
+  ASSERT_TRUE(entries.ok()) << entries.status();
+  ASSERT_EQ(entries->size(), 6u);
+  EXPECT_EQ((*entries)[0].principal.name, "root");
+  EXPECT_EQ((*entries)[0].principal.role, Role::kAdmin);
+  EXPECT_EQ((*entries)[1].principal.role, Role::kOperator);
+  EXPECT_FALSE((*entries)[1].principal.all_runs);
+  EXPECT_TRUE((*entries)[1].principal.MayUseRun("run-a"));
+  EXPECT_FALSE((*entries)[1].principal.MayUseRun("run-b"));
+  EXPECT_TRUE((*entries)[2].principal.MayUseRun("anything"));
+  const auth::TokenEntry* found = auth::FindToken(*entries, kViewer);
+  ASSERT_NE(found, nullptr);
+  EXPECT_EQ(found->principal.name, "carol");
+  EXPECT_EQ(auth::FindToken(*entries, "not-a-token"), nullptr);
+}
+
+TEST(TokensFile, RefusesBadLinesNamingTheLineWithoutEchoingSecrets) {
+  // A token pasted where its hash belongs: refused, and not repeated.
+  auto pasted = auth::ParseTokens(absl::StrCat("\n# c\nbob operator * ", kAdmin, "\n"));
+  ASSERT_FALSE(pasted.ok());
+  EXPECT_NE(pasted.status().message().find("line 3"), std::string::npos) << pasted.status();
+  EXPECT_NE(pasted.status().message().find("hash"), std::string::npos);
+  EXPECT_EQ(pasted.status().message().find(kAdmin), std::string::npos);
+
+  auto role = auth::ParseTokens(absl::StrCat("bob superuser * ", HashToken("x"), "\n"));
+  ASSERT_FALSE(role.ok());
+  EXPECT_NE(role.status().message().find("unknown role 'superuser'"), std::string::npos);
+
+  auto twice = auth::ParseTokens(
+      absl::StrCat("bob viewer * ", HashToken("x"), "\nbob admin * ", HashToken("y"), "\n"));
+  ASSERT_FALSE(twice.ok());
+  EXPECT_NE(twice.status().message().find("'bob' appears twice"), std::string::npos);
+
+  auto same = auth::ParseTokens(
+      absl::StrCat("bob viewer * ", HashToken("x"), "\neve admin * ", HashToken("x"), "\n"));
+  ASSERT_FALSE(same.ok());
+  EXPECT_NE(same.status().message().find("same token"), std::string::npos);
+
+  auto fields = auth::ParseTokens("bob viewer\n");
+  ASSERT_FALSE(fields.ok());
+  EXPECT_NE(fields.status().message().find("expected 4 fields"), std::string::npos);
+}
+
+TEST(Secret, TokensAreRandomAndHashesCompareInConstantTimeShape) {
+  const std::string a = NewToken(), b = NewToken();
+  EXPECT_EQ(a.size(), 64u);
+  EXPECT_NE(a, b);
+  EXPECT_TRUE(TokenMatches(a, HashToken(a)));
+  EXPECT_FALSE(TokenMatches(b, HashToken(a)));
+  EXPECT_FALSE(ConstantTimeEquals("abc", "abcd"));
+  EXPECT_TRUE(ConstantTimeEquals("abcd", "abcd"));
+}
+
+TEST(Loopback, RecognizesLoopbackAddresses) {
+  EXPECT_TRUE(auth::IsLoopbackAddress("127.0.0.1:7070"));
+  EXPECT_TRUE(auth::IsLoopbackAddress("localhost:0"));
+  EXPECT_TRUE(auth::IsLoopbackAddress("[::1]:7070"));
+  EXPECT_FALSE(auth::IsLoopbackAddress("0.0.0.0:7070"));
+  EXPECT_FALSE(auth::IsLoopbackAddress("[::]:7070"));
+  EXPECT_FALSE(auth::IsLoopbackAddress("10.1.2.3:7070"));
+}
+
+// --- A daemon with tokens ----------------------------------------------------
+
+class AuthTest : public DaemonFixture {
+ protected:
+  void ConfigureDaemon(daemon::Daemon::Options& options) override {
+    std::ofstream(dir_.File("tokens")) << TokensFile();
+    options.allow_anonymous = false;
+    options.tokens_file = dir_.File("tokens");
+  }
+
+  static std::unique_ptr<grpc::ClientContext> As(const std::string& token) {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    if (!token.empty()) ctx->AddMetadata("authorization", "Bearer " + token);
+    return ctx;
+  }
+
+  grpc::Status CreateRunAs(const std::string& token, const std::string& name) {
+    v1::CreateRunRequest req;
+    req.set_name(name);
+    req.set_world_size(1);
+    v1::Run out;
+    return supervisor_->CreateRun(As(token).get(), req, &out);
+  }
+
+  grpc::Status PauseAs(const std::string& token, const std::string& run) {
+    v1::PauseRequest req;
+    req.set_run(run);
+    v1::ActionResponse out;
+    return supervisor_->Pause(As(token).get(), req, &out);
+  }
+
+  grpc::Status SetPolicyAs(const std::string& token, const std::string& run) {
+    v1::SetPolicyRequest req;
+    req.set_run(run);
+    req.mutable_policy()->mutable_loss_spike()->set_z_threshold(8.0);
+    v1::Policy out;
+    return supervisor_->SetPolicy(As(token).get(), req, &out);
+  }
+
+  // Opens a worker stream with `token` and returns the first answer and the
+  // stream's final status.
+  std::pair<v1::ControllerMessage, grpc::Status> AttachAs(const std::string& token,
+                                                          const std::string& run) {
+    auto ctx = As(token);
+    auto stream = worker_->Attach(ctx.get());
+    v1::WorkerMessage hello;
+    hello.mutable_hello()->set_run(run);
+    hello.mutable_hello()->set_world_size(1);
+    stream->Write(hello);
+    v1::ControllerMessage first;
+    stream->Read(&first);
+    stream->WritesDone();
+    v1::ControllerMessage rest;
+    while (stream->Read(&rest)) {
+    }
+    return {first, stream->Finish()};
+  }
+
+  std::vector<v1::AuditEntry> Audit(const std::string& run = "") {
+    v1::ListAuditRequest req;
+    req.set_run(run);
+    v1::ListAuditResponse out;
+    grpc::Status s = supervisor_->ListAudit(As(kAdmin).get(), req, &out);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return {out.entries().begin(), out.entries().end()};
+  }
+
+  void SetUp() override {
+    DaemonFixture::SetUp();
+    for (const char* run : {"run-a", "run-b"}) {
+      grpc::Status s = CreateRunAs(kAdmin, run);
+      ASSERT_TRUE(s.ok()) << s.error_message();
+    }
+  }
+};
+
+TEST_F(AuthTest, CallsWithoutOrWithAWrongTokenAreUnauthenticated) {
+  v1::ServerStatus status;
+  grpc::Status none = supervisor_->GetStatus(As("").get(), v1::GetStatusRequest(), &status);
+  EXPECT_EQ(none.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_NE(none.error_message().find("missing bearer token"), std::string::npos);
+
+  const std::string guess = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+  grpc::Status wrong = supervisor_->GetStatus(As(guess).get(), v1::GetStatusRequest(), &status);
+  EXPECT_EQ(wrong.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_NE(wrong.error_message().find("matches no principal"), std::string::npos);
+  EXPECT_EQ(wrong.error_message().find(guess), std::string::npos);
+
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->AddMetadata("authorization", std::string("Basic ") + kAdmin);
+  grpc::Status basic = supervisor_->GetStatus(ctx.get(), v1::GetStatusRequest(), &status);
+  EXPECT_EQ(basic.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+
+  grpc::Status ok = supervisor_->GetStatus(As(kViewer).get(), v1::GetStatusRequest(), &status);
+  ASSERT_TRUE(ok.ok()) << ok.error_message();
+  EXPECT_EQ(status.principal(), "carol");
+  EXPECT_EQ(status.role(), "viewer");
+  EXPECT_TRUE(status.authentication());
+}
+
+// The first paragraph of the security issue, as an anonymous client: every
+// one of those calls is now refused.
+TEST_F(AuthTest, AnonymousClientsCanNoLongerActOnRunsPolicyOrQuarantine) {
+  const auto expect_unauthenticated = [](const grpc::Status& s, const char* what) {
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << what << ": "
+                                                                 << s.error_message();
+  };
+  v1::ActionResponse action;
+  {
+    v1::RewindRequest req;
+    req.set_run("run-a");
+    req.set_to_step(10);
+    expect_unauthenticated(supervisor_->Rewind(As("").get(), req, &action), "Rewind");
+  }
+  expect_unauthenticated(PauseAs("", "run-a"), "Pause");
+  {
+    v1::AbortRequest req;
+    req.set_incident_id(1);
+    expect_unauthenticated(supervisor_->Abort(As("").get(), req, &action), "Abort");
+  }
+  {
+    v1::ApproveRequest req;
+    req.set_incident_id(1);
+    expect_unauthenticated(supervisor_->Approve(As("").get(), req, &action), "Approve");
+  }
+  {
+    v1::SetPolicyRequest req;
+    req.mutable_policy()->mutable_loss_spike()->set_z_threshold(
+        std::numeric_limits<double>::infinity());
+    v1::Policy out;
+    expect_unauthenticated(supervisor_->SetPolicy(As("").get(), req, &out), "SetPolicy");
+  }
+  {
+    v1::AddQuarantineRequest req;
+    req.mutable_entry()->set_run("run-a");
+    req.mutable_entry()->set_domain("web");
+    req.mutable_entry()->set_document_id(7);
+    v1::QuarantineEntry out;
+    expect_unauthenticated(supervisor_->AddQuarantine(As("").get(), req, &out), "AddQuarantine");
+  }
+  expect_unauthenticated(CreateRunAs("", "evil"), "CreateRun");
+  {
+    v1::RegisterCheckpointRequest req;
+    req.mutable_checkpoint()->set_run("run-a");
+    req.mutable_checkpoint()->set_step(1);
+    req.mutable_checkpoint()->set_uri("file:///etc/passwd");
+    v1::Checkpoint out;
+    expect_unauthenticated(supervisor_->RegisterCheckpoint(As("").get(), req, &out),
+                           "RegisterCheckpoint");
+  }
+  // Nothing changed: no run "evil", no quarantine, the default policy kept.
+  v1::GetRunRequest get;
+  get.set_name("evil");
+  v1::Run run;
+  EXPECT_EQ(supervisor_->GetRun(As(kAdmin).get(), get, &run).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  v1::ListQuarantineRequest lq;
+  lq.set_run("run-a");
+  v1::ListQuarantineResponse quarantine;
+  ASSERT_TRUE(supervisor_->ListQuarantine(As(kAdmin).get(), lq, &quarantine).ok());
+  EXPECT_EQ(quarantine.entries_size(), 0);
+  v1::Policy policy;
+  ASSERT_TRUE(supervisor_->GetPolicy(As(kViewer).get(), v1::GetPolicyRequest(), &policy).ok());
+  EXPECT_TRUE(std::isfinite(policy.loss_spike().z_threshold()));
+}
+
+TEST_F(AuthTest, RolesAndRunsDecideWithPermissionDeniedNamingWhatIsMissing) {
+  // A viewer reads, and may not act.
+  v1::ListRunsResponse runs;
+  ASSERT_TRUE(supervisor_->ListRuns(As(kViewer).get(), v1::ListRunsRequest(), &runs).ok());
+  EXPECT_EQ(runs.runs_size(), 2);
+  grpc::Status viewer_pause = PauseAs(kViewer, "run-a");
+  EXPECT_EQ(viewer_pause.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_NE(viewer_pause.error_message().find("'carol' (role viewer) may not call Pause"),
+            std::string::npos)
+      << viewer_pause.error_message();
+  EXPECT_NE(viewer_pause.error_message().find("operator"), std::string::npos);
+
+  // An operator of run-a acts on run-a only, and not on the default policy.
+  EXPECT_NE(PauseAs(kOperatorA, "run-a").error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  grpc::Status other_run = PauseAs(kOperatorA, "run-b");
+  EXPECT_EQ(other_run.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_NE(other_run.error_message().find("may not use run 'run-b'"), std::string::npos)
+      << other_run.error_message();
+  EXPECT_TRUE(SetPolicyAs(kOperatorA, "run-a").ok());
+  grpc::Status default_policy = SetPolicyAs(kOperatorA, "");
+  EXPECT_EQ(default_policy.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_NE(default_policy.error_message().find("admin"), std::string::npos)
+      << default_policy.error_message();
+  grpc::Status create = CreateRunAs(kOperatorA, "run-c");
+  EXPECT_EQ(create.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+
+  // A worker token registers checkpoints of its run but cannot pause it.
+  EXPECT_EQ(PauseAs(kWorkerA, "run-a").error_code(), grpc::StatusCode::PERMISSION_DENIED);
+
+  // The admin does all of it.
+  EXPECT_TRUE(SetPolicyAs(kAdmin, "").ok());
+  EXPECT_TRUE(CreateRunAs(kAdmin, "run-c").ok());
+
+  // A viewer of run-b sees run-b only, and nothing of run-a.
+  runs.Clear();
+  ASSERT_TRUE(supervisor_->ListRuns(As(kViewerB).get(), v1::ListRunsRequest(), &runs).ok());
+  ASSERT_EQ(runs.runs_size(), 1);
+  EXPECT_EQ(runs.runs(0).name(), "run-b");
+  v1::GetRunRequest get;
+  get.set_name("run-a");
+  v1::Run run;
+  EXPECT_EQ(supervisor_->GetRun(As(kViewerB).get(), get, &run).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+}
+
+TEST_F(AuthTest, AWorkerWithABadTokenGetsRejectBadToken) {
+  auto [bad_first, bad_status] = AttachAs("wrong", "run-a");
+  ASSERT_TRUE(bad_first.has_reject()) << bad_first.DebugString();
+  EXPECT_EQ(bad_first.reject().reason(), v1::Reject::BAD_TOKEN);
+  EXPECT_EQ(bad_status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+
+  auto [none_first, none_status] = AttachAs("", "run-a");
+  ASSERT_TRUE(none_first.has_reject());
+  EXPECT_EQ(none_first.reject().reason(), v1::Reject::BAD_TOKEN);
+
+  // The worker token of run-b does not open run-a.
+  auto [other_first, other_status] = AttachAs(kWorkerB, "run-a");
+  ASSERT_TRUE(other_first.has_reject());
+  EXPECT_EQ(other_first.reject().reason(), v1::Reject::BAD_TOKEN);
+  EXPECT_EQ(other_status.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_NE(other_first.reject().message().find("run-a"), std::string::npos);
+
+  // A viewer is no worker.
+  auto [viewer_first, viewer_status] = AttachAs(kViewer, "run-a");
+  ASSERT_TRUE(viewer_first.has_reject());
+  EXPECT_EQ(viewer_status.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+
+  auto [ok_first, ok_status] = AttachAs(kWorkerA, "run-a");
+  EXPECT_TRUE(ok_first.has_welcome()) << ok_first.DebugString();
+}
+
+TEST_F(AuthTest, MutatingAndRefusedCallsAreAuditedWithPrincipalRunAndOutcome) {
+  ASSERT_TRUE(SetPolicyAs(kOperatorA, "run-a").ok());
+  ASSERT_EQ(PauseAs(kViewer, "run-a").error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  ASSERT_EQ(PauseAs("", "run-a").error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  std::vector<v1::AuditEntry> entries = Audit("run-a");
+  ASSERT_GE(entries.size(), 4u);  // + CreateRun run-a in SetUp
+  // Newest first.
+  EXPECT_EQ(entries[0].rpc(), "Pause");
+  EXPECT_EQ(entries[0].principal(), "unauthenticated");
+  EXPECT_EQ(entries[0].outcome(), "UNAUTHENTICATED");
+  EXPECT_EQ(entries[1].rpc(), "Pause");
+  EXPECT_EQ(entries[1].principal(), "carol");
+  EXPECT_EQ(entries[1].role(), "viewer");
+  EXPECT_EQ(entries[1].outcome(), "PERMISSION_DENIED");
+  EXPECT_EQ(entries[2].rpc(), "SetPolicy");
+  EXPECT_EQ(entries[2].principal(), "alice");
+  EXPECT_EQ(entries[2].outcome(), "OK");
+  EXPECT_NE(entries[2].detail().find("z_threshold"), std::string::npos);
+  EXPECT_FALSE(entries[2].peer().empty());
+  EXPECT_EQ(entries.back().rpc(), "CreateRun");
+  EXPECT_EQ(entries.back().principal(), "root");
+  // Read-only calls that succeed are not audited; no token is ever written.
+  for (const auto& e : Audit()) {
+    EXPECT_NE(e.rpc(), "ListRuns");
+    for (const char* token : {kAdmin, kOperatorA, kViewer}) {
+      EXPECT_EQ(e.DebugString().find(token), std::string::npos);
+    }
+  }
+  // The audit is for operators of the run and admins.
+  v1::ListAuditRequest req;
+  v1::ListAuditResponse out;
+  EXPECT_EQ(supervisor_->ListAudit(As(kViewer).get(), req, &out).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(supervisor_->ListAudit(As(kOperatorA).get(), req, &out).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);  // every run: no
+  req.set_run("run-a");
+  EXPECT_TRUE(supervisor_->ListAudit(As(kOperatorA).get(), req, &out).ok());
+}
+
+TEST_F(AuthTest, AuditRowsKeepNoControlCharactersFromTheRequest) {
+  v1::AddQuarantineRequest req;
+  req.mutable_entry()->set_run("run-a");
+  req.mutable_entry()->set_domain("web");
+  req.mutable_entry()->set_document_id(3);
+  req.mutable_entry()->set_reason("forged\nrow \x1b[31mred\x07 caf\xc3\xa9");
+  v1::QuarantineEntry out;
+  (void)supervisor_->AddQuarantine(As(kOperatorA).get(), req, &out);
+  std::vector<v1::AuditEntry> entries = Audit("run-a");
+  ASSERT_FALSE(entries.empty());
+  EXPECT_EQ(entries[0].rpc(), "AddQuarantine");
+  for (char c : entries[0].detail()) {
+    EXPECT_FALSE(static_cast<unsigned char>(c) < 0x20 || c == 0x7f) << entries[0].detail();
+  }
+  EXPECT_LE(entries[0].detail().size(), 520u);
+}
+
+TEST_F(AuthTest, AuditPagesFollowToTheOldestEntry) {
+  for (int i = 0; i < 520; ++i) ASSERT_TRUE(SetPolicyAs(kOperatorA, "run-a").ok());
+  v1::ListAuditRequest req;
+  req.set_run("run-a");
+  std::set<int64_t> ids;
+  int pages = 0;
+  while (true) {
+    v1::ListAuditResponse out;
+    ASSERT_TRUE(supervisor_->ListAudit(As(kAdmin).get(), req, &out).ok());
+    ++pages;
+    for (const auto& e : out.entries()) ids.insert(e.id());
+    if (out.next_page_token().empty()) break;
+    req.set_page_token(out.next_page_token());
+  }
+  EXPECT_EQ(pages, 2);
+  EXPECT_EQ(ids.size(), 521u);  // + CreateRun
+  req.set_page_token("not-a-token");
+  v1::ListAuditResponse out;
+  EXPECT_EQ(supervisor_->ListAudit(As(kAdmin).get(), req, &out).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST_F(AuthTest, ReloadingTheTokensFileRevokesAndAddsTokensAndKeepsTheOldOnError) {
+  const std::string fresh = NewToken();
+  std::ofstream(dir_.File("tokens"), std::ios::trunc)
+      << "root admin * " << HashToken(kAdmin) << "\nnew viewer * " << HashToken(fresh) << "\n";
+  ASSERT_TRUE(daemon_->ReloadTokens().ok());
+  v1::ServerStatus status;
+  EXPECT_TRUE(supervisor_->GetStatus(As(fresh).get(), v1::GetStatusRequest(), &status).ok());
+  EXPECT_EQ(supervisor_->GetStatus(As(kViewer).get(), v1::GetStatusRequest(), &status).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);  // carol was removed
+
+  std::ofstream(dir_.File("tokens"), std::ios::trunc) << "broken line\n";
+  absl::Status reload = daemon_->ReloadTokens();
+  EXPECT_FALSE(reload.ok());
+  EXPECT_NE(reload.message().find("line 1"), std::string::npos);
+  EXPECT_TRUE(supervisor_->GetStatus(As(fresh).get(), v1::GetStatusRequest(), &status).ok());
+}
+
+// The status of a call to the reflection service.
+grpc::StatusCode CallReflection(const std::shared_ptr<grpc::Channel>& channel) {
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::Slice empty("");
+  grpc::ByteBuffer request(&empty, 1), response;
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&ctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+                 grpc::StubOptions(), &request, &response,
+                 [&](grpc::Status s) { done.set_value(s); });
+  return done.get_future().get().error_code();
+}
+
+TEST_F(AuthTest, ServerReflectionIsOffByDefault) {
+  EXPECT_EQ(CallReflection(channel_), grpc::StatusCode::UNIMPLEMENTED);
+}
+
+TEST(DaemonSecurity, ServerReflectionWhenAskedFor) {
+  TempDir dir;
+  daemon::Daemon::Options options;
+  options.listen = "127.0.0.1:0";
+  options.data_dir = dir.path();
+  options.allow_anonymous = true;
+  options.reflection = true;
+  auto d = daemon::Daemon::Start(options);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_NE(CallReflection(grpc::CreateChannel(absl::StrCat("127.0.0.1:", (*d)->port()),
+                                               grpc::InsecureChannelCredentials())),
+            grpc::StatusCode::UNIMPLEMENTED);
+}
+
+// --- Defaults and transport --------------------------------------------------
+
+TEST(DaemonSecurity, WithoutATokensFileTheDaemonMakesAnAdminTokenOnlyItsOwnerCanRead) {
+  TempDir dir;
+  daemon::Daemon::Options options;
+  options.listen = "127.0.0.1:0";
+  options.data_dir = dir.path();
+  auto d = daemon::Daemon::Start(options);
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_EQ((*d)->generated_admin_token_file(), dir.File("admin.token"));
+  struct stat st {};
+  ASSERT_EQ(stat(dir.File("admin.token").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  const std::string token = ReadFile(dir.File("admin.token")).substr(0, 64);
+  EXPECT_EQ(ReadFile(dir.File("tokens")).find(token), std::string::npos);  // hash only
+
+  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", (*d)->port()),
+                                     grpc::InsecureChannelCredentials());
+  auto stub = v1::SupervisorService::NewStub(channel);
+  v1::ServerStatus status;
+  grpc::ClientContext anonymous;
+  EXPECT_EQ(stub->GetStatus(&anonymous, v1::GetStatusRequest(), &status).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  grpc::ClientContext admin;
+  admin.AddMetadata("authorization", "Bearer " + token);
+  ASSERT_TRUE(stub->GetStatus(&admin, v1::GetStatusRequest(), &status).ok());
+  EXPECT_EQ(status.role(), "admin");
+}
+
+TEST(DaemonSecurity, RefusesToListenInClearOffLoopbackUnlessInsecure) {
+  TempDir dir;
+  daemon::Daemon::Options options;
+  options.listen = "0.0.0.0:0";
+  options.data_dir = dir.path();
+  auto refused = daemon::Daemon::Start(options);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("refusing to listen in clear"), std::string::npos)
+      << refused.status();
+
+  options.allow_anonymous = true;
+  options.insecure = true;
+  auto anonymous = daemon::Daemon::Start(options);
+  ASSERT_FALSE(anonymous.ok());
+  EXPECT_NE(anonymous.status().message().find("--allow-anonymous"), std::string::npos);
+
+  options.allow_anonymous = false;
+  auto insecure = daemon::Daemon::Start(options);
+  EXPECT_TRUE(insecure.ok()) << insecure.status();
+}
+
+class TlsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    certs_ = new TempDir();
+    RunResult r = RunCommand(
+        {std::string(SPIKEGUARD_SOURCE_DIR) + "/tests/testdata/make_test_certs.sh", certs_->path()},
+        certs_->File("make"));
+    ASSERT_EQ(r.code, 0) << r.err;
+  }
+  static void TearDownTestSuite() {
+    delete certs_;
+    certs_ = nullptr;
+  }
+
+  std::unique_ptr<daemon::Daemon> Start(bool mutual) {
+    std::ofstream(dir_.File("tokens")) << TokensFile();
+    daemon::Daemon::Options options;
+    options.listen = "127.0.0.1:0";
+    options.data_dir = dir_.path();
+    options.tokens_file = dir_.File("tokens");
+    options.tls_cert_file = certs_->File("server.pem");
+    options.tls_key_file = certs_->File("server.key");
+    if (mutual) options.tls_client_ca_file = certs_->File("ca.pem");
+    auto d = daemon::Daemon::Start(options);
+    EXPECT_TRUE(d.ok()) << d.status();
+    return d.ok() ? std::move(*d) : nullptr;
+  }
+
+  static grpc::Status Status(const std::shared_ptr<grpc::ChannelCredentials>& creds, int port,
+                             v1::ServerStatus* out) {
+    grpc::ChannelArguments args;
+    args.SetSslTargetNameOverride("localhost");
+    auto channel = grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", port), creds, args);
+    auto stub = v1::SupervisorService::NewStub(channel);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    ctx.AddMetadata("authorization", std::string("Bearer ") + kViewer);
+    return stub->GetStatus(&ctx, v1::GetStatusRequest(), out);
+  }
+
+  static grpc::SslCredentialsOptions Trusting(const std::string& ca) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = ReadFile(certs_->File(ca));
+    return ssl;
+  }
+
+  static TempDir* certs_;
+  TempDir dir_;
+};
+TempDir* TlsTest::certs_ = nullptr;
+
+TEST_F(TlsTest, ServesTlsToClientsThatTrustItsCaAndNothingInClear) {
+  auto d = Start(/*mutual=*/false);
+  ASSERT_NE(d, nullptr);
+  v1::ServerStatus status;
+  grpc::Status ok = Status(grpc::SslCredentials(Trusting("ca.pem")), d->port(), &status);
+  ASSERT_TRUE(ok.ok()) << ok.error_message();
+  EXPECT_TRUE(status.tls());
+  EXPECT_EQ(status.principal(), "carol");
+  EXPECT_FALSE(Status(grpc::InsecureChannelCredentials(), d->port(), &status).ok());
+  EXPECT_FALSE(Status(grpc::SslCredentials(Trusting("other-ca.pem")), d->port(), &status).ok());
+}
+
+TEST_F(TlsTest, MutualTlsNeedsAClientCertificateTheClientCaSigned) {
+  auto d = Start(/*mutual=*/true);
+  ASSERT_NE(d, nullptr);
+  v1::ServerStatus status;
+  EXPECT_FALSE(Status(grpc::SslCredentials(Trusting("ca.pem")), d->port(), &status).ok());
+  grpc::SslCredentialsOptions with_cert = Trusting("ca.pem");
+  with_cert.pem_cert_chain = ReadFile(certs_->File("client.pem"));
+  with_cert.pem_private_key = ReadFile(certs_->File("client.key"));
+  grpc::Status ok = Status(grpc::SslCredentials(with_cert), d->port(), &status);
+  EXPECT_TRUE(ok.ok()) << ok.error_message();
+}
+
+TEST_F(TlsTest, BadCertificateFilesAreNamed) {
+  daemon::Daemon::Options options;
+  options.listen = "127.0.0.1:0";
+  options.data_dir = dir_.path();
+  options.tls_cert_file = dir_.File("missing.pem");
+  options.tls_key_file = certs_->File("server.key");
+  auto missing = daemon::Daemon::Start(options);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("missing.pem"), std::string::npos);
+  options.tls_cert_file = certs_->File("server.pem");
+  options.tls_key_file = "";
+  auto half = daemon::Daemon::Start(options);
+  ASSERT_FALSE(half.ok());
+  EXPECT_NE(half.status().message().find("--tls-key"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace spikeguard::testing
