@@ -440,6 +440,7 @@ grpc::Status SupervisorServiceImpl::QueryTelemetry(Ctx* ctx, const v1::QueryTele
       *out->add_records() = std::move(filtered);
     }
     if (cut || static_cast<int>(records->size()) < want) break;
+    if (records->back().step() == std::numeric_limits<int64_t>::max()) break;  // no step after it
     from = records->back().step() + 1;
   }
   return grpc::Status::OK;
