@@ -309,7 +309,7 @@ grpc::Status WorkerServiceImpl::Attach(
     }
     if (!conflict.empty()) {
       SG_LOG(WARNING) << "run " << hello.run() << " rank " << hello.rank()
-                      << " refused: " << conflict;
+                      << " refused: " << LogText(conflict, state_->limits.max_logged_text);
       return SendReject(stream, Reject::DATA_ORDER_MISMATCH, conflict, current,
                         grpc::StatusCode::FAILED_PRECONDITION);
     }
