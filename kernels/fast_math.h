@@ -26,7 +26,10 @@ inline float FastExp(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  const int32_t n = static_cast<int32_t>(fn);
+  // fn is a whole number in [-126, 128] unless x is NaN; converting a NaN to
+  // an integer is undefined (UBSan), so a NaN takes exponent 0 instead (p is
+  // NaN already). A select, so loops still vectorize.
+  const int32_t n = static_cast<int32_t>(fn == fn ? fn : 0.0f);
   return p * std::bit_cast<float>(static_cast<int32_t>((n + 127) << 23));
 }
 

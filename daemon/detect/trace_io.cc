@@ -3,6 +3,7 @@
 #include <cmath>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -173,6 +174,18 @@ absl::StatusOr<std::vector<Label>> LabelsFromJson(std::string_view json) {
     if (!end.ok()) return end.status();
     auto layer = num("layer", false, -1);
     if (!layer.ok()) return layer.status();
+    // JSON numbers are doubles: convert only what fits (a cast of NaN, an
+    // infinity or 1e300 to an integer is undefined behaviour).
+    for (const auto& [key, value, lo, hi] :
+         {std::tuple<const char*, double, double, double>{"onset", *onset, -0x1p63, 0x1p63},
+          {"peak", *peak, -0x1p63, 0x1p63},
+          {"end", *end, -0x1p63, 0x1p63},
+          {"layer", *layer, -0x1p31, 0x1p31}}) {
+      if (!(value >= lo && value < hi)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("labels[", i, "].", key, ": ", value, " is out of range"));
+      }
+    }
     l.onset = static_cast<int64_t>(*onset);
     l.peak = static_cast<int64_t>(*peak);
     l.end = static_cast<int64_t>(*end);

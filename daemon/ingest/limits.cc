@@ -13,21 +13,30 @@
 namespace spikeguard::daemon {
 namespace {
 
+// The length (1..4) of the valid UTF-8 sequence at s[i], or 0. Valid as
+// protobuf checks string fields (RFC 3629): shortest form only, no UTF-16
+// surrogates, nothing above U+10FFFF. Text accepted here is stored and sent
+// back, and protobuf refuses to serialize anything else.
+int Utf8SequenceAt(absl::string_view s, size_t i) {
+  const unsigned char c = static_cast<unsigned char>(s[i]);
+  if (c < 0x80) return 1;
+  const int extra = (c >> 5) == 0x6 ? 1 : (c >> 4) == 0xe ? 2 : (c >> 3) == 0x1e ? 3 : -1;
+  if (extra < 0 || i + extra >= s.size()) return 0;
+  for (int k = 1; k <= extra; ++k) {
+    if ((static_cast<unsigned char>(s[i + k]) >> 6) != 0x2) return 0;
+  }
+  const unsigned char c1 = static_cast<unsigned char>(s[i + 1]);
+  if (extra == 1 && c < 0xc2) return 0;
+  if (extra == 2 && ((c == 0xe0 && c1 < 0xa0) || (c == 0xed && c1 >= 0xa0))) return 0;
+  if (extra == 3 && ((c == 0xf0 && c1 < 0x90) || c > 0xf4 || (c == 0xf4 && c1 >= 0x90))) return 0;
+  return extra + 1;
+}
+
 bool IsValidUtf8(absl::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    int extra = 0;
-    if (c < 0x80) extra = 0;
-    else if ((c >> 5) == 0x6) extra = 1;
-    else if ((c >> 4) == 0xe) extra = 2;
-    else if ((c >> 3) == 0x1e) extra = 3;
-    else return false;
-    for (int k = 1; k <= extra; ++k) {
-      if (i + k >= s.size()) return false;
-      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 0x2) return false;
-    }
-    i += extra + 1;
+  for (size_t i = 0; i < s.size();) {
+    const int n = Utf8SequenceAt(s, i);
+    if (n == 0) return false;
+    i += n;
   }
   return true;
 }
@@ -277,14 +286,9 @@ std::string LogText(absl::string_view text, size_t max_len) {
     const unsigned char c = static_cast<unsigned char>(kept[i]);
     if (c >= 0x80) {
       // A valid multi-byte sequence is kept as it is; stray bytes escaped.
-      const int extra = (c >> 5) == 0x6 ? 1 : (c >> 4) == 0xe ? 2 : (c >> 3) == 0x1e ? 3 : -1;
-      bool ok = extra > 0 && i + extra < kept.size();
-      for (int k = 1; ok && k <= extra; ++k) {
-        if ((static_cast<unsigned char>(kept[i + k]) >> 6) != 0x2) ok = false;
-      }
-      if (ok) {
-        out.append(kept.data() + i, extra + 1);
-        i += extra + 1;
+      if (const int n = Utf8SequenceAt(kept, i); n > 0) {
+        out.append(kept.data() + i, n);
+        i += n;
         continue;
       }
       absl::StrAppend(&out, "\\x", absl::Hex(c, absl::kZeroPad2));

@@ -530,7 +530,9 @@ absl::StatusOr<CorpusMetadata> SynthesizeCorpus(const std::string& out_dir, uint
           " unpoisoned batch positions in [", first, ", ", options.positions,
           ") (the last third of the positions); there are ", free.size()));
     }
-    SplitMix64 rng(Xxh64Of("echoes", seed));
+    // The string_view overload: Xxh64Of("echoes", seed) would take `seed` as
+    // the byte count of the literal (ASan: global-buffer-overflow).
+    SplitMix64 rng(Xxh64Of(absl::string_view("echoes"), seed));
     for (size_t i = 0; i < poisons.size(); ++i) {
       for (int k = 0; k < options.poison_echoes; ++k) {
         const size_t j = rng.Uniform(free.size());

@@ -1,6 +1,7 @@
 #include "storage/corpus/data_plan.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -15,6 +16,7 @@ namespace spikeguard::storage {
 DataPlan DataPlan::Default() { return DataPlan({PositionRange{0, PositionRange::kUnbounded}}); }
 
 absl::Status DataPlan::Validate(const std::vector<PositionRange>& ranges) {
+  int64_t steps = 0;
   for (size_t i = 0; i < ranges.size(); ++i) {
     const PositionRange& r = ranges[i];
     const std::string name =
@@ -31,6 +33,15 @@ absl::Status DataPlan::Validate(const std::vector<PositionRange>& ranges) {
     if (r.unbounded() && i + 1 != ranges.size()) {
       return absl::InvalidArgumentError(
           absl::StrCat(name, ": only the last range may be unbounded; later ranges are unreachable"));
+    }
+    // Step numbers are int64: the bounded ranges together must fit, so that
+    // no step arithmetic on the plan overflows.
+    if (!r.unbounded()) {
+      if (r.end - r.begin > std::numeric_limits<int64_t>::max() - steps) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(name, ": the plan would have more than 2^63-1 steps"));
+      }
+      steps += r.end - r.begin;
     }
   }
   return absl::OkStatus();
@@ -176,7 +187,11 @@ absl::StatusOr<int64_t> DataPlan::PositionForStep(int64_t step) const {
   if (step < 0) return absl::InvalidArgumentError(absl::StrCat("negative step ", step));
   int64_t left = step;
   for (const PositionRange& r : ranges_) {
-    if (r.unbounded() || left < r.end - r.begin) return r.begin + left;
+    if (r.unbounded()) {
+      if (left > std::numeric_limits<int64_t>::max() - r.begin) break;  // no int64 position
+      return r.begin + left;
+    }
+    if (left < r.end - r.begin) return r.begin + left;
     left -= r.end - r.begin;
   }
   return absl::OutOfRangeError(absl::StrCat("step ", step, " is past the end of data plan '",
@@ -187,7 +202,8 @@ absl::StatusOr<int64_t> DataPlan::FirstStepForPosition(int64_t position) const {
   int64_t step = 0;
   for (const PositionRange& r : ranges_) {
     if (position >= r.begin && (r.unbounded() || position < r.end)) {
-      return step + position - r.begin;
+      if (position - r.begin > std::numeric_limits<int64_t>::max() - step) break;  // no int64 step
+      return step + (position - r.begin);
     }
     if (r.unbounded()) break;
     step += r.end - r.begin;
