@@ -2,6 +2,7 @@
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <openssl/rand.h>
 
 #include <cstdio>
@@ -39,6 +40,17 @@ std::string HashToken(absl::string_view token) {
     std::abort();
   }
   return "sha256:" + Hex(digest, n);
+}
+
+std::string HmacSha256Hex(absl::string_view key, absl::string_view data) {
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  if (HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+           reinterpret_cast<const unsigned char*>(data.data()), data.size(), mac, &n) == nullptr) {
+    std::fprintf(stderr, "spikeguard: HMAC-SHA256 failed\n");
+    std::abort();
+  }
+  return Hex(mac, n);
 }
 
 bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {

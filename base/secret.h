@@ -28,6 +28,9 @@ std::string HashToken(absl::string_view token);
 // time taken does not depend on where the two differ.
 bool TokenMatches(absl::string_view presented, absl::string_view stored);
 
+// HMAC-SHA256 of `data` under `key`, as 64 lowercase hex digits.
+std::string HmacSha256Hex(absl::string_view key, absl::string_view data);
+
 // Constant-time equality of two strings of the same length (false, in time
 // independent of content, when the lengths differ).
 bool ConstantTimeEquals(absl::string_view a, absl::string_view b);

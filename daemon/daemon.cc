@@ -66,6 +66,25 @@ absl::Status EnsureDefaultTokens(const std::string& tokens_path, const std::stri
   return absl::OkStatus();
 }
 
+// The key launched workers' tokens are derived from: DATA_DIR/worker-token.key
+// (0600), made on first start, kept across restarts so the workers a crashed
+// daemon had launched are still known to the next one.
+absl::StatusOr<std::string> WorkerTokenKey(const std::string& path) {
+  {
+    std::ifstream f(path);
+    std::string key;
+    if (f && std::getline(f, key) && key.size() == 64) return key;
+  }
+  const std::string key = NewToken();
+  const mode_t old = umask(077);
+  std::ofstream f(path, std::ios::trunc);
+  f << key << "\n";
+  f.close();
+  umask(old);
+  if (!f) return absl::FailedPreconditionError(absl::StrCat("cannot write '", path, "'"));
+  return key;
+}
+
 // Removes gRPC's reflection plugin, which linking grpc++_reflection
 // registers with every server builder by a static initializer: reflection
 // stays off unless asked for.
@@ -140,6 +159,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options) {
     auto authorizer = auth::Authorizer::FromFile(tokens_file);
     if (!authorizer.ok()) return authorizer.status();
     d->authorizer_ = std::move(*authorizer);
+    const std::string dir = std::filesystem::path(d->catalog_path_).parent_path().string();
+    auto key = WorkerTokenKey(
+        (std::filesystem::path(dir.empty() ? "." : dir) / "worker-token.key").string());
+    if (!key.ok()) return key.status();
+    d->authorizer_->SetWorkerTokenKey(*key);
   }
   storage::CatalogOptions catalog_options;
   catalog_options.path = d->catalog_path_;

@@ -80,20 +80,20 @@ absl::Status Authorizer::Reload() {
   return absl::OkStatus();
 }
 
-std::string Authorizer::WorkerTokenFor(const std::string& run) {
+namespace {
+constexpr absl::string_view kWorkerTokenPrefix = "sgw1:";
+}  // namespace
+
+void Authorizer::SetWorkerTokenKey(std::string key) {
+  absl::MutexLock lock(&mu_);
+  worker_token_key_ = std::move(key);
+}
+
+std::string Authorizer::WorkerTokenFor(const std::string& run) const {
   if (!enabled_) return "";
   absl::MutexLock lock(&mu_);
-  auto it = minted_tokens_.find(run);
-  if (it != minted_tokens_.end()) return it->second;
-  std::string token = NewToken();
-  TokenEntry e;
-  e.principal.name = "launcher:" + run;
-  e.principal.role = Role::kWorker;
-  e.principal.runs.insert(run);
-  e.hash = HashToken(token);
-  minted_[run] = std::move(e);
-  minted_tokens_[run] = token;
-  return token;
+  if (worker_token_key_.empty()) return "";
+  return absl::StrCat(kWorkerTokenPrefix, run, ":", HmacSha256Hex(worker_token_key_, run));
 }
 
 absl::StatusOr<Principal> Authorizer::Authenticate(const std::string* authorization) const {
@@ -118,12 +118,22 @@ absl::StatusOr<Principal> Authorizer::Authenticate(const std::string* authorizat
   }
   absl::MutexLock lock(&mu_);
   if (const TokenEntry* e = FindToken(entries_, token); e != nullptr) return e->principal;
-  const std::string hash = HashToken(token);
-  const TokenEntry* found = nullptr;
-  for (const auto& [run, e] : minted_) {
-    if (ConstantTimeEquals(hash, e.hash) && found == nullptr) found = &e;
+  // A launched worker's token: "sgw1:RUN:MAC", the MAC recomputed and
+  // compared in constant time.
+  if (absl::StartsWith(token, kWorkerTokenPrefix) && !worker_token_key_.empty()) {
+    absl::string_view rest = token.substr(kWorkerTokenPrefix.size());
+    const size_t colon = rest.rfind(':');
+    if (colon != absl::string_view::npos && colon > 0) {
+      const std::string run(rest.substr(0, colon));
+      if (ConstantTimeEquals(rest.substr(colon + 1), HmacSha256Hex(worker_token_key_, run))) {
+        Principal worker;
+        worker.name = "launcher:" + run;
+        worker.role = Role::kWorker;
+        worker.runs.insert(run);
+        return worker;
+      }
+    }
   }
-  if (found != nullptr) return found->principal;
   return absl::UnauthenticatedError(
       "the bearer token matches no principal in the daemon's tokens file (revoked, mistyped, or "
       "meant for another daemon)");

@@ -53,10 +53,13 @@ class Authorizer {
   // force and the error is returned. Minted worker tokens survive.
   absl::Status Reload();
 
-  // A fresh token for the workers of `run` that this daemon launches: role
-  // worker, scoped to `run`. The same token for a run until the daemon
-  // restarts. "" when authentication is off.
-  std::string WorkerTokenFor(const std::string& run);
+  // The token of the workers of `run` that this daemon launches: role
+  // worker, scoped to `run`: "sgw1:RUN:HMAC-SHA256(key, RUN)". The key is
+  // the daemon's (DATA_DIR/worker-token.key), so a daemon restarted after a
+  // crash still knows the tokens of the workers it had launched, and the
+  // tokens are never stored. "" when authentication is off or no key is set.
+  std::string WorkerTokenFor(const std::string& run) const;
+  void SetWorkerTokenKey(std::string key);
 
   // The principal presenting `authorization` (the metadata value, or null
   // when absent).
@@ -78,9 +81,7 @@ class Authorizer {
   std::string tokens_file_;
   mutable absl::Mutex mu_;
   std::vector<TokenEntry> entries_ ABSL_GUARDED_BY(mu_);
-  // run -> minted token's entry.
-  std::map<std::string, TokenEntry> minted_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::string> minted_tokens_ ABSL_GUARDED_BY(mu_);
+  std::string worker_token_key_ ABSL_GUARDED_BY(mu_);
 };
 
 // The "authorization" metadata of a call, if present.

@@ -342,6 +342,32 @@ TEST_F(AuthTest, AWorkerWithABadTokenGetsRejectBadToken) {
   EXPECT_TRUE(ok_first.has_welcome()) << ok_first.DebugString();
 }
 
+// The token the daemon hands the workers it launches: derived from the
+// daemon's key in the data dir, so it still opens the run after the daemon
+// is restarted (a kill -9 mid-incident must not lock its workers out), and
+// only that run.
+TEST_F(AuthTest, LaunchedWorkersTokensSurviveARestartAndOpenOnlyTheirRun) {
+  const std::string key = ReadFile(dir_.File("worker-token.key")).substr(0, 64);
+  ASSERT_EQ(key.size(), 64u);
+  const std::string mac = HmacSha256Hex(key, "run-a");
+  const std::string token = "sgw1:run-a:" + mac;
+  EXPECT_TRUE(AttachAs(token, "run-a").first.has_welcome());
+  RestartDaemon();
+  EXPECT_EQ(ReadFile(dir_.File("worker-token.key")).substr(0, 64), key);
+  EXPECT_TRUE(AttachAs(token, "run-a").first.has_welcome());
+  auto [other_first, other_status] = AttachAs(token, "run-b");
+  EXPECT_EQ(other_status.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  // The run-a MAC under another run's name, and a wrong MAC: unknown tokens.
+  auto [forged_first, forged_status] = AttachAs("sgw1:run-b:" + mac, "run-b");
+  EXPECT_EQ(forged_first.reject().reason(), v1::Reject::BAD_TOKEN);
+  EXPECT_EQ(forged_status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  std::string wrong = token;
+  wrong.back() = wrong.back() == '0' ? '1' : '0';
+  EXPECT_EQ(AttachAs(wrong, "run-a").second.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  // A worker token acts on nothing.
+  EXPECT_EQ(PauseAs(token, "run-a").error_code(), grpc::StatusCode::PERMISSION_DENIED);
+}
+
 TEST_F(AuthTest, MutatingAndRefusedCallsAreAuditedWithPrincipalRunAndOutcome) {
   ASSERT_TRUE(SetPolicyAs(kOperatorA, "run-a").ok());
   ASSERT_EQ(PauseAs(kViewer, "run-a").error_code(), grpc::StatusCode::PERMISSION_DENIED);
