@@ -224,4 +224,17 @@ TEST(DetectorsTest, SpikeguardBeatsTheBaselinesOnASmallCorpus) {
 }
 
 }  // namespace
+// Found by tests/fuzz/trace_fuzz (UBSan: float-cast-overflow): label numbers
+// that no integer holds are refused, naming the label and field.
+TEST(TraceIoTest, LabelNumbersOutOfRangeAreRefused) {
+  for (const char* json : {R"({"labels":[{"kind":"spike","onset":1e300}]})",
+                           R"({"labels":[{"kind":"spike","onset":1,"layer":1e10}]})",
+                           R"({"labels":[{"kind":"spike","onset":1,"end":-1e19}]})"}) {
+    auto labels = LabelsFromJson(json);
+    ASSERT_FALSE(labels.ok()) << json;
+    EXPECT_EQ(labels.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(labels.status().message().find("labels[0]."), std::string::npos) << labels.status();
+  }
+}
+
 }  // namespace spikeguard::detect

@@ -1,5 +1,7 @@
 #include "storage/corpus/data_plan.h"
 
+#include <limits>
+
 #include "gtest/gtest.h"
 
 namespace spikeguard::storage {
@@ -156,4 +158,24 @@ TEST(DataPlanTest, BadSampleMasksAreRefusedNamingThePart) {
 }
 
 }  // namespace
+// Found by tests/fuzz/data_plan_fuzz (UBSan: signed overflow): step and
+// position arithmetic near INT64_MAX.
+TEST(DataPlanTest, StepsAndPositionsNearInt64MaxDoNotOverflow) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  auto plan = DataPlan::Parse("0-600,610-");
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->PositionForStep(kMax).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(*plan->PositionForStep(kMax - 10), kMax);
+  EXPECT_EQ(*plan->FirstStepForPosition(kMax), kMax - 10);
+  // Position INT64_MAX would be step 2^63+4 of "5-10,0-": no int64 step.
+  auto late = DataPlan::Parse("5-10,0-");
+  ASSERT_TRUE(late.ok());
+  EXPECT_EQ(late->FirstStepForPosition(kMax).status().code(), absl::StatusCode::kNotFound);
+  // More than 2^63-1 steps in bounded ranges is refused, naming the range.
+  auto huge = DataPlan::Parse("0-9223372036854775807,0-9223372036854775807");
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(huge.status().message().find("range 1"), std::string::npos) << huge.status();
+}
+
 }  // namespace spikeguard::storage
