@@ -229,8 +229,11 @@ absl::Status CheckProfile(const LaunchProfile& p) {
   if (!IsProfileName(p.name())) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": name wants letters, digits and _.-"));
   }
-  if (p.argv().empty() || p.argv(0).empty() || p.argv(0)[0] != '/' ||
-      p.argv(0).find('{') != std::string::npos) {
+  // No argv: an external profile (workers started by the operator's own
+  // scheduler, torchrun or Slurm); it gives the run its checkpoint and
+  // corpus roots and limits, and the daemon never launches it.
+  if (!p.argv().empty() && (p.argv(0).empty() || p.argv(0)[0] != '/' ||
+                            p.argv(0).find('{') != std::string::npos)) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": argv[0] must be an absolute path without placeholders"));
   }
@@ -574,6 +577,12 @@ absl::StatusOr<LaunchCommand> LaunchProfiles::Build(const std::string& run, cons
         "run '", run, "' no longer matches its launch profile: ", s.message()));
   }
   SG_ASSIGN_OR_RETURN(LaunchProfile profile, Find(spec.profile()));
+  if (profile.argv().empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "run '", run, "': launch profile ", Quoted(profile.name()),
+        " has no argv (its workers are started outside the daemon); the daemon launches only "
+        "runs whose profile has a command line"));
+  }
   std::map<std::string, std::string> subs;
   std::map<std::string, std::vector<std::string>> items;
   SG_RETURN_IF_ERROR(ResolveParams(profile, spec, "spec", &subs, &items));

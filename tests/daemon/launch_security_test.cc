@@ -71,6 +71,12 @@ class LaunchSecurityTest : public DaemonFixture {
         param { name: "args" flags { allow: "steps" allow: "set" } default_value: "" }
       }
       profile {
+        # External: workers started by torchrun or a scheduler; the profile
+        # only confines the run's checkpoints.
+        name: "external"
+        checkpoint_root: ")pb", root_, R"pb(/{run}"
+      }
+      profile {
         name: "toucher"
         argv: "/usr/bin/touch" argv: ")pb", dir_.File("launched-"), R"pb({tag}-{rank}"
         checkpoint_root: ")pb", root_, R"pb(/{run}"
@@ -345,6 +351,16 @@ TEST_F(LaunchSecurityTest, CheckpointsOutsideTheRootAreRefusedAndNotStored) {
   EXPECT_TRUE(Register("r", 20, absl::StrCat(root_, "/r/step-20")).ok());
   EXPECT_TRUE(Register("r", 30, absl::StrCat("file://", root_, "/r/sub/step-30")).ok());
   EXPECT_EQ(Checkpoints("r").size(), 2u);
+}
+
+TEST_F(LaunchSecurityTest, AnExternalProfileConfinesCheckpointsAndIsNeverLaunched) {
+  grpc::Status launched = Create("torchrun", Spec("external"), /*launch=*/true);
+  EXPECT_EQ(launched.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(launched.error_message(), HasSubstr("has no argv"));
+  ASSERT_TRUE(Create("torchrun2", Spec("external")).ok());
+  EXPECT_EQ(Register("torchrun2", 5, "file:///etc/passwd").error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(Register("torchrun2", 5, absl::StrCat(root_, "/torchrun2/step-5")).ok());
 }
 
 TEST_F(LaunchSecurityTest, ARunWithoutAProfileIsConfinedToItsDataDir) {

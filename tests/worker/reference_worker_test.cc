@@ -5,6 +5,7 @@
 #include "worker/ref/reference_worker.h"
 
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -292,14 +293,30 @@ TEST_F(ReferenceWorkerCommandTest, RetentionKeepsPinnedCheckpointsAndReportsDele
 
 // --- Against a real spikeguardd --------------------------------------------------------
 
+// Workers started by hand, as under torchrun or a scheduler: their runs
+// name an external launch profile (no argv) whose roots hold the tests'
+// temp dirs, where the workers keep their checkpoints and corpora.
 class ReferenceWorkerDaemonTest : public DaemonFixture {
  protected:
+  void ConfigureDaemon(daemon::Daemon::Options& options) override {
+    const std::string tmp = std::filesystem::canonical(std::filesystem::temp_directory_path());
+    std::ofstream(dir_.File("profiles.textproto"))
+        << "profile { name: \"hand\" checkpoint_root: \"" << tmp << "\" corpus_root: \"" << tmp
+        << "\" }\n";
+    options.launch_profiles_file = dir_.File("profiles.textproto");
+  }
+
+  grpc::Status CreateRun(const std::string& name, uint32_t world_size = 1) {
+    return CreateRunWithManifest(name, v1::Manifest(), world_size);
+  }
+
   grpc::Status CreateRunWithManifest(const std::string& name, const v1::Manifest& manifest,
                                      uint32_t world_size = 1) {
     grpc::ClientContext ctx;
     v1::CreateRunRequest req;
     req.set_name(name);
     req.set_world_size(world_size);
+    req.mutable_spec()->set_profile("hand");
     *req.mutable_spec()->mutable_manifest() = manifest;
     v1::Run out;
     return supervisor_->CreateRun(&ctx, req, &out);
