@@ -227,7 +227,17 @@ grpc::Status SupervisorServiceImpl::CreateRun(Ctx* ctx, const v1::CreateRunReque
   if (!created.ok()) return ToGrpcStatus(created.status());
   SG_LOG(INFO) << "run '" << req->name() << "' created (world size " << req->world_size() << ")";
   *out = *created;
-  if (req->launch()) {
+  // An external profile (no argv): the workers are started outside the
+  // daemon (torchrun, a scheduler); the run is created and waits for them.
+  bool external = false;
+  if (req->launch() && state_->profiles != nullptr && !req->spec().profile().empty()) {
+    auto profile = state_->profiles->Find(req->spec().profile());
+    external = profile.ok() && profile->argv().empty();
+  }
+  if (external) {
+    SG_LOG(INFO) << "run '" << req->name() << "': profile '" << req->spec().profile()
+                 << "' is external; the daemon waits for workers started outside it";
+  } else if (req->launch()) {
     if (state_->launcher == nullptr) {
       return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the launcher is not running");
     }

@@ -135,9 +135,16 @@ def test_plan_holes_and_qk_norm_z_loss(corpus, tmp_path):
 
 
 def test_two_ranks_under_spikeguardd_rewind_with_horizon_replays_bit_exact(corpus, tmp_path,
-                                                                             daemon):
+                                                                             daemon_factory):
     from conftest import wait_until
-    daemon.create_run("tg", world_size=2, mode="observe")
+    # Ranks started by hand, as torchrun would: the run names an external
+    # launch profile (no argv) whose root holds their checkpoint dir.
+    profiles = tmp_path / "profiles.textproto"
+    profiles.write_text(f'profile {{ name: "torchrun" checkpoint_root: "{tmp_path}" }}\n')
+    daemon = daemon_factory([f"--launch-profiles={profiles}"]).start()
+    spec = tmp_path / "spec.textproto"
+    spec.write_text('profile: "torchrun"\n')
+    daemon.create_run("tg", world_size=2, mode="observe", spec=spec)
     ck = str(tmp_path / "ck")
     port = free_port()
     procs = []
