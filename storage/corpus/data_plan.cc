@@ -256,6 +256,12 @@ absl::StatusOr<DataPlan> DataPlan::WithSplice(int64_t at_step, PositionRange ins
       left -= len;
       continue;
     }
+    if (r.unbounded() && left > std::numeric_limits<int64_t>::max() - r.begin) {
+      // The splice point's position would not fit in an int64.
+      return absl::OutOfRangeError(absl::StrCat("splice step ", at_step,
+                                                " has no int64 data position in plan '",
+                                                ToString(), "'"));
+    }
     if (left > 0) out.push_back({r.begin, r.begin + left});
     out.push_back(inserted);
     out.push_back({r.begin + left, r.end});

@@ -28,6 +28,8 @@ export SPIKEGUARD_LOG_LEVEL=${SPIKEGUARD_LOG_LEVEL:-ERROR}
 
 # Bounds that keep a run honest: 2 GiB, 10 s per input.
 common=(-rss_limit_mb=2048 -timeout=10 -max_len=65536 -print_final_stats=0)
+# SPIKEGUARD_FUZZ_SEED: 0 (the default) = random; ctest's bounded runs fix it.
+common+=(-seed="${SPIKEGUARD_FUZZ_SEED:-0}")
 # A dictionary of the format's tokens, when the target has one.
 if [ -f "$src/$name.dict" ]; then common+=(-dict="$src/$name.dict"); fi
 dirs=()
