@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
 #include "daemon/auth/authorizer.h"
+#include "daemon/ingest/limits.h"
 #include "google/protobuf/message.h"
 #include "spikeguard/v1/supervisor.pb.h"
 #include "storage/catalog/catalog.h"
@@ -50,33 +51,6 @@ const char* CodeName(grpc::StatusCode code) {
   }
 }
 
-// Control characters and bytes that are not UTF-8 escaped (\xNN), the rest
-// kept as written, cut at kMaxDetail on a character boundary (the row is
-// a proto3 string: it must stay valid UTF-8).
-std::string Bounded(const std::string& text) {
-  std::string out;
-  size_t i = 0;
-  while (i < text.size()) {
-    if (out.size() >= kMaxDetail) {
-      out += "...";
-      break;
-    }
-    const auto u = static_cast<unsigned char>(text[i]);
-    size_t n = u < 0x80 ? 1 : (u >> 5) == 0x6 ? 2 : (u >> 4) == 0xe ? 3 : (u >> 3) == 0x1e ? 4 : 0;
-    bool ok = n > 0 && i + n <= text.size();
-    for (size_t k = 1; ok && k < n; ++k) {
-      ok = (static_cast<unsigned char>(text[i + k]) >> 6) == 0x2;
-    }
-    if (!ok || u < 0x20 || u == 0x7f) {
-      absl::StrAppend(&out, "\\x", absl::Hex(u, absl::kZeroPad2));
-      ++i;
-      continue;
-    }
-    out.append(text, i, n);
-    i += n;
-  }
-  return out;
-}
 
 // The run a request names: a top-level "run" (or "name" for the run calls),
 // or the "run" of its first message field (checkpoint, entry, hello).
@@ -163,7 +137,9 @@ class AuditInterceptor : public exp::Interceptor {
     e.set_rpc(method_);
     e.set_run(run_.substr(0, 256));
     e.set_outcome(CodeName(code));
-    e.set_detail(Bounded(status.ok() ? request_ : status.error_message()));
+    // Escaped (control characters, bytes that are not UTF-8) and cut, as
+    // worker text is for the log: the row is a proto3 string.
+    e.set_detail(LogText(status.ok() ? request_ : status.error_message(), kMaxDetail));
     if (info_->server_context() != nullptr) e.set_peer(info_->server_context()->peer());
     if (auto s = catalog_->AppendAudit(e); !s.ok()) {
       SG_LOG(WARNING) << "audit: could not record " << method_ << ": " << s.status().message();

@@ -36,14 +36,6 @@ const std::string& TempPath() {
   return *path;
 }
 
-bool WriteFile(const std::string& path, const std::string& bytes) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return false;
-  bool ok = ::write(fd, bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size());
-  ::close(fd);
-  return ok;
-}
-
 bool Same(const storage::Checkpoint& a, const storage::Checkpoint& b) {
   if (a.generation != b.generation || a.step != b.step || a.data_position != b.data_position ||
       a.config_fingerprint != b.config_fingerprint || a.rng_state != b.rng_state ||
@@ -80,7 +72,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_CHECK(Same(*parsed, *back));
   }
   // The same bytes through the file reader, with and without a fingerprint.
-  if (WriteFile(TempPath(), bytes)) {
+  if (spikeguard::fuzz::WriteFile(TempPath(), bytes)) {
     storage::CheckpointFileInfo info;
     auto read = storage::ReadCheckpoint(TempPath(), std::nullopt, &info);
     FUZZ_CHECK(read.ok() == parsed.ok());

@@ -3,10 +3,23 @@
 // inputs are expected, thousands per second).
 #pragma once
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 namespace spikeguard::fuzz {
+
+// Writes `bytes` to `path` (created or truncated, 0600); false on any error.
+inline bool WriteFile(const std::string& path, const std::string& bytes) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return false;
+  bool ok = ::write(fd, bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size());
+  ::close(fd);
+  return ok;
+}
 
 [[noreturn]] inline void Fail(const char* what, const char* file, int line) {
   std::fprintf(stderr, "%s:%d: fuzz invariant failed: %s\n", file, line, what);

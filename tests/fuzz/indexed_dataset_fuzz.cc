@@ -37,14 +37,6 @@ const std::string& Prefix() {
   return *prefix;
 }
 
-bool WriteFile(const std::string& path, const std::string& bytes) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return false;
-  bool ok = ::write(fd, bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size());
-  ::close(fd);
-  return ok;
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -53,7 +45,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string idx(reinterpret_cast<const char*>(data), size - 2);
   std::string bin(bin_size, '\0');
   for (size_t i = 0; i < bin_size; ++i) bin[i] = static_cast<char>(i * 131 + 7);
-  if (!WriteFile(Prefix() + ".idx", idx) || !WriteFile(Prefix() + ".bin", bin)) return 0;
+  if (!spikeguard::fuzz::WriteFile(Prefix() + ".idx", idx) || !spikeguard::fuzz::WriteFile(Prefix() + ".bin", bin)) return 0;
 
   auto opened = storage::IndexedDataset::Open(Prefix());
   if (!opened.ok()) {
