@@ -1,6 +1,7 @@
 #include "daemon/server/worker_service.h"
 
 #include <map>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -330,11 +331,28 @@ grpc::Status WorkerServiceImpl::Attach(
                << " (committed step " << *committed << ")";
 
   // Commands may be pushed from other threads (the incident engine); writes
-  // on one stream are serialized.
-  auto write_mu = std::make_shared<absl::Mutex>();
-  auto write = [stream, write_mu](const ControllerMessage& m) {
-    absl::MutexLock lock(write_mu.get());
-    return stream->Write(m);
+  // on one stream are serialized, and a command goes out at most once per
+  // stream. Until the stream has replayed its backlog (below), commands
+  // pushed through the hub wait behind it, so the rank sees them in order.
+  struct Writer {
+    absl::Mutex mu;
+    bool replaying ABSL_GUARDED_BY(mu) = true;
+    std::vector<ControllerMessage> held ABSL_GUARDED_BY(mu);
+    std::set<std::string> commands_sent ABSL_GUARDED_BY(mu);
+    bool WriteLocked(grpc::ServerReaderWriter<ControllerMessage, WorkerMessage>* s,
+                     const ControllerMessage& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      if (m.has_command() && !commands_sent.insert(m.command().id()).second) return true;
+      return s->Write(m);
+    }
+  };
+  auto writer = std::make_shared<Writer>();
+  auto write = [stream, writer](const ControllerMessage& m) {
+    absl::MutexLock lock(&writer->mu);
+    if (writer->replaying && m.has_command()) {
+      writer->held.push_back(m);
+      return true;
+    }
+    return writer->WriteLocked(stream, m);
   };
   ControllerMessage welcome;
   welcome.mutable_welcome()->set_run(run_name);
@@ -351,12 +369,22 @@ grpc::Status WorkerServiceImpl::Attach(
     ~HubGuard() { hub->Remove(id); }
   } hub_guard{&state_->hub, hub_id};
   if (state_->supervisor != nullptr) {
-    // Whatever this rank has not acknowledged yet, in order.
-    for (const auto& command : state_->supervisor->control()->Unacknowledged(run_name, generation)) {
+    // Whatever this rank has not acknowledged yet, in order, then what was
+    // pushed while the backlog was listed (SQLite is read outside the lock).
+    std::vector<v1::Command> backlog =
+        state_->supervisor->control()->Unacknowledged(run_name, generation);
+    absl::MutexLock lock(&writer->mu);
+    for (auto& command : backlog) {
       ControllerMessage out;
-      *out.mutable_command() = command;
-      write(out);
+      *out.mutable_command() = std::move(command);
+      writer->WriteLocked(stream, out);
     }
+    for (const auto& m : writer->held) writer->WriteLocked(stream, m);
+    writer->held.clear();
+    writer->replaying = false;
+  } else {
+    absl::MutexLock lock(&writer->mu);
+    writer->replaying = false;
   }
 
   // The furthest step this rank committed: later reports may not run
@@ -386,7 +414,7 @@ grpc::Status WorkerServiceImpl::Attach(
           continue;
         }
         if (batch_gen != generation) {
-          absl::MutexLock lock(write_mu.get());
+          absl::MutexLock lock(&writer->mu);
           return SendReject(stream, Reject::STALE_GENERATION,
                             absl::StrFormat("stale generation: reports of generation %d on a stream "
                                             "of generation %d",
@@ -564,7 +592,7 @@ grpc::Status WorkerServiceImpl::Attach(
         break;
       case WorkerMessage::kHello: {
         state_->registry.Disconnect(run_name, rank, stream_id);
-        absl::MutexLock lock(write_mu.get());
+        absl::MutexLock lock(&writer->mu);
         return SendReject(stream, Reject::INVALID_HELLO, "hello sent twice on one stream",
                           generation, grpc::StatusCode::INVALID_ARGUMENT);
       }

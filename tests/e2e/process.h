@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -36,7 +37,13 @@ class TempDir {
     std::string tmpl = (std::filesystem::temp_directory_path() / "spikeguard-test-XXXXXX").string();
     path_ = mkdtemp(tmpl.data());
   }
+  // SPIKEGUARD_KEEP_TEST_DIRS=1 keeps them (daemon and worker logs) for a
+  // look after a failure.
   ~TempDir() {
+    if (const char* keep = std::getenv("SPIKEGUARD_KEEP_TEST_DIRS"); keep && *keep == '1') {
+      std::fprintf(stderr, "kept %s\n", path_.c_str());
+      return;
+    }
     std::error_code ec;
     std::filesystem::remove_all(path_, ec);
   }

@@ -161,7 +161,7 @@ TEST_F(TelemetryE2E, KillNineMidStreamLosesNothingAcknowledgedAndStoresNothingTw
 
   auto restarted = StartDaemon("second");
   auto code = gen->Wait(std::chrono::seconds(300));
-  ASSERT_TRUE(code.has_value()) << "tracegen hung after the restart";
+  ASSERT_TRUE(code.has_value()) << "tracegen hung after the restart: " << gen->err();
   ASSERT_EQ(*code, 0) << gen->err();
 
   v1::QueryTelemetryResponse all = QueryAll("crash");

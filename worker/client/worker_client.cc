@@ -268,13 +268,31 @@ void WorkerClient::ConnectionLoop() {
     const int64_t connects_before = stats().connects;
     if (!RunConnection()) return;
     if (stats().connects > connects_before) backoff = options_.initial_backoff;
-    absl::MutexLock lock(&mu_);
-    const absl::Time wake = absl::Now() + backoff;
-    while (!stopping_) {
-      if (cv_.WaitWithDeadline(&mu_, wake)) break;
-    }
-    if (stopping_) return;
+    if (!WaitOutBackoff(absl::Now() + backoff)) return;
     backoff = std::min(backoff * 2, options_.max_backoff);
+  }
+}
+
+bool WorkerClient::WaitOutBackoff(absl::Time wake) {
+  // The wait drives the channel's reconnection. With the synchronous API
+  // nothing polls a channel that no call is using: its TCP connect and TLS
+  // handshake then advance only on gRPC's backup poller (every 5 s), and a
+  // rank took a minute or more to come back after a daemon restart. A
+  // channel that becomes ready ends the wait early (one that was ready all
+  // along does not: the attach failed for another reason).
+  bool was_ready = channel_->GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_READY;
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return false;
+    }
+    const absl::Time now = absl::Now();
+    if (now >= wake) return true;
+    const grpc_connectivity_state state = channel_->GetState(/*try_to_connect=*/true);
+    if (state == GRPC_CHANNEL_READY && !was_ready) return true;
+    if (state != GRPC_CHANNEL_READY) was_ready = false;
+    // A bounded step, so that Close() is seen within 100 ms.
+    channel_->WaitForStateChange(state, absl::ToChronoTime(std::min(wake, now + absl::Milliseconds(100))));
   }
 }
 

@@ -161,6 +161,9 @@ class WorkerClient {
   void ConnectionLoop();
   // Runs one connection until it breaks; returns false when the client must
   // stop for good (closed or rejected).
+  // Sleeps until `wake` (false once the client is stopping) while driving
+  // the channel's reconnection; returns early when the channel is ready.
+  bool WaitOutBackoff(absl::Time wake);
   bool RunConnection();
   void SealLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
