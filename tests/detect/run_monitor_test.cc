@@ -4,7 +4,7 @@
 #include <cmath>
 #include <random>
 
-#include "daemon/detect/trace_gen.h"
+#include "daemon/detect/eval/trace_gen.h"
 #include "gtest/gtest.h"
 
 namespace spikeguard::detect {

@@ -4,11 +4,11 @@
 #include <map>
 #include <string>
 
-#include "daemon/detect/baselines.h"
-#include "daemon/detect/detectors.h"
-#include "daemon/detect/scoring.h"
-#include "daemon/detect/trace_gen.h"
-#include "daemon/detect/trace_io.h"
+#include "daemon/detect/eval/baselines.h"
+#include "daemon/detect/eval/detectors.h"
+#include "daemon/detect/eval/scoring.h"
+#include "daemon/detect/eval/trace_gen.h"
+#include "daemon/detect/eval/trace_io.h"
 #include "gtest/gtest.h"
 
 namespace spikeguard::detect {

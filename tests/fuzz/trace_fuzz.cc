@@ -9,7 +9,7 @@
 
 #define SPIKEGUARD_FUZZ_PROTOBUF
 #include "tests/fuzz/fuzz_common.h"
-#include "daemon/detect/trace_io.h"
+#include "daemon/detect/eval/trace_io.h"
 
 namespace {
 

@@ -15,7 +15,7 @@
 
 #define SPIKEGUARD_FUZZ_PROTOBUF
 #include "tests/fuzz/fuzz_common.h"
-#include "daemon/detect/trace_io.h"
+#include "daemon/detect/eval/trace_io.h"
 #include "google/protobuf/stubs/common.h"
 #include "daemon/ingest/limits.h"
 #include "spikeguard/v1/worker.pb.h"

@@ -1,4 +1,4 @@
-#include "worker/tracegen/trace_model.h"
+#include "daemon/detect/eval/trace_gen.h"
 
 #include <cmath>
 

@@ -17,6 +17,8 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "base/flag_dashes.h"
+#include "daemon/detect/eval/trace_gen.h"
+#include "daemon/detect/eval/trace_io.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -24,7 +26,6 @@
 #include "grpcpp/create_channel.h"
 #include "spikeguard/v1/supervisor.grpc.pb.h"
 #include "worker/client/worker_client.h"
-#include "worker/tracegen/trace_model.h"
 
 ABSL_FLAG(std::string, addr, "127.0.0.1:7070", "spikeguardd address");
 ABSL_FLAG(std::string, token_file, "",
@@ -104,22 +105,11 @@ int main(int argc, char** argv) {
       (void)google::protobuf::util::MessageToJsonString(model.Report(0, step), &line, opts);
       f << line << '\n';
     }
+    // Labels as the detector benchmark reads them (eval/trace_io.h).
     std::ofstream labels(out.substr(0, out.rfind(".jsonl")) + ".labels.json");
-    labels << "{\"trace\":\"tracegen-" << spec.seed << "\",\"steps\":" << steps << ",\"labels\":[";
-    bool comma = false;
-    for (int64_t peak : spec.spikes) {
-      // The loss rises one step before its peak; the grad norm blows up
-      // over the five steps before it (the precursor).
-      labels << (comma ? "," : "") << "{\"kind\":\"spike\",\"signal\":\"loss\",\"onset\":"
-             << peak - 1 << ",\"peak\":" << peak << ",\"end\":" << peak + 20 << "}";
-      comma = true;
-    }
-    for (int64_t nan : spec.nan_steps) {
-      labels << (comma ? "," : "") << "{\"kind\":\"nonfinite\",\"signal\":\"loss\",\"onset\":"
-             << nan << ",\"peak\":" << nan << ",\"end\":" << nan << "}";
-      comma = true;
-    }
-    labels << "]}\n";
+    labels << spikeguard::detect::LabelsToJson("tracegen-" + std::to_string(spec.seed), steps,
+                                               model.Labels())
+           << "\n";
     std::cout << "spikeguard-tracegen: wrote " << steps << " steps to " << out << "\n";
     return f.good() ? 0 : 1;
   }

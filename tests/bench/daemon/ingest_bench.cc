@@ -51,7 +51,7 @@
 #include "spikeguard/v1/supervisor.grpc.pb.h"
 #include "spikeguard/v1/worker.grpc.pb.h"
 #include "worker/client/worker_client.h"
-#include "worker/tracegen/trace_model.h"
+#include "daemon/detect/eval/trace_gen.h"
 
 namespace {
 

@@ -27,10 +27,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "daemon/detect/detectors.h"
-#include "daemon/detect/scoring.h"
-#include "daemon/detect/trace_gen.h"
-#include "daemon/detect/trace_io.h"
+#include "daemon/detect/eval/detectors.h"
+#include "daemon/detect/eval/scoring.h"
+#include "daemon/detect/eval/trace_gen.h"
+#include "daemon/detect/eval/trace_io.h"
 
 namespace {
 

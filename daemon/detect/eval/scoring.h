@@ -31,8 +31,8 @@
 #include <string>
 #include <vector>
 
-#include "daemon/detect/detectors.h"
-#include "daemon/detect/trace_gen.h"
+#include "daemon/detect/eval/detectors.h"
+#include "daemon/detect/eval/trace_gen.h"
 
 namespace spikeguard::detect {
 

@@ -1,4 +1,4 @@
-#include "daemon/detect/baselines.h"
+#include "daemon/detect/eval/baselines.h"
 
 #include <algorithm>
 #include <cmath>

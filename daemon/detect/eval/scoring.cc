@@ -1,4 +1,4 @@
-#include "daemon/detect/scoring.h"
+#include "daemon/detect/eval/scoring.h"
 
 #include <algorithm>
 #include <cmath>

@@ -20,10 +20,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "daemon/detect/detectors.h"
-#include "daemon/detect/scoring.h"
-#include "daemon/detect/trace_gen.h"
-#include "daemon/detect/trace_io.h"
+#include "daemon/detect/eval/detectors.h"
+#include "daemon/detect/eval/scoring.h"
+#include "daemon/detect/eval/trace_gen.h"
+#include "daemon/detect/eval/trace_io.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-#include "daemon/detect/trace_io.h"
+#include "daemon/detect/eval/trace_io.h"
 
 #include <cmath>
 #include <fstream>
@@ -35,8 +35,6 @@ absl::Status WriteFile(const std::string& path, const std::string& text) {
 }
 
 }  // namespace
-
-StepSample FromStepReport(const v1::StepReport& r) { return FromStepMessage(r); }
 
 v1::StepReport ToStepReport(const StepSample& s) {
   v1::StepReport r;

@@ -1,9 +1,9 @@
-#include "daemon/detect/detectors.h"
+#include "daemon/detect/eval/detectors.h"
 
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/detect/baselines.h"
+#include "daemon/detect/eval/baselines.h"
 
 namespace spikeguard::detect {
 
