@@ -1,6 +1,10 @@
 #include "storage/catalog/catalog.h"
 
 #include <algorithm>
+#include <climits>
+#include <map>
+#include <set>
+#include <tuple>
 #include <cmath>
 #include <limits>
 #include <utility>
@@ -76,6 +80,8 @@ constexpr char kSelectManifestSql[] =
     "SELECT record FROM manifests WHERE run_id = ? AND version = ?";
 
 // --- Telemetry -------------------------------------------------------------------
+constexpr char kSelectRunIdGenerationSql[] =
+    "SELECT id, current_generation FROM runs WHERE name = ?";
 constexpr char kSelectCommittedStepSql[] =
     "SELECT committed_step FROM rank_progress WHERE run_id = ? AND generation = ? AND rank = ?";
 constexpr char kUpsertRankProgressSql[] =
@@ -637,38 +643,139 @@ absl::StatusOr<v1::Manifest> Catalog::GetManifest(std::string_view run, int64_t 
 absl::StatusOr<IngestResult> Catalog::IngestReports(std::string_view run, int64_t generation,
                                                     uint32_t rank,
                                                     std::span<const v1::StepReport> reports) {
-  // Within a call, take reports in step order so a reordered batch loses nothing.
-  std::vector<const v1::StepReport*> ordered;
-  ordered.reserve(reports.size());
-  for (const v1::StepReport& r : reports) ordered.push_back(&r);
-  std::stable_sort(ordered.begin(), ordered.end(),
-                   [](const v1::StepReport* a, const v1::StepReport* b) {
-                     return a->step() < b->step();
-                   });
+  IngestBatch batch;
+  batch.run = std::string(run);
+  batch.generation = generation;
+  batch.rank = rank;
+  batch.reports.assign(reports.begin(), reports.end());
+  SG_ASSIGN_OR_RETURN(IngestGroupResult group, IngestGroup(std::span<const IngestBatch>(&batch, 1)));
+  BatchOutcome& outcome = group.batches.front();
+  if (!outcome.status.ok()) return outcome.status;
+  return outcome.result;
+}
 
+void Catalog::ForgetOlderTimelinesLocked(int64_t run_id, int64_t generation) {
+  for (auto it = open_steps_.lower_bound({run_id, INT64_MIN});
+       it != open_steps_.end() && it->first.first == run_id && it->first.second < generation;) {
+    it = open_steps_.erase(it);
+  }
+  for (auto it = committed_.lower_bound({run_id, INT64_MIN, 0});
+       it != committed_.end() && std::get<0>(it->first) == run_id &&
+       std::get<1>(it->first) < generation;) {
+    it = committed_.erase(it);
+  }
+}
+
+absl::StatusOr<IngestGroupResult> Catalog::IngestGroup(std::span<const IngestBatch> batches) {
   absl::MutexLock lock(&mu_);
-  SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
-  SG_ASSIGN_OR_RETURN(int64_t run_id, RunIdLocked(run));
-  SG_RETURN_IF_ERROR(RequireGenerationLocked(run_id, run, generation));
-  IngestResult result;
-  SG_ASSIGN_OR_RETURN(result.committed_step, CommittedStepLocked(run_id, generation, rank));
-  for (const v1::StepReport* report : ordered) {
-    if (report->step() <= result.committed_step) {
-      ++result.duplicates;
-      continue;
-    }
-    v1::StepRecord record;
-    {
-      SG_ASSIGN_OR_RETURN(Statement select, db_->Prepare(kSelectStepRecordSql));
-      select.BindInt64(1, run_id).BindInt64(2, generation).BindInt64(3, report->step());
-      SG_ASSIGN_OR_RETURN(bool row, select.Step());
-      if (row) {
-        SG_ASSIGN_OR_RETURN(record, Parse<v1::StepRecord>(select.ColumnBlob(0), "step"));
+  absl::StatusOr<IngestGroupResult> result = IngestGroupLocked(batches);
+  if (!result.ok()) {
+    // Rolled back: the in-memory merges may hold uncommitted reports.
+    open_steps_.clear();
+    committed_.clear();
+  }
+  return result;
+}
+
+absl::StatusOr<IngestGroupResult> Catalog::IngestGroupLocked(std::span<const IngestBatch> batches) {
+    IngestGroupResult out;
+    out.batches.resize(batches.size());
+    SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
+    struct RunInfo {
+      absl::Status status;
+      int64_t id = 0;
+      int64_t current = -1;
+      std::set<int64_t> generations_checked;
+    };
+    std::map<std::string, RunInfo, std::less<>> runs;
+    // Records touched by this group, and the world size that completes each.
+    std::map<std::tuple<int64_t, int64_t, int64_t>, std::pair<std::string, uint32_t>> touched;
+    std::map<std::tuple<int64_t, int64_t, uint32_t>, int64_t> progress;
+    for (size_t i = 0; i < batches.size(); ++i) {
+      const IngestBatch& batch = batches[i];
+      BatchOutcome& outcome = out.batches[i];
+      auto [it, fresh] = runs.try_emplace(batch.run);
+      RunInfo& info = it->second;
+      if (fresh) {
+        SG_ASSIGN_OR_RETURN(Statement select, db_->Prepare(kSelectRunIdGenerationSql));
+        select.BindText(1, batch.run);
+        SG_ASSIGN_OR_RETURN(bool row, select.Step());
+        if (!row) {
+          info.status = absl::NotFoundError(absl::StrCat("run '", Sv(batch.run), "' not found"));
+        } else {
+          info.id = select.ColumnInt64(0);
+          info.current = select.ColumnInt64(1);
+        }
       }
+      outcome.run_generation = info.current;
+      if (!info.status.ok()) {
+        outcome.status = info.status;
+        continue;
+      }
+      if (batch.require_current && batch.generation != info.current) {
+        outcome.status = absl::FailedPreconditionError(
+            absl::StrCat("stale generation: reports of generation ", batch.generation,
+                         " refused; the run is at generation ", info.current));
+        continue;
+      }
+      if (batch.generation != info.current &&
+          !info.generations_checked.contains(batch.generation)) {
+        if (absl::Status s = RequireGenerationLocked(info.id, batch.run, batch.generation);
+            !s.ok()) {
+          if (!absl::IsNotFound(s)) return s;
+          outcome.status = s;
+          continue;
+        }
+        info.generations_checked.insert(batch.generation);
+      }
+      const auto rank_key = std::make_tuple(info.id, batch.generation, batch.rank);
+      auto committed = committed_.find(rank_key);
+      if (committed == committed_.end()) {
+        SG_ASSIGN_OR_RETURN(int64_t step, CommittedStepLocked(info.id, batch.generation, batch.rank));
+        committed = committed_.emplace(rank_key, step).first;
+      }
+      // Within a batch, take reports in step order so a reordered batch loses nothing.
+      std::vector<const v1::StepReport*> ordered;
+      ordered.reserve(batch.reports.size());
+      for (const v1::StepReport& r : batch.reports) ordered.push_back(&r);
+      std::stable_sort(ordered.begin(), ordered.end(),
+                       [](const v1::StepReport* a, const v1::StepReport* b) {
+                         return a->step() < b->step();
+                       });
+      IngestResult& r = outcome.result;
+      r.committed_step = committed->second;
+      auto& open = open_steps_[{info.id, batch.generation}];
+      for (const v1::StepReport* report : ordered) {
+        if (report->step() <= r.committed_step) {
+          ++r.duplicates;
+          continue;
+        }
+        auto record = open.find(report->step());
+        if (record == open.end()) {
+          v1::StepRecord stored;
+          SG_ASSIGN_OR_RETURN(Statement select, db_->Prepare(kSelectStepRecordSql));
+          select.BindInt64(1, info.id).BindInt64(2, batch.generation).BindInt64(3, report->step());
+          SG_ASSIGN_OR_RETURN(bool row, select.Step());
+          if (row) {
+            SG_ASSIGN_OR_RETURN(stored, Parse<v1::StepRecord>(select.ColumnBlob(0), "step"));
+          }
+          record = open.emplace(report->step(), std::move(stored)).first;
+        }
+        record->second.set_generation(batch.generation);
+        MergeReport(&record->second, batch.rank, *report);
+        auto& t = touched[{info.id, batch.generation, report->step()}];
+        t.first = batch.run;
+        t.second = std::max(t.second, batch.world_size);
+        r.committed_step = report->step();
+        ++r.accepted;
+      }
+      committed->second = r.committed_step;
+      if (!batch.reports.empty()) progress[rank_key] = r.committed_step;
     }
-    record.set_generation(generation);
-    MergeReport(&record, rank, *report);
-    {
+    // Each touched record and each rank's high-water mark is written once.
+    for (const auto& [key, who] : touched) {
+      const auto& [run_id, generation, step] = key;
+      const v1::StepRecord& record = open_steps_[{run_id, generation}][step];
       SG_ASSIGN_OR_RETURN(Statement upsert, db_->Prepare(kUpsertStepRecordSql));
       upsert.BindInt64(1, run_id)
           .BindInt64(2, generation)
@@ -679,20 +786,39 @@ absl::StatusOr<IngestResult> Catalog::IngestReports(std::string_view run, int64_
           .BindBlob(7, Serialize(record));
       SG_RETURN_IF_ERROR(upsert.Run());
     }
-    result.committed_step = report->step();
-    ++result.accepted;
-  }
-  if (!reports.empty()) {
-    SG_ASSIGN_OR_RETURN(Statement progress, db_->Prepare(kUpsertRankProgressSql));
-    progress.BindInt64(1, run_id)
-        .BindInt64(2, generation)
-        .BindInt64(3, rank)
-        .BindInt64(4, result.committed_step)
-        .BindInt64(5, clock_->NowUnixMillis());
-    SG_RETURN_IF_ERROR(progress.Run());
-  }
-  SG_RETURN_IF_ERROR(txn.Commit());
-  return result;
+    const int64_t now = clock_->NowUnixMillis();
+    for (const auto& [key, step] : progress) {
+      SG_ASSIGN_OR_RETURN(Statement upsert, db_->Prepare(kUpsertRankProgressSql));
+      upsert.BindInt64(1, std::get<0>(key))
+          .BindInt64(2, std::get<1>(key))
+          .BindInt64(3, std::get<2>(key))
+          .BindInt64(4, step)
+          .BindInt64(5, now);
+      SG_RETURN_IF_ERROR(upsert.Run());
+    }
+    SG_RETURN_IF_ERROR(txn.Commit());
+    // Durable: complete records are handed back and leave the cache; the
+    // cache keeps at most kMaxOpenStepsPerGeneration steps per timeline.
+    std::set<TimelineKey> timelines;
+    for (const auto& [key, who] : touched) {
+      const auto& [run_id, generation, step] = key;
+      auto& open = open_steps_[{run_id, generation}];
+      auto it = open.find(step);
+      timelines.insert({run_id, generation});
+      if (who.second > 0 && it->second.ranks_reported() >= static_cast<int64_t>(who.second)) {
+        out.completed.push_back(CompletedStep{who.first, who.second, std::move(it->second)});
+        open.erase(it);
+      }
+    }
+    for (const TimelineKey& key : timelines) {
+      auto& open = open_steps_[key];
+      while (open.size() > kMaxOpenStepsPerGeneration) open.erase(open.begin());
+    }
+    // Older generations of a run stop receiving reports once it moved on.
+    for (const auto& [name, info] : runs) {
+      if (info.status.ok()) ForgetOlderTimelinesLocked(info.id, info.current);
+    }
+    return out;
 }
 
 absl::StatusOr<int64_t> Catalog::CommittedStep(std::string_view run, int64_t generation,

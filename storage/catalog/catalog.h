@@ -38,11 +38,14 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -77,6 +80,43 @@ struct IngestResult {
   int duplicates = 0;
   // The rank's high-water mark after this call; -1 if it never reported.
   int64_t committed_step = -1;
+};
+
+// One rank's report batch for `Catalog::IngestGroup`.
+struct IngestBatch {
+  std::string run;
+  int64_t generation = 0;
+  uint32_t rank = 0;
+  // A step's record is complete once this many ranks reported it; it is
+  // then handed back in `IngestGroupResult::completed` (0: never complete).
+  uint32_t world_size = 0;
+  // Refuse the batch unless `generation` is the run's current generation
+  // (FAILED_PRECONDITION; `BatchOutcome::run_generation` says which it is).
+  bool require_current = false;
+  std::vector<v1::StepReport> reports;
+};
+
+struct BatchOutcome {
+  // Not OK: nothing of this batch was stored (unknown run or generation,
+  // stale generation); the other batches of the group are unaffected.
+  absl::Status status;
+  IngestResult result;
+  // The run's current generation when the group was committed (-1 unknown).
+  int64_t run_generation = -1;
+};
+
+// A run-level record that became complete in a committed group.
+struct CompletedStep {
+  std::string run;
+  uint32_t world_size = 0;
+  v1::StepRecord record;
+};
+
+struct IngestGroupResult {
+  std::vector<BatchOutcome> batches;  // one per batch, in order
+  // By (run, generation, step); each record is handed back once, in the
+  // group that completed it.
+  std::vector<CompletedStep> completed;
 };
 
 struct IncidentFilter {
@@ -186,6 +226,15 @@ class Catalog {
   absl::StatusOr<IngestResult> IngestReports(std::string_view run, int64_t generation,
                                              uint32_t rank,
                                              std::span<const v1::StepReport> reports);
+  // Group commit: the batches of many ranks and runs in one transaction.
+  // Each (run, generation, step) record is merged in memory (a bounded cache
+  // of open steps; a miss reads the stored record) and written once per
+  // group, each rank's high-water mark once per group. Deduplication is the
+  // same as IngestReports'. An error status means the transaction failed and
+  // nothing of the group is stored.
+  absl::StatusOr<IngestGroupResult> IngestGroup(std::span<const IngestBatch> batches);
+  // The most open (incomplete) step records kept per (run, generation).
+  static constexpr size_t kMaxOpenStepsPerGeneration = 4096;
   // The rank's high-water mark in the generation, -1 if none.
   absl::StatusOr<int64_t> CommittedStep(std::string_view run, int64_t generation, uint32_t rank);
   // Records with from_step <= step <= to_step, by step; limit <= 0 or above
@@ -283,10 +332,20 @@ class Catalog {
   absl::StatusOr<int64_t> CommittedStepLocked(int64_t run_id, int64_t generation, uint32_t rank)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Open steps and high-water marks mirror what is committed: both are
+  // cleared when a group's transaction fails.
+  using TimelineKey = std::pair<int64_t, int64_t>;  // (run id, generation)
+  absl::StatusOr<IngestGroupResult> IngestGroupLocked(std::span<const IngestBatch> batches)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ForgetOlderTimelinesLocked(int64_t run_id, int64_t generation)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const std::string path_;
   Clock* const clock_;
   absl::Mutex mu_;
   std::unique_ptr<Database> db_ ABSL_GUARDED_BY(mu_);
+  std::map<TimelineKey, std::map<int64_t, v1::StepRecord>> open_steps_ ABSL_GUARDED_BY(mu_);
+  std::map<std::tuple<int64_t, int64_t, uint32_t>, int64_t> committed_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace spikeguard::storage

@@ -447,6 +447,97 @@ TEST_F(CatalogTest, TelemetryIsKeyedByGeneration) {
   EXPECT_EQ(catalog_->GetRun("r")->ranks_size(), 2);
 }
 
+TEST_F(CatalogTest, GroupCommitMergesRanksOnceAndHandsBackCompletedSteps) {
+  MakeRun("r", 2);
+  MakeRun("other", 1);
+  auto batch = [](std::string run, uint32_t rank, int64_t from, int64_t to, uint32_t world) {
+    IngestBatch b;
+    b.run = std::move(run);
+    b.rank = rank;
+    b.world_size = world;
+    b.require_current = true;
+    b.reports = Batch(from, to, rank);
+    return b;
+  };
+  // Rank 0 alone: nothing complete yet.
+  std::vector<IngestBatch> first = {batch("r", 0, 0, 3, 2)};
+  auto g1 = catalog_->IngestGroup(first);
+  ASSERT_TRUE(g1.ok()) << g1.status();
+  EXPECT_TRUE(g1->completed.empty());
+  EXPECT_EQ(catalog_->QueryTelemetry("r", 0, 0, std::nullopt, 0)->size(), 4u);
+  // Rank 1 completes steps 0..1 and resends nothing; rank 0 resends 2..3
+  // (duplicates) and adds 4; another run and an unknown run share the group.
+  std::vector<IngestBatch> second = {batch("r", 1, 0, 1, 2), batch("r", 0, 2, 4, 2),
+                                     batch("other", 0, 0, 0, 1), batch("nope", 0, 0, 0, 1)};
+  auto g2 = catalog_->IngestGroup(second);
+  ASSERT_TRUE(g2.ok()) << g2.status();
+  ASSERT_EQ(g2->batches.size(), 4u);
+  EXPECT_EQ(g2->batches[0].result.accepted, 2);
+  EXPECT_EQ(g2->batches[1].result.accepted, 1);
+  EXPECT_EQ(g2->batches[1].result.duplicates, 2);
+  EXPECT_EQ(g2->batches[1].result.committed_step, 4);
+  EXPECT_TRUE(g2->batches[2].status.ok());
+  EXPECT_EQ(g2->batches[3].status.code(), absl::StatusCode::kNotFound);
+  ASSERT_EQ(g2->completed.size(), 3u);
+  EXPECT_EQ(g2->completed[0].run, "r");
+  EXPECT_EQ(g2->completed[0].record.step(), 0);
+  EXPECT_EQ(g2->completed[0].record.ranks_reported(), 2u);
+  EXPECT_EQ(g2->completed[1].record.step(), 1);
+  EXPECT_EQ(g2->completed[2].run, "other");
+  // What was handed back is what is stored.
+  auto stored = catalog_->QueryTelemetry("r", 0, 0, 4, 0);
+  ASSERT_EQ(stored->size(), 5u);
+  EXPECT_EQ((*stored)[0].SerializeAsString(), g2->completed[0].record.SerializeAsString());
+  EXPECT_EQ((*stored)[2].ranks_reported(), 1u);
+  EXPECT_EQ(*catalog_->CommittedStep("r", 0, 0), 4);
+  EXPECT_EQ(*catalog_->CommittedStep("r", 0, 1), 1);
+
+  // A batch of a generation the run has left is refused, naming the current one.
+  v1::Generation next;
+  next.set_parent(0);
+  next.set_from_checkpoint_step(2);
+  next.set_reason("rewind");
+  ASSERT_TRUE(catalog_->CreateGeneration("r", next).ok());
+  ASSERT_TRUE(catalog_->GetRun("r").ok());
+  std::vector<IngestBatch> stale = {batch("r", 1, 2, 3, 2)};
+  auto g3 = catalog_->IngestGroup(stale);
+  ASSERT_TRUE(g3.ok());
+  EXPECT_EQ(g3->batches[0].status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(g3->batches[0].run_generation, catalog_->GetRun("r")->current_generation());
+  EXPECT_EQ(catalog_->QueryTelemetry("r", 0, 2, 3, 0)->at(0).ranks_reported(), 1u);
+}
+
+TEST(CatalogFile, GroupCommitMergesWithRecordsStoredBeforeAReopen) {
+  TempDir dir;
+  CatalogOptions options;
+  options.path = dir.File("catalog.db");
+  v1::Run run;
+  run.set_name("r");
+  run.set_world_size(2);
+  {
+    auto catalog = Catalog::Open(options);
+    ASSERT_TRUE(catalog.ok());
+    ASSERT_TRUE((*catalog)->CreateRun(run).ok());
+    ASSERT_TRUE((*catalog)->IngestReports("r", 0, 0, Batch(0, 4, 0)).ok());
+  }
+  auto catalog = Catalog::Open(options);
+  ASSERT_TRUE(catalog.ok());
+  IngestBatch b;
+  b.run = "r";
+  b.rank = 1;
+  b.world_size = 2;
+  b.reports = Batch(0, 4, 1);
+  auto group = (*catalog)->IngestGroup(std::span<const IngestBatch>(&b, 1));
+  ASSERT_TRUE(group.ok()) << group.status();
+  ASSERT_EQ(group->completed.size(), 5u);
+  for (const auto& c : group->completed) EXPECT_EQ(c.record.ranks_reported(), 2u);
+  // Rank 0's resend after the reopen is all duplicates.
+  auto again = (*catalog)->IngestReports("r", 0, 0, Batch(0, 4, 0));
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->duplicates, 5);
+  EXPECT_EQ((*catalog)->QueryTelemetry("r", 0, 0, std::nullopt, 0)->at(4).ranks_reported(), 2u);
+}
+
 TEST_F(CatalogTest, ConcurrentRanksFromManyThreads) {
   MakeRun("r");
   constexpr int kRanks = 8;
