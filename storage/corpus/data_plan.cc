@@ -272,4 +272,10 @@ absl::StatusOr<DataPlan> DataPlan::WithSplice(int64_t at_step, PositionRange ins
   return WithRangesOf(plan.ranges_);
 }
 
+absl::StatusOr<DataPlan> DataPlan::WithInsertBeforePosition(int64_t position,
+                                                            PositionRange inserted) const {
+  SG_ASSIGN_OR_RETURN(const int64_t step, FirstStepForPosition(position));
+  return WithSplice(step, inserted);
+}
+
 }  // namespace spikeguard::storage

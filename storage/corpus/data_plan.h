@@ -11,6 +11,8 @@
 //   - a splice (transplant): a range is consumed at another point of the run,
 //     e.g. the culprit batches [600, 610) fed at step 300 from an earlier
 //     checkpoint, to test whether they spike from a different model state.
+//     WithSplice names that point by step; WithInsertBeforePosition by the
+//     data position the plan consumes there.
 //
 //   DataPlan plan = DataPlan::Default();
 //   SG_ASSIGN_OR_RETURN(plan, plan.WithHole(600, 610));   // [0,600) [610,∞)
@@ -96,6 +98,11 @@ class DataPlan {
   // before keep their positions, then `inserted` (bounded), then the rest of
   // the plan continues where it left off. at_step may equal StepCount().
   absl::StatusOr<DataPlan> WithSplice(int64_t at_step, PositionRange inserted) const;
+  // The plan with `inserted` consumed just before `position` is, i.e.
+  // WithSplice at FirstStepForPosition(position): the position-keyed form a
+  // transplant probe uses ("feed the culprit right where the plan reaches
+  // position p"). NOT_FOUND when no step consumes `position`.
+  absl::StatusOr<DataPlan> WithInsertBeforePosition(int64_t position, PositionRange inserted) const;
   // The plan with batch `position` fed without sample `slots` (replacing any
   // mask it had there; empty slots removes the mask). INVALID_ARGUMENT for a
   // negative position or slot. Whether a slot exists is the data order's to

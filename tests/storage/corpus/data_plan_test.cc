@@ -67,6 +67,35 @@ TEST(DataPlanTest, SpliceTransplantsARangeToAnotherStep) {
   EXPECT_FALSE(DataPlan::Default().WithSplice(5, {1, PositionRange::kUnbounded}).ok());
 }
 
+TEST(DataPlanTest, InsertBeforePositionSplicesWhereThePlanReachesIt) {
+  // A skipped window [600, 610): position 300 is consumed at step 300, so
+  // the culprit 605 is fed there, and 300 follows it.
+  auto holed = DataPlan::Default().WithHole(600, 610);
+  ASSERT_TRUE(holed.ok());
+  auto plan = holed->WithInsertBeforePosition(300, {605, 606});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->ToString(), "0-300,605-606,300-600,610-");
+  EXPECT_EQ(Pos(*plan, 300), 605);
+  EXPECT_EQ(Pos(*plan, 301), 300);
+  // Keyed by position, not step: after the hole, position 700 is consumed at
+  // step 690, and the insert lands there.
+  auto late = holed->WithInsertBeforePosition(700, {605, 606});
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_EQ(Pos(*late, 689), 699);
+  EXPECT_EQ(Pos(*late, 690), 605);
+  EXPECT_EQ(Pos(*late, 691), 700);
+  // A position the plan never consumes (inside the hole) has no such point.
+  EXPECT_EQ(holed->WithInsertBeforePosition(603, {0, 1}).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_FALSE(DataPlan::Default().WithInsertBeforePosition(5, {1, PositionRange::kUnbounded}).ok());
+  // Masks are kept.
+  auto masked = DataPlan::Default().WithMask(40, {1});
+  ASSERT_TRUE(masked.ok());
+  auto kept = masked->WithInsertBeforePosition(10, {50, 51});
+  ASSERT_TRUE(kept.ok());
+  EXPECT_NE(kept->MaskAt(40), nullptr);
+}
+
 TEST(DataPlanTest, OverlapsAreAllowedAndRepeatPositions) {
   // A transplant from an earlier checkpoint without a hole feeds 600..609 twice.
   auto plan = DataPlan::Default().WithSplice(300, {600, 610});
