@@ -13,6 +13,8 @@ PACKAGES=(
   # make check-sanitize / make fuzz: clang++, its sanitizer and libFuzzer
   # runtimes (only recommended by clang, hence named), llvm-symbolizer
   clang libclang-rt-14-dev llvm
+  # The Slurm launcher's tests start a single-node Slurm (tests/slurm)
+  slurm-wlm slurm-client munge
 )
 
 missing=()
