@@ -21,7 +21,41 @@ const char* KindName(v1::Command::Kind kind) {
   }
 }
 
+// The innermost Outbox of this thread, if any.
+thread_local RunControl::Outbox* current_outbox = nullptr;
+
 }  // namespace
+
+RunControl::Outbox::Outbox(RunControl* control) : control_(control), outer_(current_outbox) {
+  current_outbox = this;
+}
+
+RunControl::Outbox::~Outbox() {
+  current_outbox = outer_;
+  if (outer_ != nullptr) {
+    for (auto& q : queued_) outer_->queued_.push_back(std::move(q));
+    return;
+  }
+  for (const auto& q : queued_) control_->SendNow(q.run, q.message, q.mark_sent);
+}
+
+void RunControl::Send(const std::string& run, const v1::ControllerMessage& message,
+                      bool mark_sent) {
+  if (current_outbox != nullptr) {
+    current_outbox->queued_.push_back(Outbox::Queued{run, message, mark_sent});
+    return;
+  }
+  SendNow(run, message, mark_sent);
+}
+
+int RunControl::SendNow(const std::string& run, const v1::ControllerMessage& message,
+                        bool mark_sent) {
+  const int sent = hub_->SendToRun(run, message);
+  if (mark_sent && sent > 0) (void)catalog_->UpdateCommandState(message.command().id(), "sent");
+  SG_LOG(INFO) << "run " << run << ": command " << message.command().id() << " ("
+               << KindName(message.command().kind()) << ") sent to " << sent << " stream(s)";
+  return sent;
+}
 
 absl::Status RunControl::Issue(const std::string& run, int64_t generation, v1::Command command) {
   // Every command tells the workers which checkpoints their retention must
@@ -61,10 +95,7 @@ absl::Status RunControl::Issue(const std::string& run, int64_t generation, v1::C
   }
   v1::ControllerMessage msg;
   *msg.mutable_command() = command;
-  const int sent = hub_->SendToRun(run, msg);
-  if (sent > 0) (void)catalog_->UpdateCommandState(command.id(), "sent");
-  SG_LOG(INFO) << "run " << run << ": command " << command.id() << " (" << KindName(command.kind())
-               << ") sent to " << sent << " stream(s)";
+  Send(run, msg, /*mark_sent=*/true);
   return absl::OkStatus();
 }
 
@@ -79,7 +110,7 @@ absl::StatusOr<int64_t> RunControl::Rewind(const std::string& run, const inciden
     if (existing->state == "pending" || existing->state == "sent") {
       v1::ControllerMessage msg;
       *msg.mutable_command() = command;
-      hub_->SendToRun(run, msg);
+      Send(run, msg, /*mark_sent=*/false);
     }
     return command.new_generation();
   }

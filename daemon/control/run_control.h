@@ -47,7 +47,42 @@ class RunControl final : public incident::RunController {
   void OnCommandResult(const std::string& run, uint32_t rank,
                        const spikeguard::v1::CommandResult& result);
 
+  // While an Outbox lives on a thread, the commands RunControl issues on that
+  // thread are recorded in the catalog at once but written to the streams
+  // only when the Outbox is destroyed: declare it before taking a lock, so
+  // that no lock is held across a stream write. Outboxes nest (the outermost
+  // sends).
+  //
+  //   RunControl::Outbox outbox(control);
+  //   { absl::MutexLock lock(&mu_); engine_->Tick(); }
+  //   // ~Outbox: the commands go out here, every lock released
+  class Outbox {
+   public:
+    explicit Outbox(RunControl* control);
+    ~Outbox();
+    Outbox(const Outbox&) = delete;
+    Outbox& operator=(const Outbox&) = delete;
+
+   private:
+    friend class RunControl;
+    struct Queued {
+      std::string run;
+      spikeguard::v1::ControllerMessage message;
+      bool mark_sent = false;
+    };
+    RunControl* const control_;
+    Outbox* const outer_;
+    std::vector<Queued> queued_;
+  };
+
  private:
+  // Writes `message` to the run's streams now, or queues it in this thread's
+  // Outbox; marks the command sent when a stream took it.
+  void Send(const std::string& run, const spikeguard::v1::ControllerMessage& message,
+            bool mark_sent);
+  int SendNow(const std::string& run, const spikeguard::v1::ControllerMessage& message,
+              bool mark_sent);
+
   absl::Status Issue(const std::string& run, int64_t generation, spikeguard::v1::Command command);
 
   storage::Catalog* const catalog_;

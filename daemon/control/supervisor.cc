@@ -41,12 +41,14 @@ detect::StepSample ToSample(const v1::StepRecord& r) { return detect::FromStepMe
 
 }  // namespace
 
-Supervisor::Supervisor(storage::Catalog* catalog, StreamHub* hub, Clock* clock)
+Supervisor::Supervisor(storage::Catalog* catalog, StreamHub* hub, Clock* clock,
+                       int pipeline_threads)
     : catalog_(catalog),
       clock_(clock),
       control_(catalog, hub, clock),
       view_(catalog),
-      store_(catalog) {}
+      store_(catalog),
+      pipeline_threads_(std::max(1, pipeline_threads)) {}
 
 Supervisor::~Supervisor() { Stop(); }
 
@@ -66,6 +68,13 @@ absl::Status Supervisor::Start() {
     }
   }
   tick_thread_ = std::thread([this] { TickLoop(); });
+  {
+    absl::MutexLock lock(&exec_mu_);
+    exec_started_ = true;
+  }
+  for (int i = 0; i < pipeline_threads_; ++i) {
+    pipeline_workers_.emplace_back([this] { PipelineLoop(); });
+  }
   return absl::OkStatus();
 }
 
@@ -75,6 +84,14 @@ void Supervisor::Stop() {
     stopping_ = true;
   }
   if (tick_thread_.joinable()) tick_thread_.join();
+  // What was handed over is processed before the pipelines stop.
+  Drain();
+  {
+    absl::MutexLock lock(&exec_mu_);
+    exec_stopping_ = true;
+  }
+  for (auto& t : pipeline_workers_) t.join();
+  pipeline_workers_.clear();
   absl::MutexLock lock(&watch_mu_);
   for (auto& w : watchers_) {
     absl::MutexLock wl(&w->mu);
@@ -91,11 +108,74 @@ void Supervisor::TickLoop() {
       tick_mu_.AwaitWithTimeout(absl::Condition(&stop), absl::Seconds(1));
       if (stopping_) return;
     }
+    RunControl::Outbox outbox(&control_);
     absl::MutexLock lock(&mu_);
     if (engine_) {
       if (absl::Status s = engine_->Tick(); !s.ok()) SG_LOG(WARNING) << "incident tick: " << s;
     }
   }
+}
+
+void Supervisor::Post(const std::string& run, int64_t records, std::function<void()> task) {
+  absl::MutexLock lock(&exec_mu_);
+  if (exec_stopping_ || !exec_started_) return;
+  auto full = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_) {
+    return exec_stopping_ || queued_records_ < kMaxQueuedRecords;
+  };
+  exec_mu_.Await(absl::Condition(&full));
+  if (exec_stopping_) return;
+  auto& slot = pipelines_[run];
+  if (slot == nullptr) {
+    slot = std::make_unique<Pipeline>();
+    slot->run = run;
+  }
+  Pipeline* p = slot.get();
+  p->tasks.emplace_back(records, std::move(task));
+  queued_records_ += records;
+  if (!p->scheduled) {
+    p->scheduled = true;
+    runnable_.push_back(p);
+  }
+}
+
+void Supervisor::PipelineLoop() {
+  exec_mu_.Lock();
+  while (true) {
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_) {
+      return exec_stopping_ || !runnable_.empty();
+    };
+    exec_mu_.Await(absl::Condition(&ready));
+    if (exec_stopping_) break;
+    Pipeline* p = runnable_.front();
+    runnable_.pop_front();
+    // The pipeline stays `scheduled` while it runs: no other thread takes it.
+    auto tasks = std::move(p->tasks);
+    p->tasks.clear();
+    ++busy_;
+    exec_mu_.Unlock();
+    int64_t records = 0;
+    for (auto& [n, task] : tasks) {
+      task();
+      records += n;
+    }
+    exec_mu_.Lock();
+    --busy_;
+    queued_records_ -= records;
+    if (p->tasks.empty()) {
+      p->scheduled = false;
+    } else {
+      runnable_.push_back(p);
+    }
+  }
+  exec_mu_.Unlock();
+}
+
+void Supervisor::Drain() {
+  absl::MutexLock lock(&exec_mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_) {
+    return exec_stopping_ || (runnable_.empty() && busy_ == 0);
+  };
+  exec_mu_.Await(absl::Condition(&idle));
 }
 
 void Supervisor::ResetMonitor(const std::string& run, int64_t generation, int64_t first_step,
@@ -140,7 +220,8 @@ void Supervisor::ResetMonitor(const std::string& run, int64_t generation, int64_
   for (const auto& r : history) (void)m->detectors->Observe(ToSample(r));
 }
 
-void Supervisor::Observe(const std::string& run, Monitor* m, const v1::StepRecord& r) {
+std::vector<incident::Detection> Supervisor::Detect(const std::string& run, Monitor* m,
+                                                    const v1::StepRecord& r) {
   // Every detector that fires on this step describes one event: it opens
   // (at most) one incident, the strongest signal first, the others as
   // evidence.
@@ -192,7 +273,7 @@ void Supervisor::Observe(const std::string& run, Monitor* m, const v1::StepRecor
                  << ")";
     found.push_back(std::move(d));
   }
-  if (found.empty()) return;
+  if (found.empty()) return found;
   auto rank = [](const incident::Detection& d) {
     switch (d.kind) {
       case incident::Detection::Kind::kNonFinite: return 0;
@@ -215,69 +296,102 @@ void Supervisor::Observe(const std::string& run, Monitor* m, const v1::StepRecor
       d.precursor = o.precursor;
     }
   }
-  if (absl::Status s = engine_->OnDetection(run, d); !s.ok()) {
-    SG_LOG(ERROR) << "run " << run << ": incident engine refused a detection: " << s;
+  return {std::move(d)};
+}
+
+void Supervisor::OnCompleted(std::vector<storage::CompletedStep> completed) {
+  // Split by run; each run's slice keeps the (generation, step) order.
+  size_t begin = 0;
+  while (begin < completed.size()) {
+    size_t end = begin + 1;
+    while (end < completed.size() && completed[end].run == completed[begin].run) ++end;
+    auto slice = std::make_shared<std::vector<storage::CompletedStep>>(
+        std::make_move_iterator(completed.begin() + begin),
+        std::make_move_iterator(completed.begin() + end));
+    const std::string run = slice->front().run;
+    Post(run, static_cast<int64_t>(slice->size()), [this, run, slice] {
+      Pipeline* p = nullptr;
+      {
+        absl::MutexLock lock(&exec_mu_);
+        p = pipelines_[run].get();
+      }
+      Deliver(p, std::move(*slice));
+    });
+    begin = end;
   }
 }
 
-void Supervisor::Deliver(const std::string& run, int64_t generation, uint32_t world,
-                         int64_t up_to) {
-  Monitor& m = monitors_[run];
-  if (m.next_step > up_to) return;
-  auto records = catalog_->QueryTelemetry(run, generation, m.next_step, up_to,
-                                          storage::Catalog::kMaxQueryLimit);
-  if (!records.ok()) {
-    SG_LOG(ERROR) << "run " << run << ": telemetry for detection: " << records.status();
-    return;
-  }
-  for (const auto& r : *records) {
-    if (r.ranks_reported() < world) break;  // wait for the slowest rank
-    if (absl::Status s = engine_->OnStep(run, ToObservation(r)); !s.ok()) {
-      SG_LOG(ERROR) << "run " << run << ": incident engine: " << s;
-    }
-    Observe(run, &m, r);
+void Supervisor::Deliver(Pipeline* p, std::vector<storage::CompletedStep> records) {
+  Monitor& m = p->monitor;
+  // Detectors first, under no lock; then the engine, in step order, under
+  // mu_; the commands it issued go out after mu_ is released.
+  struct Step {
+    incident::StepObservation observation;
+    std::vector<incident::Detection> detections;
+  };
+  std::vector<Step> steps;
+  steps.reserve(records.size());
+  for (const storage::CompletedStep& c : records) {
+    const v1::StepRecord& r = c.record;
+    if (r.generation() < m.generation) continue;  // a stale timeline
+    if (r.generation() > m.generation) ResetMonitor(p->run, r.generation(), r.step(), &m);
+    if (r.step() < m.next_step) continue;  // delivered before
+    steps.push_back(Step{ToObservation(r), Detect(p->run, &m, r)});
     m.next_step = r.step() + 1;
   }
-}
-
-void Supervisor::OnCommitted(const std::string& run, int64_t generation, uint32_t world_size,
-                             int64_t first, int64_t last) {
+  if (steps.empty()) return;
+  RunControl::Outbox outbox(&control_);
   absl::MutexLock lock(&mu_);
   if (!engine_) return;
-  Monitor& m = monitors_[run];
-  if (generation < m.generation) return;  // a stale timeline
-  if (generation > m.generation) ResetMonitor(run, generation, first, &m);
-  Deliver(run, generation, std::max<uint32_t>(1, world_size), last);
+  for (const Step& step : steps) {
+    if (absl::Status s = engine_->OnStep(p->run, step.observation); !s.ok()) {
+      SG_LOG(ERROR) << "run " << p->run << ": incident engine: " << s;
+    }
+    for (const incident::Detection& d : step.detections) {
+      if (absl::Status s = engine_->OnDetection(p->run, d); !s.ok()) {
+        SG_LOG(ERROR) << "run " << p->run << ": incident engine refused a detection: " << s;
+      }
+    }
+  }
 }
 
 void Supervisor::OnGenerationEnded(const std::string& run, int64_t generation, uint32_t rank,
                                    int64_t last_step, const std::string& reason) {
-  absl::MutexLock lock(&mu_);
-  if (!engine_) return;
-  SG_LOG(INFO) << "run " << run << " rank " << rank << ": generation " << generation
-               << " ended at step " << last_step << " (" << LogText(reason) << ")";
-  if (absl::Status s = engine_->OnGenerationEnded(run, generation, last_step, reason); !s.ok()) {
-    SG_LOG(ERROR) << "run " << run << ": incident engine: " << s;
-  }
+  Post(run, 0, [this, run, generation, rank, last_step, reason] {
+    RunControl::Outbox outbox(&control_);
+    absl::MutexLock lock(&mu_);
+    if (!engine_) return;
+    SG_LOG(INFO) << "run " << run << " rank " << rank << ": generation " << generation
+                 << " ended at step " << last_step << " (" << LogText(reason) << ")";
+    if (absl::Status s = engine_->OnGenerationEnded(run, generation, last_step, reason);
+        !s.ok()) {
+      SG_LOG(ERROR) << "run " << run << ": incident engine: " << s;
+    }
+  });
 }
 
 void Supervisor::OnCommandFailed(const std::string& run, const std::string& command_id,
                                  uint32_t rank, const std::string& message) {
-  absl::MutexLock lock(&mu_);
-  if (!engine_) return;
-  if (absl::Status s = engine_->OnCommandFailed(run, command_id,
-                                                absl::StrCat("rank ", rank, ": ", message));
-      !s.ok()) {
-    SG_LOG(ERROR) << "run " << run << ": incident engine: " << s;
-  }
+  Post(run, 0, [this, run, command_id, rank, message] {
+    RunControl::Outbox outbox(&control_);
+    absl::MutexLock lock(&mu_);
+    if (!engine_) return;
+    if (absl::Status s = engine_->OnCommandFailed(run, command_id,
+                                                  absl::StrCat("rank ", rank, ": ", message));
+        !s.ok()) {
+      SG_LOG(ERROR) << "run " << run << ": incident engine: " << s;
+    }
+  });
 }
 
 absl::Status Supervisor::Approve(int64_t id) {
+  RunControl::Outbox outbox(&control_);
   absl::MutexLock lock(&mu_);
   return engine_->Approve(id);
 }
 
 absl::Status Supervisor::Abort(int64_t id, const std::string& reason) {
+  RunControl::Outbox outbox(&control_);
   absl::MutexLock lock(&mu_);
   return engine_->Abort(id, reason);
 }

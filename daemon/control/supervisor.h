@@ -1,16 +1,23 @@
 // supervisor.h
 // -----------------------------------------------------------------------------
-// Wires detection and the incident engine into the daemon. After every
-// committed batch, the run-level records that became complete (every rank
-// reported) are delivered in step order to the run's detectors and to the
-// engine; detector events open incidents; the engine acts through RunControl
-// and persists through the catalog. Operators' incident calls (list, get,
-// watch, approve, abort, manual rewinds) come through here too.
+// Wires detection and the incident engine into the daemon. The ingest stage
+// hands over, in memory, the run-level records that became complete (every
+// rank reported) as each group commit is durable (OnCompleted); each run has
+// a pipeline, a serialized executor on a small thread pool, that delivers
+// them in step order to the run's detectors and to the engine, off the RPC
+// threads. Detector events open incidents; the engine acts through
+// RunControl and persists through the catalog. Operators' incident calls
+// (list, get, watch, approve, abort, manual rewinds) come through here too.
 //
 // The engine is single-threaded by contract; every call into it holds mu_.
+// Detectors run under no lock of the Supervisor (a run's pipeline owns
+// them). Commands the engine issues are written to the streams only after
+// mu_ is released (RunControl::Outbox), so a slow stream delays only the
+// pipeline of its own run.
 #pragma once
 
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -32,7 +39,9 @@ namespace spikeguard::daemon {
 
 class Supervisor {
  public:
-  Supervisor(storage::Catalog* catalog, StreamHub* hub, Clock* clock);
+  // `pipeline_threads`: threads running the runs' pipelines (a run uses one
+  // at a time).
+  Supervisor(storage::Catalog* catalog, StreamHub* hub, Clock* clock, int pipeline_threads = 2);
   ~Supervisor();
 
   // Recovers open incidents from their event logs and starts the tick thread.
@@ -42,11 +51,16 @@ class Supervisor {
   RunControl* control() { return &control_; }
   CatalogRunView* view() { return &view_; }
 
-  // A batch covering steps [first, last] of `generation` was committed; a
-  // step's record is complete once `world_size` ranks reported it.
-  void OnCommitted(const std::string& run, int64_t generation, uint32_t world_size, int64_t first,
-                   int64_t last);
+  // Records that became complete in a committed group, by (run,
+  // generation, step): queued on their runs' pipelines. Returns at once
+  // unless kMaxQueuedRecords are already waiting (then it waits: the ingest
+  // stage slows down rather than growing a queue without bound).
+  void OnCompleted(std::vector<storage::CompletedStep> completed);
+  static constexpr int64_t kMaxQueuedRecords = 65536;
+  // Waits until every pipeline has processed what it was handed.
+  void Drain();
 
+  // Queued on the run's pipeline, behind the records handed over before it.
   // A rank reports that its generation stopped training before any horizon
   // it was given (the end of its training schedule): a probe waiting for
   // steps past `last_step` is judged with what it has, at once.
@@ -81,13 +95,25 @@ class Supervisor {
     int64_t next_step = -1;  // delivery cursor
     std::unique_ptr<detect::RunMonitor> detectors;
   };
+  // One run's serialized executor: its tasks run one at a time, in order.
+  // (The analysis cannot name the outer exec_mu_ from here: `tasks` and
+  // `scheduled` are read and written only under it.)
+  struct Pipeline {
+    std::string run;
+    // Each task with the number of records it carries.
+    std::deque<std::pair<int64_t, std::function<void()>>> tasks;
+    bool scheduled = false;
+    // Touched only by the pipeline's running task.
+    Monitor monitor;
+  };
 
-  void Deliver(const std::string& run, int64_t generation, uint32_t world, int64_t up_to)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ResetMonitor(const std::string& run, int64_t generation, int64_t first_step, Monitor* m)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Observe(const std::string& run, Monitor* m, const spikeguard::v1::StepRecord& record)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Post(const std::string& run, int64_t records, std::function<void()> task);
+  void PipelineLoop();
+  // On the run's pipeline.
+  void Deliver(Pipeline* p, std::vector<storage::CompletedStep> records);
+  void ResetMonitor(const std::string& run, int64_t generation, int64_t first_step, Monitor* m);
+  std::vector<incident::Detection> Detect(const std::string& run, Monitor* m,
+                                          const spikeguard::v1::StepRecord& record);
   void Publish(const spikeguard::v1::Incident& incident, const spikeguard::v1::IncidentEvent& event);
   void TickLoop();
 
@@ -99,7 +125,16 @@ class Supervisor {
 
   absl::Mutex mu_;
   std::unique_ptr<incident::IncidentEngine> engine_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, Monitor> monitors_ ABSL_GUARDED_BY(mu_);
+
+  absl::Mutex exec_mu_;
+  std::map<std::string, std::unique_ptr<Pipeline>> pipelines_ ABSL_GUARDED_BY(exec_mu_);
+  std::deque<Pipeline*> runnable_ ABSL_GUARDED_BY(exec_mu_);
+  int64_t queued_records_ ABSL_GUARDED_BY(exec_mu_) = 0;
+  int busy_ ABSL_GUARDED_BY(exec_mu_) = 0;
+  bool exec_started_ ABSL_GUARDED_BY(exec_mu_) = false;
+  bool exec_stopping_ ABSL_GUARDED_BY(exec_mu_) = false;
+  const int pipeline_threads_;
+  std::vector<std::thread> pipeline_workers_;
 
   absl::Mutex watch_mu_;
   std::vector<std::shared_ptr<Watcher>> watchers_ ABSL_GUARDED_BY(watch_mu_);

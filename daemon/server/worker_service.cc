@@ -1,5 +1,8 @@
 #include "daemon/server/worker_service.h"
 
+#include <algorithm>
+#include <cstdlib>
+#include <span>
 #include <map>
 #include <set>
 #include <string>
@@ -188,6 +191,16 @@ class WorkerServiceImpl::HelloWatchdog {
 WorkerServiceImpl::WorkerServiceImpl(DaemonState* state)
     : state_(state), hello_watchdog_(std::make_unique<HelloWatchdog>()) {
   InstallParseErrorCapture();
+  GroupCommitter::Options options;
+  // Test hook (tests/e2e/telemetry_e2e_test.cc): exit between a group's
+  // commit and its acks.
+  if (const char* n = std::getenv("SPIKEGUARD_TEST_EXIT_AFTER_GROUPS"); n != nullptr) {
+    options.exit_after_groups = std::atoll(n);
+  }
+  ingest_ = std::make_unique<GroupCommitter>(
+      state_->catalog, options, [state](std::vector<storage::CompletedStep> completed) {
+        if (state->supervisor != nullptr) state->supervisor->OnCompleted(std::move(completed));
+      });
 }
 
 WorkerServiceImpl::~WorkerServiceImpl() = default;
@@ -400,15 +413,11 @@ grpc::Status WorkerServiceImpl::Attach(
         auto* ack = ack_msg.mutable_ack();
         ack->set_seq(batch.seq());
         const int64_t batch_gen = batch.has_generation() ? batch.generation() : generation;
-        int64_t run_generation = current;
-        if (auto now = state_->catalog->GetRun(run_name); now.ok()) {
-          run_generation = now->current_generation();
-        }
-        if (catching_up || run_generation != generation) {
+        if (catching_up) {
           ack->set_rejected(batch.reports_size());
           ack->set_message(absl::StrFormat(
               "stale generation: reports of generation %d refused; the run is at generation %d",
-              batch_gen, run_generation));
+              batch_gen, current));
           state_->counters.reports_rejected.fetch_add(batch.reports_size());
           if (!write(ack_msg)) break;
           continue;
@@ -436,23 +445,40 @@ grpc::Status WorkerServiceImpl::Attach(
           SG_LOG(WARNING) << "run " << run_name << " rank " << rank << ": batch " << batch.seq()
                           << " rejected: " << LogText(s.message(), state_->limits.max_logged_text);
         } else {
-          const std::vector<spikeguard::v1::StepReport> reports(batch.reports().begin(),
-                                                                batch.reports().end());
-          auto ingested = state_->catalog->IngestReports(run_name, generation, rank, reports);
-          if (!ingested.ok()) {
+          storage::IngestBatch to_commit;
+          to_commit.run = run_name;
+          to_commit.generation = generation;
+          to_commit.rank = rank;
+          to_commit.world_size = std::max<uint32_t>(1, hello.world_size());
+          // The generation fence is checked in the transaction that stores the batch.
+          to_commit.require_current = true;
+          to_commit.reports.assign(batch.reports().begin(), batch.reports().end());
+          storage::BatchOutcome outcome = ingest_->Commit(std::move(to_commit));
+          if (absl::IsFailedPrecondition(outcome.status)) {
+            ack->set_rejected(batch.reports_size());
+            ack->set_message(absl::StrFormat(
+                "stale generation: reports of generation %d refused; the run is at generation %d",
+                batch_gen, outcome.run_generation));
+            state_->counters.reports_rejected.fetch_add(batch.reports_size());
+            if (!write(ack_msg)) break;
+            continue;
+          }
+          if (!outcome.status.ok()) {
             // Not committed, so not acknowledged: the client resends after it reconnects.
             SG_LOG(ERROR) << "run " << run_name << " rank " << rank
-                          << ": ingest failed: " << ingested.status();
+                          << ": ingest failed: " << outcome.status;
             result = grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                  absl::StrCat("catalog write failed: ", ingested.status().message()));
+                                  absl::StrCat("catalog write failed: ", outcome.status.message()));
             break;
           }
+          const storage::IngestResult* ingested = &outcome.result;
           rank_last_step = std::max(rank_last_step, ingested->committed_step);
-          state_->registry.AddReports(run_name, rank, reports);
-          if (state_->supervisor != nullptr && ingested->accepted > 0) {
-            state_->supervisor->OnCommitted(run_name, generation, hello.world_size(),
-                                            reports.front().step(),
-                                            reports.back().step());
+          // The registry keeps only each rank's furthest step.
+          const auto furthest = std::max_element(
+              batch.reports().begin(), batch.reports().end(),
+              [](const auto& a, const auto& b) { return a.step() < b.step(); });
+          if (furthest != batch.reports().end()) {
+            state_->registry.AddReports(run_name, rank, std::span(&*furthest, 1));
           }
           state_->counters.reports_accepted.fetch_add(ingested->accepted);
           state_->counters.reports_duplicate.fetch_add(ingested->duplicates);

@@ -20,6 +20,7 @@
 #include <atomic>
 #include <memory>
 
+#include "daemon/ingest/group_commit.h"
 #include "daemon/server/daemon_state.h"
 #include "spikeguard/v1/worker.grpc.pb.h"
 
@@ -40,6 +41,9 @@ class WorkerServiceImpl final : public spikeguard::v1::WorkerService::Service {
   class HelloWatchdog;
   std::unique_ptr<HelloWatchdog> hello_watchdog_;
   std::atomic<int> pending_hellos_{0};
+  // Group commit of every stream's report batches; completed step records
+  // go from it to the supervisor's run pipelines.
+  std::unique_ptr<GroupCommitter> ingest_;
 };
 
 }  // namespace spikeguard::daemon

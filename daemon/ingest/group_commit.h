@@ -1,0 +1,80 @@
+// group_commit.h
+// -----------------------------------------------------------------------------
+// The ingest stage between the worker streams and the catalog. A stream hands
+// its validated batch to `Commit`, which blocks that stream's thread (holding
+// no lock) until the transaction holding the batch is durable; one thread
+// commits the batches of every stream queued meanwhile as one group
+// (Catalog::IngestGroup). The group is what was queued while the previous
+// commit ran, plus whatever arrives within `window` of the group's first
+// batch, at most `max_batches`. Step records that became complete are handed
+// to `on_completed` in memory, on the commit thread, before any batch of the
+// group is answered: it must only enqueue.
+//
+//   GroupCommitter ingest(catalog, {}, [&](std::vector<storage::CompletedStep> done) {
+//     supervisor->OnCompleted(std::move(done));
+//   });
+//   storage::BatchOutcome outcome = ingest.Commit(std::move(batch));
+//   if (outcome.status.ok()) ack(outcome.result);
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "storage/catalog/catalog.h"
+
+namespace spikeguard::daemon {
+
+class GroupCommitter {
+ public:
+  struct Options {
+    // Extra time a group waits for more batches after its first one; 0: the
+    // previous commit's duration is the window (no added latency when idle).
+    absl::Duration window = absl::ZeroDuration();
+    // Batches per transaction at most.
+    int max_batches = 512;
+    // Test hook: after this many committed groups the process _exits (code
+    // 86) before answering any batch of the last one (0: never).
+    int64_t exit_after_groups = 0;
+  };
+  using CompletedFn = std::function<void(std::vector<storage::CompletedStep>)>;
+
+  GroupCommitter(storage::Catalog* catalog, Options options, CompletedFn on_completed);
+  // Commits what is queued, then stops.
+  ~GroupCommitter();
+
+  // Blocks until the group holding `batch` is committed or failed. A failed
+  // transaction answers every batch of its group with its status (nothing of
+  // the group is stored).
+  storage::BatchOutcome Commit(storage::IngestBatch batch);
+
+  // Groups committed so far, and batches in them (for benchmarks and tests).
+  int64_t groups() const;
+  int64_t batches() const;
+
+ private:
+  struct Pending {
+    storage::IngestBatch batch;
+    storage::BatchOutcome outcome;
+    bool done = false;
+  };
+  void Loop();
+
+  storage::Catalog* const catalog_;
+  const Options options_;
+  const CompletedFn on_completed_;
+
+  mutable absl::Mutex mu_;
+  std::deque<Pending*> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t groups_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t batches_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread thread_;
+};
+
+}  // namespace spikeguard::daemon
