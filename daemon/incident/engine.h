@@ -42,10 +42,11 @@
 //   run's watched generation (the newest generation seen in OnStep or in a
 //   detection); detections of older generations, and any detection while an
 //   incident is active, are ignored.
-// - Checkpoint: the newest complete one (generation <= the watched one) in
-//   [onset − max_steps_before_onset, onset − min_steps_before_onset], onset
-//   being the precursor onset when earlier; else the nearest older one, with
-//   a note; else INCONCLUSIVE and the run keeps training.
+// - Checkpoint (checkpoint_choice.h): the newest complete one (generation <=
+//   the watched one) in [onset − max_steps_before_onset,
+//   onset − min_steps_before_onset], onset being the precursor onset when
+//   earlier; else the nearest older one, with a note; else INCONCLUSIVE and
+//   the run keeps training.
 // - Replay (horizon onset + replay_steps_past_onset): loss hashes before the
 //   onset must match the original; the first mismatch is a "nondeterminism"
 //   event and halves every confidence. A spike counts when its onset lies in
@@ -116,6 +117,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "base/clock.h"
+#include "daemon/incident/checkpoint_choice.h"
 #include "spikeguard/v1/policy.pb.h"
 #include "spikeguard/v1/supervisor.pb.h"
 #include "spikeguard/v1/worker.pb.h"
@@ -163,14 +165,6 @@ struct Detection {
 // One sample (row) of a batch: the documents it holds, in order.
 struct SampleContent {
   std::vector<spikeguard::v1::DocumentRef> documents;
-};
-
-struct CheckpointInfo {
-  int64_t generation = 0;
-  int64_t step = 0;
-  std::string uri;
-  std::string checksum;
-  bool complete = false;
 };
 
 // A rewind the engine asks for. `request_id` is deterministic (incident id
@@ -321,6 +315,11 @@ class IncidentEngine {
   // True while an incident of the run runs a probe (manual rewinds are
   // refused then).
   bool ProbeRunning(const std::string& run) const;
+  // An operator's rewind (spikectl rewind, replay, skip): refused with
+  // FAILED_PRECONDITION while ProbeRunning(run), else handed to the
+  // controller. The check and the rewind are one call, so under the lock the
+  // daemon holds for the engine no probe can start between them.
+  absl::StatusOr<int64_t> OperatorRewind(const std::string& run, const RewindSpec& spec);
 
   // Current materialized state.
   std::optional<spikeguard::v1::Incident> Get(int64_t incident_id) const;

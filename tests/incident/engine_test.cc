@@ -443,6 +443,24 @@ TEST_F(IncidentEngineTest, SilentProbeTimesOut) {
   EXPECT_FALSE(engine->ProbeRunning(kRun));
 }
 
+TEST_F(IncidentEngineTest, OperatorRewindIsRefusedWhileAProbeRuns) {
+  Start({.poison = {1000}});
+  Detect();
+  ASSERT_TRUE(engine->ProbeRunning(kRun));
+  RewindSpec spec;
+  spec.request_id = "manual/rewind-1";
+  spec.checkpoint = view.checkpoints.front();
+  const int rewinds = ctl.rewind_calls;
+  absl::StatusOr<int64_t> refused = engine->OperatorRewind(kRun, spec);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(), HasSubstr("is running an incident probe"));
+  EXPECT_EQ(ctl.rewind_calls, rewinds);
+  // Another run has no probe: its rewind goes to the controller.
+  absl::StatusOr<int64_t> other = engine->OperatorRewind("other", spec);
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ(ctl.rewind_calls, rewinds + 1);
+}
+
 TEST_F(IncidentEngineTest, FailedRewindIsRetriedOnTick) {
   Start({.poison = {1000}});
   ctl.fail_next_rewind = absl::UnavailableError("no workers connected");

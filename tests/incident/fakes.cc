@@ -6,36 +6,12 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/incident/plan_proto.h"
 #include "gtest/gtest.h"
 
 namespace spikeguard::incident::testing {
 
 namespace v1 = spikeguard::v1;
-
-int64_t PositionAt(const v1::DataPlan& plan, int64_t index) {
-  if (plan.ranges_size() == 0) return index;
-  for (const v1::DataRange& r : plan.ranges()) {
-    if (r.end() < 0) return r.begin() + index;
-    const int64_t len = r.end() - r.begin();
-    if (index < len) return r.begin() + index;
-    index -= len;
-  }
-  return -1;
-}
-
-// The step at which `plan` feeds `position`; -1 never.
-int64_t PositionStep(const v1::DataPlan& plan, int64_t position) {
-  if (plan.ranges_size() == 0) return position;
-  int64_t index = 0;
-  for (const v1::DataRange& r : plan.ranges()) {
-    if (position >= r.begin() && (r.end() < 0 || position < r.end())) {
-      return index + position - r.begin();
-    }
-    if (r.end() < 0) return -1;
-    index += r.end() - r.begin();
-  }
-  return -1;
-}
 
 // --- FakeController ------------------------------------------------------------
 
@@ -229,7 +205,7 @@ StepObservation World::Make(int64_t generation, int64_t step) const {
   auto spec = controller_->spec_of.find(generation);
   const v1::DataPlan plan =
       spec == controller_->spec_of.end() ? v1::DataPlan() : spec->second.plan;
-  o.data_position = PositionAt(plan, step);
+  o.data_position = PositionOfStep(plan, step);
   // Deterministic noise: a few distinct values, so the MAD is not zero.
   o.loss = 2.0 + 0.02 * (static_cast<double>((step * 7919) % 13) - 6.0) / 6.0;
   o.grad_norm = 1.0 + 0.02 * (static_cast<double>((step * 104729) % 11) - 5.0) / 5.0;
@@ -256,7 +232,7 @@ StepObservation World::Make(int64_t generation, int64_t step) const {
   if (scenario_.transient && generation == 1 && step == scenario_.onset) spike = true;
   if (!scenario_.spike_needs_all.empty() && o.data_position == *scenario_.spike_needs_all.rbegin()) {
     bool all = true;
-    for (int64_t x : scenario_.spike_needs_all) all = all && PositionStep(plan, x) >= 0;
+    for (int64_t x : scenario_.spike_needs_all) all = all && StepOfPosition(plan, x) >= 0;
     if (all) spike = true;
   }
   if (scenario_.late_spike_step > 0 && generation != 1 && step == scenario_.late_spike_step) {

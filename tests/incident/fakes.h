@@ -185,7 +185,4 @@ class World {
   Scenario scenario_;
 };
 
-// The position the plan feeds at step `index`.
-int64_t PositionAt(const spikeguard::v1::DataPlan& plan, int64_t index);
-
 }  // namespace spikeguard::incident::testing

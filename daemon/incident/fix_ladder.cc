@@ -1,0 +1,266 @@
+// The fix ladder: the pure rungs and advice, and the step that drives the fix
+// after a verdict (fix_ladder.h), with the transplant probe and the close.
+#include "daemon/incident/fix_ladder.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "base/status_macros.h"
+#include "daemon/incident/checkpoint_choice.h"
+#include "daemon/incident/engine_internal.h"
+#include "daemon/incident/plan_proto.h"
+
+namespace spikeguard::incident {
+
+namespace v1 = spikeguard::v1;
+
+v1::HParams RungHParams(const v1::FixPolicy& fix, int rung) {
+  v1::HParams h;
+  h.set_lr_scale(fix.lr_factor());
+  if (rung >= 2) {
+    h.set_extra_warmup_steps(fix.extra_warmup_steps());
+    h.set_clip_norm(fix.tight_clip_norm());
+  }
+  if (rung >= 3) {
+    h.set_beta2(fix.beta2());
+    h.set_eps(fix.eps());
+  }
+  return h;
+}
+
+std::string HParamsString(const v1::HParams& h) {
+  std::vector<std::string> parts;
+  if (h.has_lr_scale()) parts.push_back(absl::StrCat("lr×", h.lr_scale()));
+  if (h.has_extra_warmup_steps()) {
+    parts.push_back(absl::StrCat("+", h.extra_warmup_steps(), " warmup"));
+  }
+  if (h.has_clip_norm()) parts.push_back(absl::StrCat("clip ", h.clip_norm()));
+  if (h.has_beta2()) parts.push_back(absl::StrCat("β2 ", h.beta2()));
+  if (h.has_eps()) parts.push_back(absl::StrCat("ε ", h.eps()));
+  return absl::StrJoin(parts, ", ");
+}
+
+std::vector<std::string> FragilityRecommendations(const std::string& precursor,
+                                                  const std::string& localized_signal) {
+  std::vector<std::string> r;
+  const std::string pre = absl::StrCat(precursor, " ", localized_signal);
+  if (pre.find("attn") != std::string::npos) r.push_back("qk-norm (for the next run)");
+  if (pre.find("lse") != std::string::npos || pre.find("log_sum_exp") != std::string::npos ||
+      pre.find("logsumexp") != std::string::npos) {
+    r.push_back("z-loss 1e-4·(log Σ e^z)² (for the next run)");
+  }
+  r.push_back("logit soft-capping (for the next run)");
+  r.push_back("no biases (for the next run)");
+  r.push_back("scaled residual init (for the next run)");
+  return r;
+}
+
+absl::Status IncidentEngine::State::ProposeRung(IncidentCase& s, int rung) {
+  const int64_t ckpt = s.chosen->checkpoint().step();
+  return RequestRewind(s, ProbeKind::kFix, Chosen(s), s.chosen->plan(),
+                       s.onset() + s.policy.fix().verify_steps(),
+                       RungHParams(s.policy.fix(), rung), ckpt, rung, 0, 0,
+                       absl::StrCat("FRAGILITY fix rung ", rung));
+}
+
+absl::Status IncidentEngine::State::ProposeTransplant(IncidentCase& s) {
+  // A much earlier model state: the newest complete checkpoint at least
+  // max_steps_before_onset before the probe checkpoint, else the oldest.
+  SG_ASSIGN_OR_RETURN(std::vector<CheckpointInfo> all, view->Checkpoints(s.run()));
+  const int64_t probe_ckpt = s.chosen->checkpoint().step();
+  const int64_t far = probe_ckpt - s.policy.probe().max_steps_before_onset();
+  CheckpointQuery q;
+  q.max_generation = s.opened.generation();
+  q.max_step = std::min(far, probe_ckpt - 1);
+  absl::StatusOr<CheckpointInfo> pick = ChooseCheckpoint(all, q);
+  if (!pick.ok()) {
+    q.max_step = probe_ckpt - 1;
+    q.pick = CheckpointQuery::Pick::kOldest;
+    pick = ChooseCheckpoint(all, q);
+  }
+  std::optional<int64_t> at;
+  if (pick.ok()) {
+    SG_ASSIGN_OR_RETURN(
+        std::vector<StepObservation> next,
+        view->Steps(s.run(), s.opened.generation(), pick->step + 1, pick->step + 1));
+    for (const auto& o : next) at = o.data_position;
+  }
+  if (!pick.ok() || !at || s.culprits.empty()) {
+    lg::EventPayload p;
+    p.set_note("transplant skipped: no earlier complete checkpoint with a known data position");
+    p.set_detail(p.note());
+    return Emit(s, EventKind::kTransplantSkipped, p);
+  }
+  const int64_t culprit = s.culprits.front();
+  SG_ASSIGN_OR_RETURN(const storage::DataPlan original, PlanFromProto(s.chosen->plan()));
+  absl::StatusOr<storage::DataPlan> spliced =
+      original.WithInsertBeforePosition(*at, {culprit, culprit + 1});
+  // A position the plan never feeds leaves the plan as it is.
+  if (!spliced.ok() && !absl::IsNotFound(spliced.status())) return spliced.status();
+  const v1::DataPlan plan = PlanToProto(spliced.ok() ? *spliced : original);
+  return RequestRewind(s, ProbeKind::kTransplant, *pick, plan,
+                       pick->step + 1 + s.policy.probe().replay_steps_past_onset(), std::nullopt,
+                       pick->step + 1, 0, culprit, culprit + 1,
+                       absl::StrCat("culprit position ", culprit, " fed at step ", pick->step + 1));
+}
+
+absl::Status IncidentEngine::State::Close(IncidentCase& s) {
+  lg::EventPayload p;
+  const int64_t now = clock->NowUnixMillis();
+  const double to_verdict =
+      s.verdict_ms > 0 ? (s.verdict_ms - s.inc.opened_unix_ms()) / 1000.0 : 0;
+  p.set_detail(absl::StrFormat(
+      "closed: %s; verdict after %.0f s, closed after %.0f s; %d probe(s), %d steps "
+      "re-executed, %.3f GPU-hours",
+      v1::Verdict_Name(s.verdict), to_verdict, (now - s.inc.opened_unix_ms()) / 1000.0, s.probes,
+      s.reexecuted, s.inc.cost().gpu_hours()));
+  SG_RETURN_IF_ERROR(Emit(s, EventKind::kClosed, p));
+  if (s.chosen) (void)store->PinCheckpoint(s.run(), s.chosen->checkpoint().step(), false);
+  return absl::OkStatus();
+}
+
+bool IncidentEngine::State::NeedsQuarantine(const IncidentCase& s) {
+  return s.verdict == v1::DATA && s.fix_requested && !s.quarantined && !s.pending &&
+         s.inc.documents_size() > 0;
+}
+
+absl::StatusOr<bool> IncidentEngine::State::FixStep(IncidentCase& s) {
+  const v1::Policy& pol = s.policy;
+  if (s.aborting) {
+    if (!s.continued) return false;
+    lg::EventPayload p;
+    p.set_detail("aborted; the run continues as it is");
+    SG_RETURN_IF_ERROR(Emit(s, EventKind::kAborted, p));
+    if (s.chosen) (void)store->PinCheckpoint(s.run(), s.chosen->checkpoint().step(), false);
+    return true;
+  }
+  const ProbeKind last_kind = s.probe_kind();
+  const std::optional<ProbeOutcome> last_outcome =
+      s.last_finished ? std::optional<ProbeOutcome>(OutcomeOf(*s.last_finished)) : std::nullopt;
+  switch (s.verdict) {
+    case v1::VERDICT_UNSPECIFIED:
+      SG_RETURN_IF_ERROR(Close(s));
+      return true;
+    case v1::INCONCLUSIVE:
+    case v1::NUMERICS:
+      if (s.leave_running || s.paused) {
+        SG_RETURN_IF_ERROR(Close(s));
+      } else {
+        SG_RETURN_IF_ERROR(RequestPause(s, absl::StrCat(v1::Verdict_Name(s.verdict),
+                                                        ": pause the run for an operator")));
+      }
+      return true;
+    case v1::TRANSIENT:
+      if (!s.fix_requested) {
+        const int64_t horizon = s.probe->stop_after_step();
+        SG_RETURN_IF_ERROR(RequestContinue(
+            s, ModeFor(s.run()) == v1::MODE_PROPOSE, s.probe_generation, horizon + 1,
+            horizon + pol.fix().verify_steps(),
+            absl::StrCat("fix: continue from the replay (generation ", s.probe_generation,
+                         "), verify through step ", horizon + pol.fix().verify_steps())));
+        return true;
+      }
+      if (s.verified) {
+        SG_RETURN_IF_ERROR(Close(s));
+        return true;
+      }
+      return false;
+    case v1::DATA: {
+      if (pol.probe().transplant() && s.bisect_done && !s.culprits.empty() &&
+          !s.transplant_done) {
+        SG_RETURN_IF_ERROR(ProposeTransplant(s));
+        return true;
+      }
+      if (!s.fix_requested) {
+        // The holes the fix keeps: the culprit batches when bisect named
+        // them, else every hole the clean skip had.
+        std::vector<std::pair<int64_t, int64_t>> keep = s.holes;
+        if (!s.culprits.empty()) keep = PositionRuns(s.culprits);
+        if (last_kind == ProbeKind::kSkip) {
+          // The skip generation is the fix: let it go on with its holes.
+          const int64_t horizon = s.probe->stop_after_step();
+          SG_RETURN_IF_ERROR(RequestContinue(
+              s, ModeFor(s.run()) == v1::MODE_PROPOSE, s.probe_generation, horizon + 1,
+              horizon + pol.fix().verify_steps(),
+              absl::StrCat("fix: continue the skip generation ", s.probe_generation,
+                           " with its hole(s); verify through step ",
+                           Clamp(s, horizon + pol.fix().verify_steps()))));
+        } else {
+          // Bisect or transplant moved the run: rewind once more, with
+          // holes at the culprits only.
+          std::vector<std::string> parts;
+          for (const auto& [lo, hi] : keep) {
+            parts.push_back(absl::StrCat("[", lo, ", ", hi, ")"));
+          }
+          SG_ASSIGN_OR_RETURN(const v1::DataPlan plan, PlanWithHoles(s.chosen->plan(), keep));
+          SG_RETURN_IF_ERROR(RequestRewind(
+              s, ProbeKind::kFix, Chosen(s), plan,
+              s.onset() + pol.fix().verify_steps(), std::nullopt, s.chosen->checkpoint().step(),
+              0, keep.empty() ? 0 : keep.front().first, keep.empty() ? 0 : keep.front().second,
+              absl::StrCat("DATA fix: hole(s) ", absl::StrJoin(parts, " "), " only"), {},
+              keep));
+        }
+        return true;
+      }
+      if (NeedsQuarantine(s)) {
+        SG_RETURN_IF_ERROR(RequestQuarantine(s));
+        return true;
+      }
+      if (last_kind == ProbeKind::kFix && !s.continued) {
+        if (last_outcome == ProbeOutcome::kClean) {
+          SG_RETURN_IF_ERROR(RequestContinue(s, false, -1, 0, 0,
+                                             "DATA fix verified: the run continues"));
+        } else if (last_outcome == ProbeOutcome::kFailed) {
+          SG_RETURN_IF_ERROR(Inconclusive(
+              s, absl::StrCat("the DATA fix probe failed: ", s.last_finished->detail())));
+        } else {
+          SG_RETURN_IF_ERROR(Inconclusive(
+              s, absl::StrCat("the spike returned with the window skipped: ",
+                              s.last_finished->detail())));
+        }
+        return true;
+      }
+      if (s.continued && (s.verified || last_kind == ProbeKind::kFix) &&
+          (s.quarantined || s.inc.documents_size() == 0)) {
+        SG_RETURN_IF_ERROR(Close(s));
+        return true;
+      }
+      return false;
+    }
+    case v1::FRAGILITY:
+      if (s.rung == 0) {
+        SG_RETURN_IF_ERROR(ProposeRung(s, 1));
+        return true;
+      }
+      if (last_kind == ProbeKind::kFix && s.last_finished) {
+        if (last_outcome == ProbeOutcome::kClean) {
+          if (!s.continued) {
+            SG_RETURN_IF_ERROR(RequestContinue(
+                s, false, -1, 0, 0,
+                absl::StrCat("fix rung ", s.rung, " (", HParamsString(s.probe->hparams()),
+                             ") verified: the run continues with it")));
+          } else {
+            SG_RETURN_IF_ERROR(Close(s));
+          }
+          return true;
+        }
+        if (last_outcome == ProbeOutcome::kFailed) {
+          SG_RETURN_IF_ERROR(Inconclusive(s, s.last_finished->detail()));
+          return true;
+        }
+        if (s.rung < 3) {
+          SG_RETURN_IF_ERROR(ProposeRung(s, s.rung + 1));
+        } else {
+          SG_RETURN_IF_ERROR(Inconclusive(s, "all three fix rungs spiked again"));
+        }
+        return true;
+      }
+      return false;
+    default:
+      return false;
+  }
+}
+
+}  // namespace spikeguard::incident
