@@ -45,8 +45,7 @@ class PrecursorDetector::Series {
     // The trend starts once the smoothing window is full, so the smoothed
     // series has a constant lag of (smooth − 1) / 2 steps, taken off here.
     if (recent_.size() < smooth) return;
-    scratch_.assign(recent_.begin(), recent_.end());
-    const double y = MedianInPlace(scratch_);
+    const double y = SmoothedMedian();
     const int64_t ystep = step - static_cast<int64_t>((smooth - 1) / 2);
     hsteps_.push_back(ystep);
     hvals_.push_back(y);
@@ -75,8 +74,11 @@ class PrecursorDetector::Series {
     }
     bool elevated = false;
     if (dbase_.size() >= static_cast<size_t>(std::max(2, o_->min_baseline))) {
+      // Refreshed every 8 steps as before (decisions are unchanged); the
+      // sorted window makes each refresh a walk from the median instead of
+      // a copy and two selections over the baseline window.
       if (++since_refresh_ >= 8) {
-        stats_ = ComputeRobustStats(dbase_.begin(), dbase_.end(), &scratch_);
+        stats_ = dbase_sorted_.Stats();
         since_refresh_ = 0;
       }
       const double floor = log_scale_ ? 1e-3 : 0.02;
@@ -103,7 +105,9 @@ class PrecursorDetector::Series {
     }
     if (!elevated) {
       dbase_.push_back(d);
+      dbase_sorted_.Insert(d);
       while (dbase_.size() > static_cast<size_t>(std::max(2, o_->baseline_window))) {
+        dbase_sorted_.Erase(dbase_.front());
         dbase_.pop_front();
       }
       // The baseline level follows the calm series with a time constant of
@@ -127,7 +131,8 @@ class PrecursorDetector::Series {
   }
 
   size_t footprint() const {
-    return recent_.size() + hvals_.size() + hsteps_.size() + dbase_.size() + scratch_.capacity();
+    return recent_.size() + hvals_.size() + hsteps_.size() + dbase_.size() + dbase_sorted_.size() +
+           scratch_.capacity();
   }
 
  private:
@@ -209,6 +214,19 @@ class PrecursorDetector::Series {
 
   double Raw(double y) const { return log_scale_ ? std::exp(y) : y; }
 
+  // Median of the smoothing window (a handful of values): a copy on the
+  // stack and a selection, no allocation.
+  double SmoothedMedian() {
+    constexpr size_t kStack = 32;
+    if (recent_.size() <= kStack) {
+      double buf[kStack];
+      std::copy(recent_.begin(), recent_.end(), buf);
+      return MedianInPlace(buf, buf + recent_.size());
+    }
+    scratch_.assign(recent_.begin(), recent_.end());
+    return MedianInPlace(scratch_);
+  }
+
   std::string signal_;
   int layer_;
   // Warm-up and baseline level (see DateStart).
@@ -225,6 +243,10 @@ class PrecursorDetector::Series {
   std::deque<int64_t> hsteps_;
   std::deque<double> hvals_;
   std::deque<double> dbase_;
+  // dbase_ in sorted order, for its median and MAD.
+  SortedWindow dbase_sorted_;
+  // For a smoothing window too large for the stack buffer only.
+  std::vector<double> scratch_;
   RobustStats stats_;
   int since_refresh_ = 1 << 20;
   int over_run_ = 0;
@@ -234,7 +256,6 @@ class PrecursorDetector::Series {
   int crit_run_ = 0;
   int below_run_ = 0;
   int level_raised_ = 0;
-  std::vector<double> scratch_;
 };
 
 PrecursorDetector::PrecursorDetector(Options options) : options_(options) {}
