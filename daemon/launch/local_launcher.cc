@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 
@@ -15,6 +16,7 @@
 #include "base/logging.h"
 #include "base/status_macros.h"
 #include "daemon/control/catalog_adapters.h"
+#include "daemon/incident/checkpoint_choice.h"
 #include "storage/corpus/data_plan.h"
 
 namespace spikeguard::daemon {
@@ -121,28 +123,31 @@ absl::Status LocalLauncher::StartRank(const std::string& run, Run& r, uint32_t r
     // generation was rewound to. Only one that still verifies (inside the
     // run's checkpoint root, file there, checksum matching) is named.
     SG_ASSIGN_OR_RETURN(std::vector<v1::Checkpoint> ckpts, catalog_->ListCheckpoints(run));
-    std::vector<const v1::Checkpoint*> candidates;
-    for (const auto& c : ckpts) {
-      if (!c.complete()) continue;
-      if (c.generation() == generation || c.step() == origin_step) candidates.push_back(&c);
-    }
+    std::vector<incident::CheckpointInfo> all;
+    for (const auto& c : ckpts) all.push_back(incident::ToCheckpointInfo(c));
     // Preference: this generation's newest first, then the rewind origin.
-    std::stable_sort(candidates.begin(), candidates.end(),
-                     [&](const v1::Checkpoint* a, const v1::Checkpoint* b) {
-                       const bool ag = a->generation() == generation;
-                       const bool bg = b->generation() == generation;
-                       if (ag != bg) return ag;
-                       return a->step() > b->step();
-                     });
-    for (const v1::Checkpoint* c : candidates) {
-      auto verified = options_.checkpoints->Verify(*c);
-      if (!verified.ok()) {
-        SG_LOG(WARNING) << "run " << run << ": rank " << rank << " not resumed from it: "
-                        << verified.status().message();
-        continue;
+    incident::CheckpointQuery own;
+    own.generation = generation;
+    incident::CheckpointQuery origin;
+    origin.min_step = origin.max_step = origin_step;
+    std::vector<std::string> failed;
+    for (incident::CheckpointQuery* query : {&own, &origin}) {
+      while (resume.empty()) {
+        query->excluded_uris = failed;
+        absl::StatusOr<incident::CheckpointInfo> c = incident::ChooseCheckpoint(all, *query);
+        if (!c.ok()) break;
+        const auto row = std::find_if(ckpts.begin(), ckpts.end(), [&](const v1::Checkpoint& r) {
+          return r.generation() == c->generation && r.step() == c->step && r.uri() == c->uri;
+        });
+        auto verified = options_.checkpoints->Verify(*row);
+        if (!verified.ok()) {
+          SG_LOG(WARNING) << "run " << run << ": rank " << rank << " not resumed from it: "
+                          << verified.status().message();
+          failed.push_back(c->uri);
+          continue;
+        }
+        resume = *verified;
       }
-      resume = *verified;
-      break;
     }
   }
   if (options_.profiles == nullptr) {

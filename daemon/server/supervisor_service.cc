@@ -12,6 +12,7 @@
 #include "base/logging.h"
 #include "daemon/auth/authorizer.h"
 #include "daemon/control/supervisor.h"
+#include "daemon/incident/checkpoint_choice.h"
 #include "daemon/incident/policy.h"
 #include "daemon/launch/checkpoint_guard.h"
 #include "daemon/launch/launch_profiles.h"
@@ -467,31 +468,29 @@ absl::StatusOr<incident::CheckpointInfo> CheckpointAtOrBefore(storage::Catalog* 
                                                             const std::string& run, int64_t step) {
   auto list = catalog->ListCheckpoints(run);
   if (!list.ok()) return list.status();
-  std::optional<v1::Checkpoint> best;
-  for (const auto& c : *list) {
-    if (!c.complete() || c.step() > step) continue;
-    if (!best || c.step() > best->step() ||
-        (c.step() == best->step() && c.generation() > best->generation())) {
-      best = c;
-    }
-  }
-  if (!best) {
+  std::vector<incident::CheckpointInfo> all;
+  for (const auto& c : *list) all.push_back(incident::ToCheckpointInfo(c));
+  incident::CheckpointQuery query;
+  query.max_step = step;
+  query.ties_to_highest_generation = true;
+  auto best = incident::ChooseCheckpoint(all, query);
+  if (!best.ok()) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "run '%s' has no complete checkpoint at or before step %d", run, step));
   }
   if (guard != nullptr) {
-    if (auto verified = guard->Verify(*best); !verified.ok()) {
+    const size_t row = std::find_if(all.begin(), all.end(),
+                                    [&](const incident::CheckpointInfo& c) {
+                                      return c.generation == best->generation &&
+                                             c.step == best->step && c.uri == best->uri;
+                                    }) -
+                       all.begin();
+    if (auto verified = guard->Verify((*list)[row]); !verified.ok()) {
       return absl::FailedPreconditionError(absl::StrFormat(
           "run '%s': cannot rewind to step %d: the %s", run, step, verified.status().message()));
     }
   }
-  incident::CheckpointInfo info;
-  info.generation = best->generation();
-  info.step = best->step();
-  info.uri = best->uri();
-  info.checksum = best->checksum();
-  info.complete = best->complete();
-  return info;
+  return *best;
 }
 
 std::string RequestId(const std::string& given, const std::string& kind, Clock* clock) {
