@@ -9,7 +9,7 @@
 //
 // A trace is the JSONL the reference worker writes with --telemetry-out (one
 // StepReport per line, proto JSON); labels are the sidecar JSON of
-// daemon/detect/trace_io.h. Exit codes: 0 ok, 1 failure, 2 usage.
+// daemon/detect/eval/trace_io.h. Exit codes: 0 ok, 1 failure, 2 usage.
 #include <cmath>
 #include <cstdio>
 #include <iostream>

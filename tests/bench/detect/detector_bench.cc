@@ -8,7 +8,7 @@
 // Prints one table — precision, recall, F1, false alarms per 10,000 steps,
 // median lead time before the loss peak — plus a per-scenario breakdown and
 // the precursor figures, and writes them to DIR/detector_bench.json and
-// DIR/detector_bench.md. The matching rule is in daemon/detect/scoring.h.
+// DIR/detector_bench.md. The matching rule is in daemon/detect/eval/scoring.h.
 // A benchmark prints figures; it fails only when it cannot run.
 #include <dirent.h>
 #include <sys/stat.h>
