@@ -1,4 +1,4 @@
-// Fuzz target: the trace reader (daemon/detect/trace_io.h), i.e. JSONL
+// Fuzz target: the trace reader (daemon/detect/eval/trace_io.h), i.e. JSONL
 // telemetry files (`spikeguard-detect`, `--telemetry-out`) and their labels
 // sidecar. The input is read as both. Whatever parses must be usable: the
 // steps come out strictly increasing and convert back to reports.

@@ -1,7 +1,7 @@
 // spikeguard-tracegen: streams a deterministic synthetic run into spikeguardd
 // through the same client library that workers use.
 //
-//   spikeguard-tracegen --addr=127.0.0.1:7070 --run=demo --ranks=8 --steps=2000 \
+//   spikeguard-tracegen --addr=127.0.0.1:7070 --run=demo --ranks=8 --steps=2000
 //       --layers=4 --seed=1 --spike-at=1200 --nan-at=1800
 //
 // Exit codes: 0 every report acknowledged; 1 failure; 2 usage; 3 rejected by
