@@ -3,7 +3,8 @@
 // The live WorkerService streams, so that commands can be pushed to the ranks
 // of a run from outside the stream's own thread. Each stream registers a
 // write function that serializes its writes (gRPC allows one writer at a time
-// and a concurrent reader).
+// and a concurrent reader); WorkerService's queues the message for the
+// stream's own sender, so a stalled rank does not hold up the caller.
 //
 //   uint64_t id = hub.Add("gpt", rank, generation, [&](const ControllerMessage& m) {
 //     absl::MutexLock l(&write_mu); return stream->Write(m); });
@@ -29,7 +30,8 @@ class StreamHub {
 
   uint64_t Add(const std::string& run, uint32_t rank, int64_t generation, WriteFn write);
   void Remove(uint64_t id);
-  // Writes `message` to every live stream of `run`; returns how many took it.
+  // Hands `message` to every live stream of `run`, outside the hub's lock;
+  // returns how many took it.
   int SendToRun(const std::string& run, const spikeguard::v1::ControllerMessage& message);
 
  private:

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <deque>
 #include <span>
 #include <map>
 #include <set>
@@ -375,7 +376,58 @@ grpc::Status WorkerServiceImpl::Attach(
     state_->registry.Disconnect(run_name, rank, stream_id);
     return grpc::Status::OK;
   }
-  const uint64_t hub_id = state_->hub.Add(run_name, rank, generation, write);
+  // Commands pushed through the hub (by a run's pipeline or an operator's
+  // call) are written by a sender thread of this stream, started when one
+  // arrives and gone when none is left: a rank that stops reading stalls
+  // only its own stream, never the pusher nor another rank's stream.
+  struct Sender {
+    absl::Mutex mu;
+    std::deque<ControllerMessage> queue ABSL_GUARDED_BY(mu);
+    bool sending ABSL_GUARDED_BY(mu) = false;
+    bool closed ABSL_GUARDED_BY(mu) = false;
+    std::thread thread ABSL_GUARDED_BY(mu);
+  };
+  auto sender = std::make_shared<Sender>();
+  auto push = [sender, write](const ControllerMessage& m) {
+    absl::MutexLock lock(&sender->mu);
+    if (sender->closed) return false;
+    sender->queue.push_back(m);
+    if (!sender->sending) {
+      sender->sending = true;
+      // The previous sender has left its loop (sending was false).
+      if (sender->thread.joinable()) sender->thread.join();
+      sender->thread = std::thread([sender, write] {
+        while (true) {
+          ControllerMessage next;
+          {
+            absl::MutexLock lock(&sender->mu);
+            if (sender->queue.empty()) {
+              sender->sending = false;
+              return;
+            }
+            next = std::move(sender->queue.front());
+            sender->queue.pop_front();
+          }
+          write(next);
+        }
+      });
+    }
+    return true;
+  };
+  // Joined before the stream goes away (after the hub forgot the stream).
+  struct SenderGuard {
+    std::shared_ptr<Sender> sender;
+    ~SenderGuard() {
+      std::thread t;
+      {
+        absl::MutexLock lock(&sender->mu);
+        sender->closed = true;
+        t = std::move(sender->thread);
+      }
+      if (t.joinable()) t.join();
+    }
+  } sender_guard{sender};
+  const uint64_t hub_id = state_->hub.Add(run_name, rank, generation, push);
   struct HubGuard {
     StreamHub* hub;
     uint64_t id;
