@@ -450,7 +450,7 @@ absl::Status IncidentEngine::Abort(int64_t incident_id, const std::string& reaso
         absl::StrCat("incident ", incident_id, " is already closed"));
   }
   lg::Action a;
-  a.set_kind("continue");
+  a.set_kind(ActionKindName(ActionKind::kContinue));
   a.set_request_id(absl::StrCat("incident-", s.id(), "/abort"));
   a.set_reason(absl::StrCat("abort: ", reason));
   lg::EventPayload p;
