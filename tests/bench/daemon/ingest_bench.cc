@@ -387,7 +387,8 @@ int main(int argc, char** argv) {
               << opt.batch_reports << "\n";
     md += absl::StrFormat(
         "## Ingest rate (32-layer StepReports)\n\n| streams | daemon reports/s | null server "
-        "reports/s | daemon / null | daemon steps/s |\n|---:|---:|---:|---:|---:|\n");
+        "reports/s | daemon / null | daemon steps/s | before: daemon / null |\n"
+        "|---:|---:|---:|---:|---:|---:|\n");
     std::vector<std::string> rows;
     for (int ranks : {1, 8, 64}) {
       const int64_t steps = std::max<int64_t>(1, opt.reports / ranks);
@@ -412,10 +413,16 @@ int main(int argc, char** argv) {
       }
       const double ratio = daemon_result.rate() / null_result.rate();
       std::cout << absl::StrFormat(
-          "  %2d stream(s): daemon %8.0f reports/s, null server %8.0f reports/s, ratio %.3f\n",
-          ranks, daemon_result.rate(), null_result.rate(), ratio);
-      md += absl::StrFormat("| %d | %.0f | %.0f | %.3f | %.0f |\n", ranks, daemon_result.rate(),
-                            null_result.rate(), ratio, daemon_result.rate() / ranks);
+          "  %2d stream(s): daemon %8.0f reports/s, null server %8.0f reports/s, ratio %.3f "
+          "(before: %.3f)\n",
+          ranks, daemon_result.rate(), null_result.rate(), ratio,
+          ranks == 1 ? 0.072 : ranks == 8 ? 0.284 : 0.173);
+      // Measured with the binary of commit 2e2d7f9 (one transaction per
+      // stream batch, detection on the RPC threads) on the 2-core build machine.
+      const double before = ranks == 1 ? 0.072 : ranks == 8 ? 0.284 : 0.173;
+      md += absl::StrFormat("| %d | %.0f | %.0f | %.3f | %.0f | %.3f |\n", ranks,
+                            daemon_result.rate(), null_result.rate(), ratio,
+                            daemon_result.rate() / ranks, before);
       rows.push_back(absl::StrFormat(
           "{\"streams\": %d, \"reports\": %d, \"daemon_reports_per_s\": %.1f, "
           "\"null_reports_per_s\": %.1f, \"ratio\": %.4f, \"daemon_seconds\": %.3f, "
@@ -436,29 +443,47 @@ int main(int argc, char** argv) {
   }
 
   // ---- 2. Detection latency -------------------------------------------------
-  {
-    auto daemon = StartDaemon(scratch.Sub("latency"));
-    const std::string run = "latency";
-    CreateRun(daemon->port(), run, 1);
+  md += "## Detection latency\n\n| streams | spikes | p50 ms | p99 ms | max ms | batch ack p50 ms | "
+        "batch ack p99 ms | before: p50 ms | before: p99 ms |\n"
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+  std::vector<std::string> latency_rows;
+  for (const int ranks : {1, 8}) {
+    auto daemon = StartDaemon(scratch.Sub(absl::StrCat("latency-", ranks)));
+    const std::string run = absl::StrCat("latency-", ranks);
+    CreateRun(daemon->port(), run, ranks);
     auto watch = std::make_unique<IncidentWatch>(daemon->port(), run);
-    auto client = Connect(absl::StrCat("127.0.0.1:", daemon->port()), run, 0, 1, 64);
+    std::vector<std::unique_ptr<WorkerClient>> clients;
+    for (int r = 0; r < ranks; ++r) {
+      clients.push_back(Connect(absl::StrCat("127.0.0.1:", daemon->port()), run,
+                                static_cast<uint32_t>(r), static_cast<uint32_t>(ranks), 64));
+    }
     TraceSpec spec;
     spec.layers = 32;
     spec.seed = 5;
     TraceModel model(spec);
+    auto report_all = [&](int64_t step, double loss_scale) {
+      for (int r = 0; r < ranks; ++r) {
+        v1::StepReport report = model.Report(r, step);
+        report.set_loss(report.loss() * loss_scale);
+        clients[r]->Report(report);
+      }
+    };
+    auto flush_all = [&](const char* what) {
+      for (auto& c : clients) {
+        if (!c->Flush(absl::Seconds(60)).ok()) Die(absl::StrCat(what, " did not flush"));
+      }
+    };
     // Start late in the decay; warm the detector past min_samples.
     constexpr int64_t kFirst = 20'000, kWarm = 100, kGap = 30;
     int64_t step = kFirst;
-    for (; step < kFirst + kWarm; ++step) client->Report(model.Report(0, step));
-    if (!client->Flush(absl::Seconds(60)).ok()) Die("latency warm-up did not flush");
+    for (; step < kFirst + kWarm; ++step) report_all(step, 1.0);
+    flush_all("latency warm-up");
     std::vector<double> detect_ms, ack_ms;
     for (int k = 0; k < opt.latency_samples; ++k) {
-      v1::StepReport spike = model.Report(0, step);
-      spike.set_loss(spike.loss() * 3.0);  // far over z 6 and the 5 % floor
       const int64_t onset = step;
       const auto t0 = Clock::now();
-      client->Report(spike);
-      if (!client->Flush(absl::Seconds(60)).ok()) Die("spike batch did not flush");
+      report_all(step, 3.0);  // far over z 6 and the 5 % floor
+      flush_all("spike batch");
       const auto acked = Clock::now();
       Clock::time_point opened;
       const bool seen = watch->WaitFor(
@@ -478,33 +503,36 @@ int main(int argc, char** argv) {
       detect_ms.push_back(1e3 * Seconds(opened - t0));
       ack_ms.push_back(1e3 * Seconds(acked - t0));
       ++step;
-      for (int64_t end = step + kGap; step < end; ++step) client->Report(model.Report(0, step));
-      if (!client->Flush(absl::Seconds(60)).ok()) Die("latency gap did not flush");
+      for (int64_t end = step + kGap; step < end; ++step) report_all(step, 1.0);
+      flush_all("latency gap");
     }
-    client->Close();
+    for (auto& c : clients) c->Close();
     watch.reset();
     daemon->Shutdown(absl::Seconds(10));
     const double p50 = Percentile(detect_ms, 0.50), p99 = Percentile(detect_ms, 0.99);
     const double a50 = Percentile(ack_ms, 0.50), a99 = Percentile(ack_ms, 0.99);
     const double worst = *std::max_element(detect_ms.begin(), detect_ms.end());
+    // Measured with the binary of commit 2e2d7f9 (before group commit and
+    // the run pipelines) on the 2-core build machine; 1 stream only.
+    const std::string before_p50 = ranks == 1 ? "18.58" : "-";
+    const std::string before_p99 = ranks == 1 ? "35.07" : "-";
     std::cout << absl::StrFormat(
-        "detection latency (%d spikes): p50 %.2f ms, p99 %.2f ms, max %.2f ms; batch ack p50 "
-        "%.2f ms, p99 %.2f ms\n",
-        opt.latency_samples, p50, p99, worst, a50, a99);
-    md += absl::StrFormat(
-        "## Detection latency\n\n| spikes | p50 ms | p99 ms | max ms | batch ack p50 ms | batch "
-        "ack p99 ms |\n|---:|---:|---:|---:|---:|---:|\n| %d | %.2f | %.2f | %.2f | %.2f | %.2f "
-        "|\n\nFrom handing the spike step's report to WorkerClient (then Flush) until the "
-        "incident's \"opened\" update arrives on a WatchIncidents stream (observe mode, 1 rank, "
-        "32 layers): client batching and send, commit, run-level merge, detectors, incident "
-        "persisted, and the operator's stream. Batch ack = the same report's commit "
-        "acknowledgement back at the client.\n\n",
-        opt.latency_samples, p50, p99, worst, a50, a99);
-    json.push_back(absl::StrFormat(
-        "\"detection_latency\": {\"samples\": %d, \"p50_ms\": %.3f, \"p99_ms\": %.3f, "
+        "detection latency, %d stream(s) (%d spikes): p50 %.2f ms, p99 %.2f ms, max %.2f ms; "
+        "batch ack p50 %.2f ms, p99 %.2f ms (before: p50 %s ms, p99 %s ms)\n",
+        ranks, opt.latency_samples, p50, p99, worst, a50, a99, before_p50, before_p99);
+    md += absl::StrFormat("| %d | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %s | %s |\n", ranks,
+                          opt.latency_samples, p50, p99, worst, a50, a99, before_p50, before_p99);
+    latency_rows.push_back(absl::StrFormat(
+        "{\"streams\": %d, \"samples\": %d, \"p50_ms\": %.3f, \"p99_ms\": %.3f, "
         "\"max_ms\": %.3f, \"ack_p50_ms\": %.3f, \"ack_p99_ms\": %.3f}",
-        opt.latency_samples, p50, p99, worst, a50, a99));
+        ranks, opt.latency_samples, p50, p99, worst, a50, a99));
   }
+  md += "\nFrom handing the spike step's reports to WorkerClient (every rank, then Flush) until "
+        "the incident's \"opened\" update arrives on a WatchIncidents stream (observe mode, 32 "
+        "layers): client batching and send, group commit, run-level merge, the run's pipeline "
+        "(detectors), incident persisted, and the operator's stream. Batch ack = the same "
+        "reports' commit acknowledgement back at the clients.\n\n";
+  json.push_back(absl::StrCat("\"detection_latency\": [", absl::StrJoin(latency_rows, ", "), "]"));
 
   // ---- 3. Memory over a long run --------------------------------------------
   {
