@@ -504,14 +504,24 @@ grpc::Status WorkerServiceImpl::Attach(
           to_commit.world_size = std::max<uint32_t>(1, hello.world_size());
           // The generation fence is checked in the transaction that stores the batch.
           to_commit.require_current = true;
-          to_commit.reports.assign(batch.reports().begin(), batch.reports().end());
+          // The registry keeps only each rank's furthest step.
+          const auto furthest = std::max_element(
+              batch.reports().begin(), batch.reports().end(),
+              [](const auto& a, const auto& b) { return a.step() < b.step(); });
+          const spikeguard::v1::StepReport last =
+              furthest != batch.reports().end() ? *furthest : spikeguard::v1::StepReport();
+          const int batch_reports = batch.reports_size();
+          // The reports move into the batch (the message is read into afresh).
+          auto* moved = msg.mutable_reports()->mutable_reports();
+          to_commit.reports.reserve(moved->size());
+          for (auto& r : *moved) to_commit.reports.push_back(std::move(r));
           storage::BatchOutcome outcome = ingest_->Commit(std::move(to_commit));
           if (absl::IsFailedPrecondition(outcome.status)) {
-            ack->set_rejected(batch.reports_size());
+            ack->set_rejected(batch_reports);
             ack->set_message(absl::StrFormat(
                 "stale generation: reports of generation %d refused; the run is at generation %d",
                 batch_gen, outcome.run_generation));
-            state_->counters.reports_rejected.fetch_add(batch.reports_size());
+            state_->counters.reports_rejected.fetch_add(batch_reports);
             if (!write(ack_msg)) break;
             continue;
           }
@@ -525,13 +535,7 @@ grpc::Status WorkerServiceImpl::Attach(
           }
           const storage::IngestResult* ingested = &outcome.result;
           rank_last_step = std::max(rank_last_step, ingested->committed_step);
-          // The registry keeps only each rank's furthest step.
-          const auto furthest = std::max_element(
-              batch.reports().begin(), batch.reports().end(),
-              [](const auto& a, const auto& b) { return a.step() < b.step(); });
-          if (furthest != batch.reports().end()) {
-            state_->registry.AddReports(run_name, rank, std::span(&*furthest, 1));
-          }
+          if (batch_reports > 0) state_->registry.AddReports(run_name, rank, std::span(&last, 1));
           state_->counters.reports_accepted.fetch_add(ingested->accepted);
           state_->counters.reports_duplicate.fetch_add(ingested->duplicates);
           ack->set_accepted(ingested->accepted);
