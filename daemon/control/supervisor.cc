@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
 #include "daemon/ingest/limits.h"
-#include "daemon/detect/trace_io.h"
+#include "daemon/detect/step_message.h"
 #include "daemon/incident/policy.h"
 
 namespace spikeguard::daemon {
@@ -394,6 +394,14 @@ absl::Status Supervisor::Abort(int64_t id, const std::string& reason) {
   RunControl::Outbox outbox(&control_);
   absl::MutexLock lock(&mu_);
   return engine_->Abort(id, reason);
+}
+
+absl::StatusOr<int64_t> Supervisor::OperatorRewind(const std::string& run,
+                                                   const incident::RewindSpec& spec) {
+  RunControl::Outbox outbox(&control_);
+  absl::MutexLock lock(&mu_);
+  if (!engine_) return control_.Rewind(run, spec);
+  return engine_->OperatorRewind(run, spec);
 }
 
 bool Supervisor::ProbeRunning(const std::string& run) {

@@ -75,6 +75,11 @@ class Supervisor {
   absl::Status Approve(int64_t id);
   absl::Status Abort(int64_t id, const std::string& reason);
   bool ProbeRunning(const std::string& run);
+  // An operator's rewind: refused (FAILED_PRECONDITION) while an incident
+  // probe runs on `run`, else issued, both under the engine's lock so that
+  // no probe can start in between. The command is written after the lock is
+  // released. Returns the new generation.
+  absl::StatusOr<int64_t> OperatorRewind(const std::string& run, const incident::RewindSpec& spec);
   std::optional<spikeguard::v1::Incident> LiveIncident(int64_t id);
   int OpenIncidents();
 

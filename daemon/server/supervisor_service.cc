@@ -515,6 +515,7 @@ grpc::Status SupervisorServiceImpl::ManualRewind(const std::string& run, int64_t
   if (sup == nullptr) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "daemon is starting");
   auto run_row = state_->catalog->GetRun(run);
   if (!run_row.ok()) return ToGrpcStatus(run_row.status());
+  // Early, so a refused rewind costs nothing; decided below under the lock.
   if (sup->ProbeRunning(run)) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         absl::StrCat("run '", run, "' is running an incident probe; wait for it or "
@@ -552,7 +553,9 @@ grpc::Status SupervisorServiceImpl::ManualRewind(const std::string& run, int64_t
   if (auto hp = sup->view()->HParams(run, run_row->current_generation()); hp.ok()) {
     spec.hparams = *hp;
   }
-  auto gen = sup->control()->Rewind(run, spec);
+  // Checked again with the rewind, under the engine's lock: a probe that
+  // started since the check above makes this FAILED_PRECONDITION too.
+  auto gen = sup->OperatorRewind(run, spec);
   if (!gen.ok()) return ToGrpcStatus(gen.status());
   out->set_accepted(true);
   out->set_generation(*gen);
