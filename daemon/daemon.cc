@@ -204,33 +204,14 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options) {
   }
   d->state_->tls = d->tls_;
 
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::ServerBuilder builder;
-  if (options.reflection) {
-    grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  } else {
-    builder.SetOption(std::make_unique<WithoutReflection>());
-  }
-  builder.AddListeningPort(options.listen, credentials, &d->port_);
-  {
-    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
-    creators.push_back(MakeParseErrorInterceptorFactory());
-    creators.push_back(MakeAuditInterceptorFactory(d->authorizer_.get(), d->catalog_.get()));
-    builder.experimental().SetInterceptorCreators(std::move(creators));
-  }
-  builder.SetMaxReceiveMessageSize(static_cast<int>(options.limits.max_message_bytes));
-  builder.RegisterService(d->worker_service_.get());
-  builder.RegisterService(d->supervisor_service_.get());
-  d->server_ = builder.BuildAndStart();
-  if (d->server_ == nullptr || d->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
-  }
+  // Every DaemonState pointer is set before the server starts (the services
+  // read them from their first call on).
   LocalLauncher::Options launch;
   launch.data_dir = std::filesystem::path(d->catalog_path_).parent_path().string();
   if (launch.data_dir.empty()) launch.data_dir = ".";
-  launch.daemon_address = options.advertise_address.empty()
-                              ? absl::StrCat("127.0.0.1:", d->port_)
-                              : options.advertise_address;
+  // With --listen on port 0 the port is known only once listening: set
+  // below, and Launch waits for it.
+  launch.daemon_address = options.advertise_address;
   if (d->authorizer_->enabled()) {
     auth::Authorizer* authorizer = d->authorizer_.get();
     launch.worker_token = [authorizer](const std::string& run) {
@@ -254,6 +235,31 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options) {
   d->launcher_ = std::make_unique<LocalLauncher>(launch, d->catalog_.get(), &d->state_->registry,
                                                  options.clock);
   d->state_->launcher = d->launcher_.get();
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  if (options.reflection) {
+    grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  } else {
+    builder.SetOption(std::make_unique<WithoutReflection>());
+  }
+  builder.AddListeningPort(options.listen, credentials, &d->port_);
+  {
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
+    creators.push_back(MakeParseErrorInterceptorFactory());
+    creators.push_back(MakeAuditInterceptorFactory(d->authorizer_.get(), d->catalog_.get()));
+    builder.experimental().SetInterceptorCreators(std::move(creators));
+  }
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options.limits.max_message_bytes));
+  builder.RegisterService(d->worker_service_.get());
+  builder.RegisterService(d->supervisor_service_.get());
+  d->server_ = builder.BuildAndStart();
+  if (d->server_ == nullptr || d->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
+  }
+  if (options.advertise_address.empty()) {
+    d->launcher_->SetDaemonAddress(absl::StrCat("127.0.0.1:", d->port_));
+  }
   d->server_->GetHealthCheckService()->SetServingStatus(true);
   SG_LOG(INFO) << "spikeguardd listening on port " << d->port_
                << (d->tls_ ? (options.tls_client_ca_file.empty() ? " (TLS)" : " (mutual TLS)")

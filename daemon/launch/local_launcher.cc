@@ -67,7 +67,14 @@ absl::StatusOr<int> FreeLoopbackPort() {
 LocalLauncher::LocalLauncher(Options options, storage::Catalog* catalog, RunRegistry* registry,
                              Clock* clock)
     : options_(std::move(options)), catalog_(catalog), registry_(registry), clock_(clock) {
+  if (!options_.daemon_address.empty()) SetDaemonAddress(options_.daemon_address);
   monitor_ = std::thread([this] { MonitorLoop(); });
+}
+
+void LocalLauncher::SetDaemonAddress(const std::string& address) {
+  if (address_ready_.HasBeenNotified()) return;
+  daemon_address_ = address;
+  address_ready_.Notify();
 }
 
 LocalLauncher::~LocalLauncher() {
@@ -90,6 +97,9 @@ absl::Status LocalLauncher::Launch(const std::string& run) {
   SG_RETURN_IF_ERROR(options_.profiles
                          ->Build(run, row.spec(), std::max<uint32_t>(1, row.world_size()), {})
                          .status());
+  if (!address_ready_.WaitForNotificationWithTimeout(absl::Seconds(10))) {
+    return absl::UnavailableError("the daemon is starting: its address is not known yet");
+  }
   absl::MutexLock lock(&mu_);
   if (runs_.count(run) > 0) {
     return absl::AlreadyExistsError(absl::StrCat("run '", run, "' is already launched"));
@@ -157,7 +167,7 @@ absl::Status LocalLauncher::StartRank(const std::string& run, Run& r, uint32_t r
                       options_.profiles->Build(run, r.spec, r.world_size,
                                                {{"rank", absl::StrCat(rank)},
                                                 {"world_size", absl::StrCat(r.world_size)},
-                                                {"addr", options_.daemon_address},
+                                                {"addr", daemon_address_},
                                                 {"generation", absl::StrCat(generation)},
                                                 {"resume", resume},
                                                 {"plan", plan_text},
@@ -182,7 +192,7 @@ absl::Status LocalLauncher::StartRank(const std::string& run, Run& r, uint32_t r
       {"LOCAL_WORLD_SIZE", absl::StrCat(r.world_size)},
       {"MASTER_ADDR", "127.0.0.1"},
       {"MASTER_PORT", absl::StrCat(r.master_port)},
-      {"SPIKEGUARD_ADDR", options_.daemon_address},
+      {"SPIKEGUARD_ADDR", daemon_address_},
       {"SPIKEGUARD_RUN", run},
       {"SPIKEGUARD_GENERATION", absl::StrCat(generation)}};
   for (const auto& [k, v] : options_.daemon_env) ours[k] = v;

@@ -47,6 +47,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "base/clock.h"
 #include "daemon/ingest/run_registry.h"
 #include "daemon/launch/checkpoint_guard.h"
@@ -77,6 +78,10 @@ class LocalLauncher {
 
   LocalLauncher(Options options, storage::Catalog* catalog, RunRegistry* registry, Clock* clock);
   ~LocalLauncher();
+
+  // The address workers dial, when it was not known at construction (a
+  // daemon on port 0 learns its port once listening). Launch waits for it.
+  void SetDaemonAddress(const std::string& address);
 
   // Starts every rank of `run` from its launch profile; FAILED_PRECONDITION
   // for a run without a (valid) profile, naming what to do.
@@ -112,6 +117,10 @@ class LocalLauncher {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
+  // Options::daemon_address, or the one SetDaemonAddress gave: written once,
+  // before address_ready_ is notified, and read only after.
+  std::string daemon_address_;
+  absl::Notification address_ready_;
   storage::Catalog* const catalog_;
   RunRegistry* const registry_;
   Clock* const clock_;
