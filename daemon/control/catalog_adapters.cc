@@ -5,6 +5,7 @@
 #include <set>
 #include <tuple>
 
+#include "daemon/incident/plan_proto.h"
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
@@ -59,35 +60,6 @@ incident::StepObservation ToObservation(const v1::StepRecord& r) {
     }
   }
   return o;
-}
-
-absl::StatusOr<storage::DataPlan> ToStoragePlan(const v1::DataPlan& plan) {
-  storage::DataPlan out = storage::DataPlan::Default();
-  if (plan.ranges_size() > 0) {
-    std::vector<storage::PositionRange> ranges;
-    for (const auto& r : plan.ranges()) ranges.push_back({r.begin(), r.end()});
-    SG_ASSIGN_OR_RETURN(out, storage::DataPlan::FromRanges(ranges));
-  }
-  for (const v1::SampleMask& m : plan.masks()) {
-    SG_ASSIGN_OR_RETURN(out, out.WithMask(m.position(),
-                                          std::vector<int32_t>(m.slots().begin(), m.slots().end())));
-  }
-  return out;
-}
-
-v1::DataPlan ToProtoPlan(const storage::DataPlan& plan) {
-  v1::DataPlan out;
-  for (const auto& r : plan.ranges()) {
-    auto* pr = out.add_ranges();
-    pr->set_begin(r.begin);
-    pr->set_end(r.end);
-  }
-  for (const storage::SampleMask& m : plan.masks()) {
-    auto* pm = out.add_masks();
-    pm->set_position(m.position);
-    for (int32_t slot : m.slots) pm->add_slots(slot);
-  }
-  return out;
 }
 
 absl::StatusOr<std::vector<incident::CheckpointInfo>> CatalogRunView::Checkpoints(
@@ -212,7 +184,7 @@ absl::StatusOr<std::vector<v1::ResolvedStep>> CatalogRunView::Resolve(const std:
   if (!found.ok()) return found.status();
   const storage::Corpus* corpus = *found;
   SG_ASSIGN_OR_RETURN(v1::DataPlan plan, Plan(run, generation));
-  SG_ASSIGN_OR_RETURN(manifest.plan, ToStoragePlan(plan));
+  SG_ASSIGN_OR_RETURN(manifest.plan, incident::PlanFromProto(plan));
   SG_ASSIGN_OR_RETURN(std::unique_ptr<storage::DataOrder> order,
                       storage::DataOrder::Create(*corpus, manifest));
   std::vector<v1::ResolvedStep> out;

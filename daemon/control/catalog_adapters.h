@@ -27,11 +27,6 @@ spikeguard::v1::Policy EffectivePolicy(storage::Catalog* catalog, const std::str
 
 incident::StepObservation ToObservation(const spikeguard::v1::StepRecord& record);
 
-// Converts a v1 plan (empty = [0, inf)) to the storage type.
-absl::StatusOr<storage::DataPlan> ToStoragePlan(const spikeguard::v1::DataPlan& plan);
-// The wire form of a plan, ranges and sample masks.
-spikeguard::v1::DataPlan ToProtoPlan(const storage::DataPlan& plan);
-
 class CatalogRunView final : public incident::RunView {
  public:
   explicit CatalogRunView(storage::Catalog* catalog) : catalog_(catalog) {}

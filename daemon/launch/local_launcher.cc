@@ -17,6 +17,7 @@
 #include "base/status_macros.h"
 #include "daemon/control/catalog_adapters.h"
 #include "daemon/incident/checkpoint_choice.h"
+#include "daemon/incident/plan_proto.h"
 #include "storage/corpus/data_plan.h"
 
 namespace spikeguard::daemon {
@@ -125,7 +126,7 @@ absl::Status LocalLauncher::StartRank(const std::string& run, Run& r, uint32_t r
   int64_t origin_step = -1;
   for (const auto& g : gens) {
     if (g.generation() != generation) continue;
-    if (auto plan = ToStoragePlan(g.data_plan()); plan.ok()) plan_text = plan->ToString();
+    if (auto plan = incident::PlanFromProto(g.data_plan()); plan.ok()) plan_text = plan->ToString();
     if (generation > 0) origin_step = g.from_checkpoint_step();
   }
   if (restart || generation > 0) {

@@ -13,6 +13,7 @@
 #include "daemon/auth/authorizer.h"
 #include "daemon/control/supervisor.h"
 #include "daemon/incident/checkpoint_choice.h"
+#include "daemon/incident/plan_proto.h"
 #include "daemon/incident/policy.h"
 #include "daemon/launch/checkpoint_guard.h"
 #include "daemon/launch/launch_profiles.h"
@@ -525,7 +526,7 @@ grpc::Status SupervisorServiceImpl::ManualRewind(const std::string& run, int64_t
   if (!ckpt.ok()) return ToGrpcStatus(ckpt.status());
   auto plan = sup->view()->Plan(run, run_row->current_generation());
   if (!plan.ok()) return ToGrpcStatus(plan.status());
-  auto storage_plan = ToStoragePlan(*plan);
+  auto storage_plan = incident::PlanFromProto(*plan);
   if (!storage_plan.ok()) return ToGrpcStatus(storage_plan.status());
   storage::DataPlan edited = *storage_plan;
   for (const auto& [from, to] : skip) {
@@ -546,7 +547,7 @@ grpc::Status SupervisorServiceImpl::ManualRewind(const std::string& run, int64_t
   incident::RewindSpec spec;
   spec.request_id = request_id;
   spec.checkpoint = *ckpt;
-  spec.plan = ToProtoPlan(edited);
+  spec.plan = incident::PlanToProto(edited);
   spec.stop_after_step = stop_after;
   spec.reason = reason;
   // A rewind keeps the hyperparameters in force (a fix applied earlier).
