@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <deque>
+#include <functional>
+#include <memory>
 #include <span>
 #include <map>
 #include <set>
@@ -344,14 +346,11 @@ grpc::Status WorkerServiceImpl::Attach(
                << " generation " << generation << " from " << context->peer()
                << " (committed step " << *committed << ")";
 
-  // Commands may be pushed from other threads (the incident engine); writes
-  // on one stream are serialized, and a command goes out at most once per
-  // stream. Until the stream has replayed its backlog (below), commands
-  // pushed through the hub wait behind it, so the rank sees them in order.
+  // Writes on one stream are serialized, and a command goes out at most
+  // once per stream (one issued while the backlog below is listed is in the
+  // backlog and pushed through the hub too).
   struct Writer {
     absl::Mutex mu;
-    bool replaying ABSL_GUARDED_BY(mu) = true;
-    std::vector<ControllerMessage> held ABSL_GUARDED_BY(mu);
     std::set<std::string> commands_sent ABSL_GUARDED_BY(mu);
     bool WriteLocked(grpc::ServerReaderWriter<ControllerMessage, WorkerMessage>* s,
                      const ControllerMessage& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
@@ -362,10 +361,6 @@ grpc::Status WorkerServiceImpl::Attach(
   auto writer = std::make_shared<Writer>();
   auto write = [stream, writer](const ControllerMessage& m) {
     absl::MutexLock lock(&writer->mu);
-    if (writer->replaying && m.has_command()) {
-      writer->held.push_back(m);
-      return true;
-    }
     return writer->WriteLocked(stream, m);
   };
   ControllerMessage welcome;
@@ -379,39 +374,43 @@ grpc::Status WorkerServiceImpl::Attach(
   // Commands pushed through the hub (by a run's pipeline or an operator's
   // call) are written by a sender thread of this stream, started when one
   // arrives and gone when none is left: a rank that stops reading stalls
-  // only its own stream, never the pusher nor another rank's stream.
-  struct Sender {
+  // only its own stream, never the pusher nor another rank's stream. Until
+  // the backlog is replayed (below) no sender starts: pushes queue behind it.
+  struct Sender : std::enable_shared_from_this<Sender> {
     absl::Mutex mu;
     std::deque<ControllerMessage> queue ABSL_GUARDED_BY(mu);
-    bool sending ABSL_GUARDED_BY(mu) = false;
+    bool sending ABSL_GUARDED_BY(mu) = true;  // held for the backlog
     bool closed ABSL_GUARDED_BY(mu) = false;
     std::thread thread ABSL_GUARDED_BY(mu);
+    // Starts a sender thread that writes the queue until it is empty.
+    void StartLocked(std::function<bool(const ControllerMessage&)> write)
+        ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      sending = true;
+      // The previous sender has left its loop (sending was false).
+      if (thread.joinable()) thread.join();
+      thread = std::thread([self = shared_from_this(), write = std::move(write)] {
+        while (true) {
+          ControllerMessage next;
+          {
+            absl::MutexLock lock(&self->mu);
+            if (self->queue.empty()) {
+              self->sending = false;
+              return;
+            }
+            next = std::move(self->queue.front());
+            self->queue.pop_front();
+          }
+          write(next);
+        }
+      });
+    }
   };
   auto sender = std::make_shared<Sender>();
   auto push = [sender, write](const ControllerMessage& m) {
     absl::MutexLock lock(&sender->mu);
     if (sender->closed) return false;
     sender->queue.push_back(m);
-    if (!sender->sending) {
-      sender->sending = true;
-      // The previous sender has left its loop (sending was false).
-      if (sender->thread.joinable()) sender->thread.join();
-      sender->thread = std::thread([sender, write] {
-        while (true) {
-          ControllerMessage next;
-          {
-            absl::MutexLock lock(&sender->mu);
-            if (sender->queue.empty()) {
-              sender->sending = false;
-              return;
-            }
-            next = std::move(sender->queue.front());
-            sender->queue.pop_front();
-          }
-          write(next);
-        }
-      });
-    }
+    if (!sender->sending) sender->StartLocked(write);
     return true;
   };
   // Joined before the stream goes away (after the hub forgot the stream).
@@ -434,22 +433,22 @@ grpc::Status WorkerServiceImpl::Attach(
     ~HubGuard() { hub->Remove(id); }
   } hub_guard{&state_->hub, hub_id};
   if (state_->supervisor != nullptr) {
-    // Whatever this rank has not acknowledged yet, in order, then what was
-    // pushed while the backlog was listed (SQLite is read outside the lock).
-    std::vector<v1::Command> backlog =
-        state_->supervisor->control()->Unacknowledged(run_name, generation);
-    absl::MutexLock lock(&writer->mu);
-    for (auto& command : backlog) {
+    // Whatever this rank has not acknowledged yet, in order (SQLite is read
+    // outside every lock).
+    for (auto& command : state_->supervisor->control()->Unacknowledged(run_name, generation)) {
       ControllerMessage out;
       *out.mutable_command() = std::move(command);
-      writer->WriteLocked(stream, out);
+      write(out);
     }
-    for (const auto& m : writer->held) writer->WriteLocked(stream, m);
-    writer->held.clear();
-    writer->replaying = false;
-  } else {
-    absl::MutexLock lock(&writer->mu);
-    writer->replaying = false;
+  }
+  {
+    // Then what was pushed meanwhile.
+    absl::MutexLock lock(&sender->mu);
+    if (sender->queue.empty()) {
+      sender->sending = false;
+    } else {
+      sender->StartLocked(write);
+    }
   }
 
   // The furthest step this rank committed: later reports may not run
