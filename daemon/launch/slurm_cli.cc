@@ -103,13 +103,6 @@ absl::StatusOr<SlurmJob> ParseScontrolJobLine(absl::string_view line) {
   for (const auto& [state, name] : kStates) {
     if (job.state_text == name) job.state = state;
   }
-  // "CANCELLED by 0" is printed as JobState=CANCELLED Reason=...; be
-  // lenient about a suffix after a known name.
-  if (job.state == SlurmJobState::kOther) {
-    for (const auto& [state, name] : kStates) {
-      if (absl::StartsWith(job.state_text, absl::StrCat(name, " "))) job.state = state;
-    }
-  }
   SG_ASSIGN_OR_RETURN(std::string exit, need("ExitCode"));
   std::vector<absl::string_view> parts = absl::StrSplit(exit, ':');
   if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &job.exit_code) ||
