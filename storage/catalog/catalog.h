@@ -157,6 +157,19 @@ struct AuditEntry {
   std::string detail;
 };
 
+// What a launcher started for a run (a Slurm job or a local process), kept
+// so a restarted daemon adopts it (table `launches`).
+struct LaunchRecord {
+  std::string run;
+  std::string slot;  // "job" (Slurm) or "rank-R" (local)
+  std::string kind;  // "slurm" or "local"
+  int64_t handle = 0;       // Slurm job id or pid
+  int64_t start_ticks = 0;  // a pid's start time (/proc/PID/stat field 22)
+  int64_t generation = 0;
+  int32_t restarts = 0;
+  int64_t updated_unix_ms = 0;
+};
+
 class Catalog {
  public:
   static constexpr int kSchemaVersion = ::spikeguard::storage::kSchemaVersion;
@@ -307,6 +320,14 @@ class Catalog {
   absl::Status PutPolicy(std::string_view scope, const v1::Policy& policy);
   // NOT_FOUND when none was set for `scope`.
   absl::StatusOr<v1::Policy> GetPolicy(std::string_view scope);
+
+  // --- Launches: what a launcher started (adopted after a restart) -------
+  // Insert or replace the (run, slot) record.
+  absl::Status PutLaunch(const LaunchRecord& record);
+  // Every record, ordered by run and slot.
+  absl::StatusOr<std::vector<LaunchRecord>> ListLaunches();
+  // Drops the run's records (all slots when `slot` is empty).
+  absl::Status DeleteLaunches(std::string_view run, std::string_view slot = "");
 
  private:
   Catalog(std::unique_ptr<Database> db, std::string path, Clock* clock)

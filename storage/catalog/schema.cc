@@ -185,6 +185,25 @@ ALTER TABLE audit ADD COLUMN peer TEXT NOT NULL DEFAULT '';
 CREATE INDEX audit_by_target ON audit (target, seq);
 )sql";
 
+// Version 5: what a launcher started for a run, so a daemon restarted after
+// kill -9 adopts it instead of starting a second copy: a Slurm job (slot
+// "job", handle = the job id) or a local rank (slot "rank-R", handle = the
+// pid, start_ticks = field 22 of /proc/PID/stat, so a reused pid is not
+// taken for ours). `restarts` is what the run has spent of its budget.
+constexpr char kSchemaV5Sql[] = R"sql(
+CREATE TABLE launches (
+  run TEXT NOT NULL,
+  slot TEXT NOT NULL,
+  kind TEXT NOT NULL,
+  handle INTEGER NOT NULL,
+  start_ticks INTEGER NOT NULL DEFAULT 0,
+  generation INTEGER NOT NULL DEFAULT 0,
+  restarts INTEGER NOT NULL DEFAULT 0,
+  updated_unix_ms INTEGER NOT NULL,
+  PRIMARY KEY (run, slot)
+);
+)sql";
+
 // One migration step: `sql` then user_version = `to`, atomically.
 absl::Status Step(Database& db, const char* sql, int to) {
   SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&db));
@@ -219,6 +238,9 @@ absl::Status MigrateSchema(Database& db) {
       [[fallthrough]];
     case 3:
       SG_RETURN_IF_ERROR(Step(db, kSchemaV4Sql, 4));
+      [[fallthrough]];
+    case 4:
+      SG_RETURN_IF_ERROR(Step(db, kSchemaV5Sql, 5));
       [[fallthrough]];
     case kSchemaVersion:
       break;

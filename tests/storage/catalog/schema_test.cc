@@ -86,7 +86,7 @@ TEST(Schema, VersionOneFileMigratesToTheCurrentSchemaKeepingItsData) {
   }
   // Turn the file into what a version-1 binary left behind.
   RawExec(path,
-          "DROP INDEX audit_by_target; ALTER TABLE audit DROP COLUMN role; "
+          "DROP TABLE launches; DROP INDEX audit_by_target; ALTER TABLE audit DROP COLUMN role; "
           "ALTER TABLE audit DROP COLUMN outcome; ALTER TABLE audit DROP COLUMN peer; "
           "DROP TABLE policies; ALTER TABLE runs DROP COLUMN data_order; "
           "ALTER TABLE runs DROP COLUMN total_steps; PRAGMA user_version = 1;");
@@ -117,7 +117,7 @@ TEST(Schema, VersionTwoFileGainsTheRunsDataOrder) {
   }
   // What a version-2 binary left behind: runs without the two columns.
   RawExec(path,
-          "DROP INDEX audit_by_target; ALTER TABLE audit DROP COLUMN role; "
+          "DROP TABLE launches; DROP INDEX audit_by_target; ALTER TABLE audit DROP COLUMN role; "
           "ALTER TABLE audit DROP COLUMN outcome; ALTER TABLE audit DROP COLUMN peer; "
           "ALTER TABLE runs DROP COLUMN data_order; ALTER TABLE runs DROP COLUMN total_steps; "
           "PRAGMA user_version = 2;");
@@ -144,12 +144,12 @@ TEST(Schema, VersionThreeFileKeepsItsAuditRowsAndGainsWhoAndHow) {
     ASSERT_TRUE((*catalog)->AppendAudit("operator", "rewind", "old-run", "to 200").ok());
   }
   // What a version-3 binary left behind: audit without role/outcome/peer.
-  RawExec(path, std::string("DROP INDEX audit_by_target; ALTER TABLE audit DROP COLUMN role; "
+  RawExec(path, std::string("DROP TABLE launches; DROP INDEX audit_by_target; ALTER TABLE audit DROP COLUMN role; "
           "ALTER TABLE audit DROP COLUMN outcome; ALTER TABLE audit DROP COLUMN peer; "
           "PRAGMA user_version = 3;"));
   auto catalog = Catalog::Open({.path = path});
   ASSERT_TRUE(catalog.ok()) << catalog.status();
-  EXPECT_EQ((*catalog)->schema_version(), 4);
+  EXPECT_EQ((*catalog)->schema_version(), kSchemaVersion);
   v1::AuditEntry entry;
   entry.set_principal("alice");
   entry.set_role("operator");
@@ -177,6 +177,42 @@ TEST(Schema, VersionThreeFileKeepsItsAuditRowsAndGainsWhoAndHow) {
   query.before_id = 0;
   query.run = "other-run";
   EXPECT_TRUE((*catalog)->QueryAudit(query)->empty());
+}
+
+TEST(Schema, VersionFourFileGainsTheLaunchesTableAndKeepsItsRuns) {
+  TempDir dir;
+  const std::string path = dir.File("catalog.db");
+  {
+    auto catalog = Catalog::Open({.path = path});
+    ASSERT_TRUE(catalog.ok()) << catalog.status();
+    v1::Run run;
+    run.set_name("old-run");
+    ASSERT_TRUE((*catalog)->CreateRun(run).ok());
+  }
+  RawExec(path, "DROP TABLE launches; PRAGMA user_version = 4;");
+  auto catalog = Catalog::Open({.path = path});
+  ASSERT_TRUE(catalog.ok()) << catalog.status();
+  EXPECT_TRUE((*catalog)->GetRun("old-run").ok());
+  EXPECT_TRUE((*catalog)->ListLaunches()->empty());
+  LaunchRecord job{.run = "old-run", .slot = "job", .kind = "slurm", .handle = 42, .generation = 1};
+  ASSERT_TRUE((*catalog)->PutLaunch(job).ok());
+  job.handle = 43;
+  job.restarts = 1;
+  ASSERT_TRUE((*catalog)->PutLaunch(job).ok());  // the same slot: replaced
+  LaunchRecord rank{.run = "old-run", .slot = "rank-0", .kind = "local", .handle = 999,
+                    .start_ticks = 12345};
+  ASSERT_TRUE((*catalog)->PutLaunch(rank).ok());
+  auto all = (*catalog)->ListLaunches();
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->size(), 2u);
+  EXPECT_EQ((*all)[0].slot, "job");
+  EXPECT_EQ((*all)[0].handle, 43);
+  EXPECT_EQ((*all)[0].restarts, 1);
+  EXPECT_EQ((*all)[1].start_ticks, 12345);
+  ASSERT_TRUE((*catalog)->DeleteLaunches("old-run", "job").ok());
+  EXPECT_EQ((*catalog)->ListLaunches()->size(), 1u);
+  ASSERT_TRUE((*catalog)->DeleteLaunches("old-run").ok());
+  EXPECT_TRUE((*catalog)->ListLaunches()->empty());
 }
 
 TEST(Schema, InMemoryDatabaseMigratesToo) {
