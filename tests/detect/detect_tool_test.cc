@@ -62,6 +62,48 @@ TEST(DetectToolTest, GeneratesATraceAndScoresEveryDetector) {
   std::remove((prefix + ".labels.json").c_str());
 }
 
+void WriteText(const std::string& path, const std::string& text) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fputs(text.c_str(), f);
+  std::fclose(f);
+}
+
+TEST(DetectToolTest, ReadsPythonJsonlAndCsvExportsAndNamesBadFields) {
+  const std::string prefix = Prefix();
+  // Python's json.dumps: a NaN step in the middle of a healthy run is an
+  // alarm, not a rejected file.
+  std::string jsonl;
+  std::string csv = "\"Step\",\"my run - loss\",\"my run - loss__MIN\",\"grad_norm\"\n";
+  for (int s = 0; s < 400; ++s) {
+    const std::string loss = s == 300 ? "NaN" : std::to_string(2.0 + 0.01 * (s % 5));
+    jsonl += "{\"step\": " + std::to_string(s) + ", \"loss\": " + loss + ", \"grad_norm\": " +
+             (s == 300 ? "Infinity" : "0.3") + "}\n";
+    csv += std::to_string(s) + "," + (s == 300 ? "nan" : loss) + ",," + (s % 2 ? "" : "0.3") +
+           "\n";
+  }
+  WriteText(prefix + "_py.jsonl", jsonl);
+  WriteText(prefix + "_wandb.csv", csv);
+  for (const std::string& file : {prefix + "_py.jsonl", prefix + "_wandb.csv"}) {
+    Result r = Invoke("--trace " + file + " --detector spikeguard");
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("400 steps (0..399)"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("300      spikeguard nonfinite"), std::string::npos) << r.out;
+  }
+  WriteText(prefix + "_bad.jsonl",
+            "{\"step\": 0, \"loss\": 1}\n{\"step\": 1, \"loss\": 1, \"acc\": 0.5}\n");
+  Result bad = Invoke("--trace " + prefix + "_bad.jsonl");
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.out.find("line 2: unknown field \"acc\""), std::string::npos) << bad.out;
+  WriteText(prefix + "_bad.csv", "step,loss,act_rms\n0,1,1\n");
+  Result badcsv = Invoke("--trace " + prefix + "_bad.csv");
+  EXPECT_EQ(badcsv.code, 1);
+  EXPECT_NE(badcsv.out.find("\"act_rms\" has no layer index"), std::string::npos) << badcsv.out;
+  for (const char* f : {"_py.jsonl", "_wandb.csv", "_bad.jsonl", "_bad.csv"}) {
+    std::remove((prefix + f).c_str());
+  }
+}
+
 TEST(DetectToolTest, UsageErrorsExitTwoAndMissingFilesOne) {
   EXPECT_EQ(Invoke("").code, 2);
   EXPECT_EQ(Invoke("--trace x.jsonl --detector nope").code, 1);  // file checked first

@@ -96,7 +96,7 @@ TEST(TraceIoTest, ReadsWorkerStyleLinesAndLetsALaterTimelineWin) {
       "{\"step\":\"1\",\"loss\":5.4,\"grad_norm\":1.1}\n"
       "{\"step\":\"2\",\"loss\":\"NaN\",\"grad_norm\":\"Infinity\",\"nonfinite_count\":\"4\"}\n"
       "\n"
-      "{\"step\":\"1\",\"loss\":5.3,\"grad_norm\":1.0,\"unknown_future_field\":7}\n";
+      "{\"step\":\"1\",\"loss\":5.3,\"grad_norm\":1.0}\n";
   auto steps = ParseTraceJsonl(text);
   ASSERT_TRUE(steps.ok()) << steps.status();
   ASSERT_EQ(steps->size(), 2u);
@@ -113,6 +113,118 @@ TEST(TraceIoTest, BadLineIsNamed) {
   EXPECT_NE(steps.status().message().find("line 2"), std::string::npos);
   EXPECT_EQ(ReadTraceJsonl("/nonexistent/trace.jsonl").status().code(),
             absl::StatusCode::kNotFound);
+}
+
+TEST(TraceIoTest, ReadsPythonJsonDumpsBareNonFiniteTokens) {
+  // json.dumps({"loss": float("nan"), ...}) writes bare NaN / Infinity /
+  // -Infinity; one such line used to reject the whole file. A string that
+  // merely contains the word stays a string.
+  const std::string text =
+      "{\"step\": 0, \"loss\": 2.5, \"grad_norm\": 0.3}\n"
+      "{\"step\": 1, \"loss\": NaN, \"grad_norm\": Infinity, \"layers\": [{\"layer\": 1, "
+      "\"max_attn_logit\": -Infinity}]}\n"
+      "{\"step\": 2, \"loss\": 2.4, \"grad_norm\": 0.3, \"domain_losses\": [{\"domain\": "
+      "\"NaN Infinity\", \"loss\": NaN}]}\n";
+  auto steps = ParseTraceJsonl(text);
+  ASSERT_TRUE(steps.ok()) << steps.status();
+  ASSERT_EQ(steps->size(), 3u);
+  EXPECT_TRUE(std::isnan((*steps)[1].loss));
+  EXPECT_TRUE(std::isinf((*steps)[1].grad_norm) && (*steps)[1].grad_norm > 0);
+  ASSERT_EQ((*steps)[1].layers.size(), 2u);
+  EXPECT_TRUE(std::isinf((*steps)[1].layers[1].max_attn_logit) &&
+              (*steps)[1].layers[1].max_attn_logit < 0);
+  EXPECT_EQ((*steps)[2].loss, 2.4);
+  // Still no JSON for anything else that is not JSON.
+  EXPECT_FALSE(ParseTraceJsonl("{\"step\": 0, \"loss\": nan}\n").ok());
+  EXPECT_FALSE(ParseTraceJsonl("{\"step\": 0, \"loss\": NaNa}\n").ok());
+}
+
+TEST(TraceIoTest, UnknownFieldAndIndexlessLayerAreErrorsNamingLineAndField) {
+  auto unknown = ParseTraceJsonl(
+      "{\"step\":0,\"loss\":1}\n{\"step\":1,\"loss\":1,\"train_loss\":2}\n");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(unknown.status().message().find("line 2"), std::string::npos) << unknown.status();
+  EXPECT_NE(unknown.status().message().find("\"train_loss\""), std::string::npos)
+      << unknown.status();
+  // Unknown inside a layer is named with its path.
+  auto nested = ParseTraceJsonl(
+      "{\"step\":0,\"loss\":1,\"layers\":[{\"layer\":0,\"max_attn\":3}]}\n");
+  ASSERT_FALSE(nested.ok());
+  EXPECT_NE(nested.status().message().find("layers[0].max_attn"), std::string::npos)
+      << nested.status();
+  // Two layers without an index used to collapse into layer 0.
+  auto indexless = ParseTraceJsonl(
+      "{\"step\":0,\"loss\":1}\n\n{\"step\":1,\"loss\":1,\"layers\":[{\"layer\":0,"
+      "\"max_attn_logit\":3},{\"max_attn_logit\":900}]}\n");
+  ASSERT_FALSE(indexless.ok());
+  EXPECT_NE(indexless.status().message().find("line 3"), std::string::npos) << indexless.status();
+  EXPECT_NE(indexless.status().message().find("layers[1]"), std::string::npos)
+      << indexless.status();
+  EXPECT_NE(indexless.status().message().find("\"layer\" index"), std::string::npos);
+  auto twice = ParseTraceJsonl(
+      "{\"step\":0,\"loss\":1,\"layers\":[{\"layer\":2},{\"layer\":2}]}\n");
+  ASSERT_FALSE(twice.ok());
+  EXPECT_NE(twice.status().message().find("layer 2 appears twice"), std::string::npos);
+  // The camelCase JSON names proto JSON also allows are fields, not unknown.
+  EXPECT_TRUE(ParseTraceJsonl("{\"step\":0,\"loss\":1,\"gradNorm\":2,\"lseMean\":3}\n").ok());
+}
+
+TEST(TraceIoTest, ReadsWandbAndTensorboardStyleCsv) {
+  // W&B: quoted headers "RUN - metric" with __MIN/__MAX companions, empty
+  // cells where a metric was not logged; per-layer columns with an index.
+  const std::string wandb =
+      "\"Step\",\"run-7 - train/loss\",\"run-7 - train/loss__MIN\",\"run-7 - train/loss__MAX\","
+      "\"run-7 - grad_norm\",\"layers/1/max_attn_logit\",\"layer0.update_ratio\",\"lr\"\r\n"
+      "10,2.50,2.4,2.6,0.30,21,1e-3,0.001\r\n"
+      "11,2.45,,,,22,,0.001\r\n"
+      "\r\n"
+      "12,nan,,,inf,23,1.1e-3,\r\n";
+  auto steps = ParseTrace(wandb);
+  ASSERT_TRUE(steps.ok()) << steps.status();
+  ASSERT_EQ(steps->size(), 3u);
+  EXPECT_EQ((*steps)[0].step, 10);
+  EXPECT_EQ((*steps)[0].loss, 2.50);
+  EXPECT_EQ((*steps)[1].loss, 2.45);
+  EXPECT_EQ((*steps)[1].grad_norm, 0.30);  // not logged: the last value
+  ASSERT_EQ((*steps)[1].layers.size(), 2u);
+  EXPECT_EQ((*steps)[1].layers[1].max_attn_logit, 22);
+  EXPECT_EQ((*steps)[1].layers[0].update_ratio, 1e-3);
+  EXPECT_TRUE(std::isnan((*steps)[2].loss));
+  EXPECT_TRUE(std::isinf((*steps)[2].grad_norm));
+  // TensorBoard: Wall time, Step, then the metric named after its tag.
+  auto tb = ParseTraceCsv("Wall time,Step,loss\n1.7e9,0,3.0\n1.7e9,1,2.9\n");
+  ASSERT_TRUE(tb.ok()) << tb.status();
+  ASSERT_EQ(tb->size(), 2u);
+  EXPECT_EQ((*tb)[1].step, 1);
+  EXPECT_EQ((*tb)[1].loss, 2.9);
+}
+
+TEST(TraceIoTest, HostileCsvIsRefusedWithLineAndField) {
+  struct Case {
+    const char* text;
+    const char* expect;
+  } cases[] = {
+      {"step,loss,max_attn_logit\n0,1,2\n", "has no layer index"},
+      {"step,loss,layers/max_attn_logit\n0,1,2\n", "has no layer index"},
+      {"step,loss,accuracy\n0,1,2\n", "unknown field \"accuracy\""},
+      {"loss,grad_norm\n1,2\n", "no step column"},
+      {"step,grad_norm\n1,2\n", "no loss column"},
+      {"step,loss\n0,1\n1,2,3\n", "line 3"},
+      {"step,loss\n0,abc\n", "line 2, field \"abc\""},
+      {"step,loss\n0.5,1\n", "not a step number"},
+      {"step,loss\n-3,1\n", "not a step number"},
+      {"step,loss\n1e300,1\n", "not a step number"},
+      {"\"step,loss\n0,1\n", "unterminated"},
+      {"step,loss,loss\n0,1,1\n", "second loss column"},
+  };
+  for (const Case& c : cases) {
+    auto r = ParseTraceCsv(c.text);
+    ASSERT_FALSE(r.ok()) << c.text;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find(c.expect), std::string::npos)
+        << c.text << " -> " << r.status();
+  }
 }
 
 TEST(TraceIoTest, LabelsRoundTripAndValidation) {

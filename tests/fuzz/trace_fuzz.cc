@@ -28,6 +28,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } else {
     FUZZ_CHECK(steps.status().code() == absl::StatusCode::kInvalidArgument);
   }
+  // The same bytes as a CSV export (W&B / TensorBoard).
+  auto csv = detect::ParseTraceCsv(text);
+  if (csv.ok()) {
+    for (size_t i = 0; i < csv->size(); ++i) {
+      if (i > 0) FUZZ_CHECK((*csv)[i].step > (*csv)[i - 1].step);
+      FUZZ_CHECK((*csv)[i].layers.size() <= 100000);
+      (void)detect::ToStepReport((*csv)[i]);
+    }
+  } else {
+    FUZZ_CHECK(csv.status().code() == absl::StatusCode::kInvalidArgument);
+  }
   auto labels = detect::LabelsFromJson(text);
   if (labels.ok()) {
     const std::string json = detect::LabelsToJson("fuzz", 0, *labels);

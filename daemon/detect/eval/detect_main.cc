@@ -8,7 +8,10 @@
 //       [--layers N]      writes PREFIX.jsonl and PREFIX.labels.json
 //
 // A trace is the JSONL the reference worker writes with --telemetry-out (one
-// StepReport per line, proto JSON); labels are the sidecar JSON of
+// StepReport per line, proto JSON; bare NaN/Infinity tokens as Python writes
+// them are accepted) or a CSV export (W&B, TensorBoard: a step column and
+// metric columns); an unknown field or a per-layer metric without a layer
+// index is an error naming the line and the field. Labels are the sidecar JSON of
 // daemon/detect/eval/trace_io.h. Exit codes: 0 ok, 1 failure, 2 usage.
 #include <cmath>
 #include <cstdio>
@@ -130,7 +133,7 @@ int main(int argc, char** argv) {
     return Usage("bad --post-peak");
   }
 
-  auto steps = ReadTraceJsonl(f["trace"]);
+  auto steps = ReadTrace(f["trace"]);
   if (!steps.ok()) {
     std::cerr << "spikeguard-detect: " << steps.status() << "\n";
     return 1;

@@ -13,7 +13,22 @@
 // optional (layer −1 / absent: run level).
 //
 // Reading: per-layer stats go to their global layer index; NaN and Infinity
-// (proto JSON "NaN", "Infinity") are kept — they are data. When the step
+// (proto JSON "NaN", "Infinity", and the bare NaN / Infinity / -Infinity
+// tokens Python's json.dumps writes) are kept — they are data. A key that is
+// not a StepReport field, and a layers[] entry without its "layer" index, are
+// errors naming the line and the field (not silently dropped or read as
+// layer 0).
+//
+// CSV exports (W&B, TensorBoard) are read too: a header row naming a step
+// column (step, _step, Step, global_step) and metric columns — loss,
+// grad_norm, lse_mean, lse_max, clipped, nonfinite_count (other StepReport
+// scalars such as lr are accepted and unused), per-layer stats with their
+// index (layers/3/max_attn_logit, layer3.act_rms, update_ratio/3). Header
+// cells may be quoted; "RUN - metric" names lose the run part; __MIN/__MAX
+// companions and wall-time columns are skipped. An empty cell repeats the
+// column's last value (a metric not logged at that step); rows before the
+// first loss are skipped. nan / inf cells are kept as data. An unknown
+// column or a per-layer column without an index is an error naming it. When the step
 // goes backwards (the worker appends a resumed run to the same file), the
 // later timeline wins: earlier steps at or after the new one are dropped.
 //
@@ -41,6 +56,11 @@ spikeguard::v1::StepReport ToStepReport(const StepSample& s);
 // when a line is not a StepReport.
 absl::StatusOr<std::vector<StepSample>> ReadTraceJsonl(const std::string& path);
 absl::StatusOr<std::vector<StepSample>> ParseTraceJsonl(std::string_view text);
+absl::StatusOr<std::vector<StepSample>> ParseTraceCsv(std::string_view text);
+// JSONL when the first non-blank character is '{', CSV otherwise.
+absl::StatusOr<std::vector<StepSample>> ParseTrace(std::string_view text);
+// A .csv path is CSV; any other is sniffed as ParseTrace does.
+absl::StatusOr<std::vector<StepSample>> ReadTrace(const std::string& path);
 absl::Status WriteTraceJsonl(const std::string& path, const std::vector<StepSample>& steps);
 
 std::string LabelsToJson(const std::string& trace_name, int64_t steps,
