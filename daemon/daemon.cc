@@ -17,7 +17,9 @@
 #include "daemon/control/supervisor.h"
 #include "daemon/launch/checkpoint_guard.h"
 #include "daemon/launch/launch_profiles.h"
+#include "daemon/launch/launcher.h"
 #include "daemon/launch/local_launcher.h"
+#include "daemon/launch/slurm_launcher.h"
 #include "daemon/server/daemon_state.h"
 #include "daemon/server/supervisor_service.h"
 #include "daemon/server/worker_service.h"
@@ -232,8 +234,31 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options) {
   }
   launch.profiles = d->profiles_.get();
   launch.checkpoints = d->checkpoints_.get();
-  d->launcher_ = std::make_unique<LocalLauncher>(launch, d->catalog_.get(), &d->state_->registry,
-                                                 options.clock);
+  d->local_launcher_ = std::make_unique<LocalLauncher>(launch, d->catalog_.get(),
+                                                       &d->state_->registry, options.clock);
+  // Runs whose profile has a slurm block: sbatch/scontrol/scancel from PATH,
+  // with the daemon's environment (SLURM_CONF).
+  SlurmLauncher::Options slurm;
+  slurm.data_dir = launch.data_dir;
+  slurm.daemon_address = launch.daemon_address;
+  slurm.profiles = launch.profiles;
+  slurm.checkpoints = launch.checkpoints;
+  slurm.worker_token = launch.worker_token;
+  slurm.daemon_env = launch.daemon_env;
+  d->slurm_launcher_ = std::make_unique<SlurmLauncher>(slurm, d->catalog_.get(),
+                                                       &d->state_->registry, options.clock);
+  // What the previous daemon started (it may have been killed): adopted.
+  for (auto adopt : {+[](Daemon* x) { return x->local_launcher_->AdoptRecorded(); },
+                     +[](Daemon* x) { return x->slurm_launcher_->AdoptRecorded(); }}) {
+    if (auto n = adopt(d.get()); !n.ok()) {
+      SG_LOG(ERROR) << "launches recorded by the previous daemon not adopted: " << n.status();
+    } else if (*n > 0) {
+      SG_LOG(INFO) << "adopted " << *n << " launch(es) of the previous daemon";
+    }
+  }
+  d->launcher_ = std::make_unique<ProfileLauncher>(d->catalog_.get(), d->profiles_.get(),
+                                                   d->local_launcher_.get(),
+                                                   d->slurm_launcher_.get());
   d->state_->launcher = d->launcher_.get();
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -312,6 +337,8 @@ void Daemon::Shutdown(absl::Duration grace) {
     state_->launcher = nullptr;
     launcher_->StopAll(absl::Seconds(5));
     launcher_.reset();
+    slurm_launcher_.reset();
+    local_launcher_.reset();
   }
   server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(grace));
   server_->Wait();

@@ -51,6 +51,8 @@ class WorkerServiceImpl;
 class SupervisorServiceImpl;
 class Supervisor;
 class LocalLauncher;
+class SlurmLauncher;
+class ProfileLauncher;
 class LaunchProfiles;
 class CheckpointGuard;
 
@@ -133,7 +135,10 @@ class Daemon {
   std::unique_ptr<CheckpointGuard> checkpoints_;
   std::unique_ptr<DaemonState> state_;
   std::unique_ptr<Supervisor> supervisor_;
-  std::unique_ptr<LocalLauncher> launcher_;
+  std::unique_ptr<LocalLauncher> local_launcher_;
+  std::unique_ptr<SlurmLauncher> slurm_launcher_;
+  // Routes a run to one of the two by its profile (DaemonState::launcher).
+  std::unique_ptr<ProfileLauncher> launcher_;
   std::unique_ptr<WorkerServiceImpl> worker_service_;
   std::unique_ptr<SupervisorServiceImpl> supervisor_service_;
   std::unique_ptr<grpc::Server> server_;

@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -33,8 +34,8 @@ namespace {
 // Placeholders the launcher fills in itself.
 const std::set<std::string>& Builtins() {
   static const auto* names = new std::set<std::string>{
-      "rank", "world_size", "run",        "addr",           "generation",
-      "resume", "plan",     "master_port", "corpus_dir", "checkpoint_root"};
+      "rank",   "local_rank", "world_size",  "run",        "addr",           "generation",
+      "resume", "plan",       "master_port", "corpus_dir", "checkpoint_root"};
   return *names;
 }
 
@@ -224,6 +225,97 @@ absl::Status ValidateParam(const std::string& field, const Param& p, const std::
   }
 }
 
+bool SlurmName(absl::string_view s) {
+  if (s.empty() || s.size() > 64 || s[0] == '-') return false;
+  for (char c : s) {
+    if (!absl::ascii_isalnum(c) && c != '_' && c != '.' && c != '-') return false;
+  }
+  return true;
+}
+
+// "MM", "MM:SS", "HH:MM:SS", "D-HH", "D-HH:MM", "D-HH:MM:SS", "UNLIMITED".
+bool SlurmTimeLimit(absl::string_view s) {
+  if (s == "UNLIMITED" || s == "INFINITE") return true;
+  if (s.empty() || s.size() > 20) return false;
+  absl::string_view rest = s;
+  const size_t dash = s.find('-');
+  if (dash != absl::string_view::npos) {
+    const absl::string_view days = s.substr(0, dash);
+    if (days.empty() || days.find_first_not_of("0123456789") != absl::string_view::npos) return false;
+    rest = s.substr(dash + 1);
+  }
+  std::vector<absl::string_view> parts = absl::StrSplit(rest, ':');
+  if (parts.size() > 3) return false;
+  for (absl::string_view part : parts) {
+    if (part.empty() || part.find_first_not_of("0123456789") != absl::string_view::npos) return false;
+  }
+  return true;
+}
+
+const std::set<std::string>& SbatchAllowList() {
+  static const auto* names = new std::set<std::string>{
+      "exclusive", "gres",        "gpus",       "gpus-per-node", "gpus-per-task",
+      "cpus-per-task", "mem",     "mem-per-cpu", "mem-per-gpu",  "constraint",
+      "qos",       "reservation", "nodelist",   "exclude",       "hint",
+      "requeue",   "no-requeue",  "signal",     "comment"};
+  return *names;
+}
+
+absl::Status CheckSlurm(const std::string& where, const LaunchProfile& p) {
+  const launch::SlurmOptions& s = p.slurm();
+  const std::string w = absl::StrCat(where, ": slurm");
+  if (p.argv().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(w, ": a Slurm profile needs an argv (the command of every task)"));
+  }
+  if (!s.partition().empty() && !SlurmName(s.partition())) {
+    return absl::InvalidArgumentError(absl::StrCat(w, ".partition ", Quoted(s.partition()),
+                                                   " wants letters, digits and _.-"));
+  }
+  if (!s.account().empty() && !SlurmName(s.account())) {
+    return absl::InvalidArgumentError(absl::StrCat(w, ".account ", Quoted(s.account()),
+                                                   " wants letters, digits and _.-"));
+  }
+  if (s.nodes() > 4096 || s.tasks_per_node() > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(w, ": nodes ", s.nodes(), " x tasks_per_node ", s.tasks_per_node(),
+                     " is over the limit (4096 nodes, 1024 tasks per node)"));
+  }
+  if (!s.time_limit().empty() && !SlurmTimeLimit(s.time_limit())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        w, ".time_limit ", Quoted(s.time_limit()),
+        " is not one of Slurm's forms (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, UNLIMITED)"));
+  }
+  for (const std::string& o : s.extra_sbatch_options()) {
+    const std::string name = absl::StartsWith(o, "--") ? o.substr(2, o.find('=') - 2) : "";
+    if (SbatchAllowList().count(name) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          w, ".extra_sbatch_options ", Quoted(o), " is not allowed (allowed: --",
+          absl::StrJoin(SbatchAllowList(), ", --"), ")"));
+    }
+    if (const size_t eq = o.find('='); eq != std::string::npos) {
+      const std::string v = o.substr(eq + 1);
+      if (v.empty() || v.size() > 128 ||
+          v.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+                              "_.:,=+-@[]%") != std::string::npos) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            w, ".extra_sbatch_options ", Quoted(o),
+            ": the value wants letters, digits and _.:,=+-@[]% (no spaces, no '/')"));
+      }
+    }
+  }
+  if (!s.exec_path().empty() && (s.exec_path()[0] != '/' ||
+                                 s.exec_path().find('{') != std::string::npos)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(w, ".exec_path ", Quoted(s.exec_path()), " is not an absolute path"));
+  }
+  if (s.master_port() > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(w, ".master_port ", s.master_port(),
+                                                   " is not a port"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckProfile(const LaunchProfile& p) {
   const std::string where = absl::StrCat("profile ", Quoted(p.name()));
   if (!IsProfileName(p.name())) {
@@ -325,6 +417,7 @@ absl::Status CheckProfile(const LaunchProfile& p) {
   if (p.max_restarts() < 0) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": max_restarts negative"));
   }
+  if (p.has_slurm()) SG_RETURN_IF_ERROR(CheckSlurm(where, p));
   return absl::OkStatus();
 }
 
@@ -400,6 +493,10 @@ std::string SubstituteAll(const std::string& arg, const std::map<std::string, st
 }
 
 }  // namespace
+
+uint32_t SlurmWorldSize(const launch::SlurmOptions& s) {
+  return std::max<uint32_t>(1, s.nodes()) * std::max<uint32_t>(1, s.tasks_per_node());
+}
 
 std::string Quoted(const std::string& value) {
   std::string v = value.size() > 64 ? value.substr(0, 64) : value;
@@ -538,6 +635,14 @@ absl::Status LaunchProfiles::ValidateSpec(const v1::RunSpec& spec, uint32_t worl
                                                    " is over the max_world_size ",
                                                    profile->max_world_size(), " of profile ",
                                                    Quoted(profile->name())));
+  }
+  if (profile->has_slurm() && world_size > 0 &&
+      world_size != SlurmWorldSize(profile->slurm())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "world_size: ", world_size, " is not the ", SlurmWorldSize(profile->slurm()),
+        " tasks of Slurm profile ", Quoted(profile->name()), " (nodes ",
+        std::max<uint32_t>(1, profile->slurm().nodes()), " x tasks_per_node ",
+        std::max<uint32_t>(1, profile->slurm().tasks_per_node()), ")"));
   }
   std::map<std::string, std::string> values;
   std::map<std::string, std::vector<std::string>> items;

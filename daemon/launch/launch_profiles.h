@@ -46,6 +46,9 @@ struct LaunchCommand {
   int max_restarts = 0;  // 0: the policy's
 };
 
+// nodes x tasks_per_node (each at least 1).
+uint32_t SlurmWorldSize(const launch::SlurmOptions& s);
+
 // A value shown in an error message: at most 64 bytes, escaped.
 std::string Quoted(const std::string& value);
 

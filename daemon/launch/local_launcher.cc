@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <map>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
@@ -33,10 +34,13 @@ void TerminateAndReap(const std::vector<pid_t>& pids, absl::Duration grace) {
   const absl::Time deadline = absl::Now() + grace;
   for (pid_t p : pids) {
     int status = 0;
-    while (waitpid(p, &status, WNOHANG) == 0) {
+    while (true) {
+      const pid_t got = waitpid(p, &status, WNOHANG);
+      // Not our child (adopted after a restart): gone when kill(p, 0) fails.
+      if (got == p || (got < 0 && kill(p, 0) != 0)) break;
       if (absl::Now() > deadline) {
         kill(p, SIGKILL);
-        waitpid(p, &status, 0);
+        if (got == 0) waitpid(p, &status, 0);
         break;
       }
       absl::SleepFor(absl::Milliseconds(20));
@@ -119,54 +123,19 @@ absl::Status LocalLauncher::Launch(const std::string& run) {
 
 absl::Status LocalLauncher::StartRank(const std::string& run, Run& r, uint32_t rank, bool restart,
                                       bool count_restart) {
-  SG_ASSIGN_OR_RETURN(v1::Run row, catalog_->GetRun(run));
-  const int64_t generation = row.current_generation();
-  std::string resume, plan_text = "0-";
-  SG_ASSIGN_OR_RETURN(std::vector<v1::Generation> gens, catalog_->ListGenerations(run));
-  int64_t origin_step = -1;
-  for (const auto& g : gens) {
-    if (g.generation() != generation) continue;
-    if (auto plan = incident::PlanFromProto(g.data_plan()); plan.ok()) plan_text = plan->ToString();
-    if (generation > 0) origin_step = g.from_checkpoint_step();
-  }
-  if (restart || generation > 0) {
-    // Newest complete checkpoint of this generation; else the one the
-    // generation was rewound to. Only one that still verifies (inside the
-    // run's checkpoint root, file there, checksum matching) is named.
-    SG_ASSIGN_OR_RETURN(std::vector<v1::Checkpoint> ckpts, catalog_->ListCheckpoints(run));
-    std::vector<incident::CheckpointInfo> all;
-    for (const auto& c : ckpts) all.push_back(incident::ToCheckpointInfo(c));
-    // Preference: this generation's newest first, then the rewind origin.
-    incident::CheckpointQuery own;
-    own.generation = generation;
-    incident::CheckpointQuery origin;
-    origin.min_step = origin.max_step = origin_step;
-    std::vector<std::string> failed;
-    for (incident::CheckpointQuery* query : {&own, &origin}) {
-      while (resume.empty()) {
-        query->excluded_uris = failed;
-        absl::StatusOr<incident::CheckpointInfo> c = incident::ChooseCheckpoint(all, *query);
-        if (!c.ok()) break;
-        const auto row = std::find_if(ckpts.begin(), ckpts.end(), [&](const v1::Checkpoint& r) {
-          return r.generation() == c->generation && r.step() == c->step && r.uri() == c->uri;
-        });
-        auto verified = options_.checkpoints->Verify(*row);
-        if (!verified.ok()) {
-          SG_LOG(WARNING) << "run " << run << ": rank " << rank << " not resumed from it: "
-                          << verified.status().message();
-          failed.push_back(c->uri);
-          continue;
-        }
-        resume = *verified;
-      }
-    }
-  }
+  SG_ASSIGN_OR_RETURN(ResumePoint point,
+                      ChooseResumePoint(catalog_, options_.checkpoints, run, restart,
+                                        absl::StrCat("rank ", rank)));
+  const int64_t generation = point.generation;
+  const std::string& resume = point.resume;
+  const std::string& plan_text = point.plan;
   if (options_.profiles == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat("run '", run, "': no launch profiles"));
   }
   SG_ASSIGN_OR_RETURN(LaunchCommand command,
                       options_.profiles->Build(run, r.spec, r.world_size,
                                                {{"rank", absl::StrCat(rank)},
+                                                {"local_rank", absl::StrCat(rank)},
                                                 {"world_size", absl::StrCat(r.world_size)},
                                                 {"addr", daemon_address_},
                                                 {"generation", absl::StrCat(generation)},
@@ -231,11 +200,90 @@ absl::Status LocalLauncher::StartRank(const std::string& run, Run& r, uint32_t r
   rk.pid = pid;
   rk.done = false;
   rk.started = clock_->Now();
+  rk.adopted = false;
+  rk.lost = false;
+  rk.start_ticks = ProcessStartTicks(pid).value_or(0);
   if (restart && count_restart) ++rk.restarts;
+  RecordRank(run, rank, rk, generation);
   SG_LOG(INFO) << "run " << run << ": rank " << rank << (restart ? " restarted" : " started")
                << " (pid " << pid << ", generation " << generation
                << (resume.empty() ? "" : ", from " + resume) << "), log " << log_path;
   return absl::OkStatus();
+}
+
+void LocalLauncher::RecordRank(const std::string& run, uint32_t rank, const Rank& rk,
+                               int64_t generation) {
+  storage::LaunchRecord rec;
+  rec.run = run;
+  rec.slot = absl::StrCat("rank-", rank);
+  rec.kind = "local";
+  rec.handle = rk.pid;
+  rec.start_ticks = rk.start_ticks;
+  rec.generation = generation;
+  rec.restarts = rk.restarts;
+  if (auto s = catalog_->PutLaunch(rec); !s.ok()) {
+    SG_LOG(ERROR) << "run " << run << ": rank " << rank << " (pid " << rk.pid
+                  << ") not recorded in the catalog: " << s;
+  }
+}
+
+absl::StatusOr<int> LocalLauncher::AdoptRecorded() {
+  SG_ASSIGN_OR_RETURN(std::vector<storage::LaunchRecord> records, catalog_->ListLaunches());
+  int adopted = 0;
+  absl::MutexLock lock(&mu_);
+  for (const auto& rec : records) {
+    if (rec.kind != "local") continue;
+    uint32_t rank = 0;
+    if (!absl::SimpleAtoi(absl::string_view(rec.slot).substr(5), &rank) ||
+        rec.slot.rfind("rank-", 0) != 0) {
+      continue;
+    }
+    auto row = catalog_->GetRun(rec.run);
+    if (!row.ok() || row->state() == "finished" || row->state() == "failed" ||
+        rank >= std::max<uint32_t>(1, row->world_size())) {
+      (void)catalog_->DeleteLaunches(rec.run, rec.slot);
+      continue;
+    }
+    Run& r = runs_[rec.run];
+    if (r.ranks.empty()) {
+      r.spec = row->spec();
+      r.world_size = std::max<uint32_t>(1, row->world_size());
+      r.ranks.resize(r.world_size);
+      // Unknown after a restart: a group restart gets a new one.
+      r.master_port = FreeLoopbackPort().value_or(0);
+      if (options_.profiles != nullptr) {
+        if (auto p = options_.profiles->Find(r.spec.profile()); p.ok()) {
+          r.max_restarts = p->max_restarts();
+        }
+      }
+    }
+    Rank& rk = r.ranks[rank];
+    rk.restarts = rec.restarts;
+    rk.started = clock_->Now();
+    auto ticks = ProcessStartTicks(rec.handle);
+    if (ticks.ok() && *ticks == rec.start_ticks && rec.start_ticks != 0) {
+      rk.pid = static_cast<pid_t>(rec.handle);
+      rk.adopted = true;
+      rk.start_ticks = rec.start_ticks;
+      ++adopted;
+      SG_LOG(INFO) << "run " << rec.run << ": adopted rank " << rank << " (pid " << rec.handle
+                   << ")";
+    } else {
+      rk.pid = -1;
+      rk.lost = true;
+      SG_LOG(WARNING) << "run " << rec.run << ": rank " << rank << " (pid " << rec.handle
+                      << ") is not running any more"
+                      << (ticks.ok() ? " (the pid is another process's now)" : "");
+    }
+  }
+  return adopted;
+}
+
+pid_t LocalLauncher::PidOf(const std::string& run, uint32_t rank) {
+  absl::MutexLock lock(&mu_);
+  auto it = runs_.find(run);
+  if (it == runs_.end() || rank >= it->second.ranks.size()) return -1;
+  return it->second.ranks[rank].pid;
 }
 
 void LocalLauncher::MonitorLoop() {
@@ -258,11 +306,34 @@ void LocalLauncher::MonitorLoop() {
         Rank& rk = r.ranks[rank];
         if (rk.done) continue;
         all_done = false;
-        if (rk.pid <= 0) continue;
-        int status = 0;
-        const pid_t got = waitpid(rk.pid, &status, WNOHANG);
         bool crashed = false;
-        if (got == rk.pid) {
+        int status = 0;
+        if (rk.lost) {
+          rk.lost = false;
+          SG_LOG(WARNING) << "run " << name << ": rank " << rank
+                          << " was lost while the daemon was down";
+          crashed = true;
+        } else if (rk.pid <= 0) {
+          continue;
+        } else if (rk.adopted) {
+          auto ticks = ProcessStartTicks(rk.pid);
+          if (!ticks.ok() || *ticks != rk.start_ticks) {
+            // Not our child: no exit status. Done if the run got to its end.
+            rk.pid = -1;
+            rk.adopted = false;
+            auto row = catalog_->GetRun(name);
+            if (row.ok() && row->total_steps() > 0 && row->last_step() + 1 >= row->total_steps()) {
+              rk.done = true;
+              SG_LOG(INFO) << "run " << name << ": adopted rank " << rank << " finished";
+              continue;
+            }
+            SG_LOG(WARNING) << "run " << name << ": adopted rank " << rank
+                            << " is gone before the run's end";
+            crashed = true;
+          }
+        }
+        const pid_t got = (rk.pid > 0 && !rk.adopted) ? waitpid(rk.pid, &status, WNOHANG) : 0;
+        if (got == rk.pid && got > 0) {
           const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
           rk.pid = -1;
           if (code == 0) {
@@ -279,7 +350,7 @@ void LocalLauncher::MonitorLoop() {
           }
           SG_LOG(WARNING) << "run " << name << ": rank " << rank << " exited with " << code;
           crashed = true;
-        } else {
+        } else if (!crashed && rk.pid > 0) {
           // Hung: attached once, silent past the heartbeat timeout.
           for (const auto& s : live) {
             if (s.rank() != rank || s.last_seen_unix_ms() == 0) continue;
@@ -288,9 +359,11 @@ void LocalLauncher::MonitorLoop() {
               SG_LOG(WARNING) << "run " << name << ": rank " << rank << " silent for " << silent
                               << " ms; killing it";
               kill(rk.pid, SIGKILL);
-              waitpid(rk.pid, &status, 0);
+              if (!rk.adopted) waitpid(rk.pid, &status, 0);
               rk.pid = -1;
+              rk.adopted = false;
               crashed = true;
+              break;
             }
           }
         }
@@ -311,8 +384,10 @@ void LocalLauncher::MonitorLoop() {
           }
         }
       }
+      if (r.finished) (void)catalog_->DeleteLaunches(name);
       if (all_done && !r.finished) {
         r.finished = true;
+        (void)catalog_->DeleteLaunches(name);
         (void)catalog_->SetRunState(name, "finished");
         SG_LOG(INFO) << "run " << name << " finished";
       }
@@ -356,6 +431,8 @@ void LocalLauncher::StopAll(absl::Duration grace) {
         if (rk.pid > 0) pids.push_back(rk.pid);
       }
       r.finished = true;
+      // Stopped on purpose: nothing for a restarted daemon to adopt.
+      (void)catalog_->DeleteLaunches(name);
     }
   }
   TerminateAndReap(pids, grace);

@@ -34,6 +34,16 @@
 // (the profile's, else the policy's): the dead rank alone, or, with
 // RunSpec.restart_all_ranks, every rank (the others are stopped first), all
 // from the newest complete checkpoint of the generation that verifies.
+//
+// Every rank started is recorded in the catalog (launches: slot "rank-R",
+// the pid and its start time, field 22 of /proc/PID/stat). A daemon started
+// again after a crash (AdoptRecorded) takes over the ranks whose pid still
+// runs with that start time (a pid with another start time is not ours) and
+// restarts the others within the budget, like a crash. An adopted rank is
+// not this daemon's child: its exit status is unknown, so when it is gone it
+// counts as finished only if the run's progress reached its total steps,
+// else as a crash. A graceful StopAll drops the records (it stopped the
+// ranks on purpose).
 #pragma once
 
 #include <sys/types.h>
@@ -52,12 +62,13 @@
 #include "daemon/ingest/run_registry.h"
 #include "daemon/launch/checkpoint_guard.h"
 #include "daemon/launch/launch_profiles.h"
+#include "daemon/launch/launcher.h"
 #include "spikeguard/v1/supervisor.pb.h"
 #include "storage/catalog/catalog.h"
 
 namespace spikeguard::daemon {
 
-class LocalLauncher {
+class LocalLauncher : public Launcher {
  public:
   struct Options {
     std::string data_dir;
@@ -77,17 +88,23 @@ class LocalLauncher {
   };
 
   LocalLauncher(Options options, storage::Catalog* catalog, RunRegistry* registry, Clock* clock);
-  ~LocalLauncher();
+  ~LocalLauncher() override;
 
   // The address workers dial, when it was not known at construction (a
   // daemon on port 0 learns its port once listening). Launch waits for it.
-  void SetDaemonAddress(const std::string& address);
+  void SetDaemonAddress(const std::string& address) override;
 
   // Starts every rank of `run` from its launch profile; FAILED_PRECONDITION
   // for a run without a (valid) profile, naming what to do.
-  absl::Status Launch(const std::string& run);
+  absl::Status Launch(const std::string& run) override;
   // SIGTERM to every child, SIGKILL after `grace`.
-  void StopAll(absl::Duration grace);
+  void StopAll(absl::Duration grace) override;
+
+  // Takes over the ranks the catalog records for runs that are not over
+  // (call once at startup). Returns how many live ranks were adopted.
+  absl::StatusOr<int> AdoptRecorded();
+  // A rank's pid (-1 when none runs); tests.
+  pid_t PidOf(const std::string& run, uint32_t rank);
 
  private:
   struct Rank {
@@ -95,6 +112,11 @@ class LocalLauncher {
     bool done = false;
     int restarts = 0;
     absl::Time started;
+    // Not our child (adopted after a restart): watched through /proc.
+    bool adopted = false;
+    int64_t start_ticks = 0;
+    // Recorded, but not running when the daemon started: a crash.
+    bool lost = false;
   };
   struct Run {
     spikeguard::v1::RunSpec spec;
@@ -115,6 +137,7 @@ class LocalLauncher {
   // Stops every other live rank of `r`, then starts all of them again.
   void RestartAll(const std::string& run, Run& r, uint32_t dead_rank)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecordRank(const std::string& run, uint32_t rank, const Rank& rk, int64_t generation);
 
   const Options options_;
   // Options::daemon_address, or the one SetDaemonAddress gave: written once,

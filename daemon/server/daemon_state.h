@@ -27,7 +27,7 @@ struct Counters {
 };
 
 class Supervisor;
-class LocalLauncher;
+class Launcher;
 class LaunchProfiles;
 class CheckpointGuard;
 }  // namespace spikeguard::daemon
@@ -55,8 +55,9 @@ struct DaemonState {
   StreamHub hub;
   // Detection, incidents and commands; set once the daemon has started it.
   Supervisor* supervisor = nullptr;
-  // Starts and restarts the ranks of runs created with a spec.
-  LocalLauncher* launcher = nullptr;
+  // Starts and restarts the ranks of runs created with a spec (local
+  // processes or Slurm jobs, by the run's launch profile).
+  Launcher* launcher = nullptr;
   // The operator's launch profiles (never null once the daemon serves; empty
   // without --launch-profiles) and the checkpoint confinement.
   LaunchProfiles* profiles = nullptr;

@@ -17,7 +17,7 @@
 #include "daemon/incident/policy.h"
 #include "daemon/launch/checkpoint_guard.h"
 #include "daemon/launch/launch_profiles.h"
-#include "daemon/launch/local_launcher.h"
+#include "daemon/launch/launcher.h"
 #include "daemon/server/status_util.h"
 #include "storage/corpus/data_plan.h"
 
