@@ -20,6 +20,7 @@ void ScoreCounts::Add(const ScoreCounts& o) {
   precursors_detected += o.precursors_detected;
   false_warnings += o.false_warnings;
   start_errors.insert(start_errors.end(), o.start_errors.begin(), o.start_errors.end());
+  precursor_leads.insert(precursor_leads.end(), o.precursor_leads.begin(), o.precursor_leads.end());
 }
 
 double MedianOrNan(std::vector<double> v) {
@@ -63,6 +64,7 @@ ScoreCounts ScoreTrace(const std::vector<Alarm>& alarms, const std::vector<Label
         matched = true;
         ++c.precursors_detected;
         c.start_errors.push_back(static_cast<double>(a->start_step - l.onset));
+        c.precursor_leads.push_back(static_cast<double>(l.peak - a->step));
         break;
       }
       if (!spike_onset) {
@@ -115,6 +117,7 @@ DetectorScore Summarize(const std::string& detector, const ScoreCounts& c) {
   std::vector<double> abs_err;
   for (double e : c.start_errors) abs_err.push_back(std::abs(e));
   s.median_abs_start_error = MedianOrNan(abs_err);
+  s.median_precursor_lead = MedianOrNan(c.precursor_leads);
   s.false_warnings_per_10k =
       c.steps > 0 ? 1e4 * c.false_warnings / static_cast<double>(c.steps) : 0;
   return s;

@@ -57,6 +57,9 @@ struct ScoreCounts {
   int false_warnings = 0;
   // warning.start_step − label.onset of detected precursor labels.
   std::vector<double> start_errors;
+  // label.peak − warning step of detected precursor labels: how long before
+  // the event it announces the warning came.
+  std::vector<double> precursor_leads;
 
   void Add(const ScoreCounts& other);
 };
@@ -76,6 +79,8 @@ struct DetectorScore {
   double precursor_recall = 0;
   double median_abs_start_error = 0;
   double false_warnings_per_10k = 0;
+  // NaN when no precursor label was detected.
+  double median_precursor_lead = 0;
 };
 
 DetectorScore Summarize(const std::string& detector, const ScoreCounts& counts);

@@ -3,9 +3,11 @@
 // labeled synthetic traces (issue 5 §1–2).
 //
 //   detector_bench --out DIR [--seed N] [--scale X] [--lead-window N]
-//                  [--post-peak N] [--write-traces DIR]
+//                  [--post-peak N] [--write-traces DIR] [--split both|tuning|held-out]
 //
-// Prints one table — precision, recall, F1, false alarms per 10,000 steps,
+// Two splits (issue 12): "tuning" (the original families and the wild
+// families' tuning seeds, wild_corpus.h) and "held-out" (seeds nothing was
+// tuned on). For each it prints one table — precision, recall, F1, false alarms per 10,000 steps,
 // median lead time before the loss peak — plus a per-scenario breakdown and
 // the precursor figures, and writes them to DIR/detector_bench.json and
 // DIR/detector_bench.md. The matching rule is in daemon/detect/eval/scoring.h.
@@ -31,6 +33,7 @@
 #include "daemon/detect/eval/scoring.h"
 #include "daemon/detect/eval/trace_gen.h"
 #include "daemon/detect/eval/trace_io.h"
+#include "daemon/detect/eval/wild_corpus.h"
 
 namespace {
 
@@ -50,10 +53,155 @@ std::string ScenarioOf(const std::string& trace_name) {
   return trace_name.substr(0, trace_name.rfind('-'));
 }
 
+
+// Families whose instability builds over hundreds of steps; their precursor
+// leads are the "slow-build" figure.
+bool SlowBuild(const std::string& family) {
+  if (auto f = ParseWildFamily(family); f.ok()) return IsSlowBuild(*f);
+  return family == "slow_divergence" || family == "fragility";
+}
+
+struct SplitResult {
+  std::string name;
+  std::string md;
+  std::string json;
+};
+
+absl::StatusOr<SplitResult> EvaluateSplit(const std::string& name,
+                                          const std::vector<LabeledTrace>& corpus,
+                                          const MatchRule& rule, int from_files) {
+  int64_t total_steps = 0;
+  int total_labels = 0;
+  for (const auto& t : corpus) {
+    total_steps += static_cast<int64_t>(t.steps.size());
+    for (const auto& l : t.labels) total_labels += l.kind != Label::kPrecursor;
+  }
+  const std::vector<std::string> detectors = DetectorNames();
+  std::vector<DetectorScore> scores;
+  // family -> detector -> counts
+  std::map<std::string, std::map<std::string, ScoreCounts>> by_family;
+  std::map<std::string, double> seconds;
+  for (const std::string& d : detectors) {
+    ScoreCounts total;
+    const auto d0 = std::chrono::steady_clock::now();
+    for (const LabeledTrace& t : corpus) {
+      auto alarms = RunDetector(d, t.steps);
+      if (!alarms.ok()) return alarms.status();
+      const ScoreCounts c =
+          ScoreTrace(*alarms, t.labels, static_cast<int64_t>(t.steps.size()), rule);
+      total.Add(c);
+      by_family[ScenarioOf(t.name)][d].Add(c);
+    }
+    seconds[d] = std::chrono::duration<double>(std::chrono::steady_clock::now() - d0).count();
+    scores.push_back(Summarize(d, total));
+  }
+  // spikeguard's precursor figures: leads on the slow-build families, false
+  // warnings on the families with no labels at all (healthy runs).
+  ScoreCounts slow, healthy;
+  for (const auto& [family, per] : by_family) {
+    const ScoreCounts& c = per.at("spikeguard");
+    if (SlowBuild(family)) slow.Add(c);
+    if (c.labels == 0 && c.precursor_labels == 0) healthy.Add(c);
+  }
+  const DetectorScore slow_s = Summarize("spikeguard", slow);
+  const DetectorScore healthy_s = Summarize("spikeguard", healthy);
+
+  SplitResult r;
+  r.name = name;
+  r.md = absl::StrFormat(
+      "### Split: %s\n\n%d traces (%d read from files), %d steps, %d event labels (spikes, "
+      "divergences, non-finite bursts).\n\n"
+      "| detector | precision | recall | F1 | false alarms / 10k steps | median lead (steps) | "
+      "detected | false alarms | µs/step |\n"
+      "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+      name, static_cast<int>(corpus.size()), from_files, total_steps, total_labels);
+  for (const DetectorScore& s : scores) {
+    absl::StrAppend(&r.md, absl::StrFormat("| %s | %.3f | %.3f | %.3f | %.2f | %s | %d/%d | %d | %.2f |\n",
+                                           s.detector, s.precision, s.recall, s.f1,
+                                           s.false_alarms_per_10k, Num(s.median_lead, "%.0f"),
+                                           s.counts.detected, s.counts.labels,
+                                           s.counts.false_alarms,
+                                           1e6 * seconds[s.detector] / total_steps));
+  }
+  absl::StrAppend(&r.md,
+                  "\n#### By family (", name, "): detected/labels (false alarms) [median lead]\n\n| family |");
+  for (const auto& d : detectors) absl::StrAppend(&r.md, " ", d, " |");
+  absl::StrAppend(&r.md, "\n| --- |");
+  for (size_t i = 0; i < detectors.size(); ++i) absl::StrAppend(&r.md, " ---: |");
+  absl::StrAppend(&r.md, "\n");
+  for (const auto& [family, per] : by_family) {
+    absl::StrAppend(&r.md, "| ", family, " |");
+    for (const auto& d : detectors) {
+      const ScoreCounts& c = per.at(d);
+      absl::StrAppend(&r.md, absl::StrFormat(" %d/%d (%d) [%s] |", c.detected, c.labels,
+                                             c.false_alarms, Num(MedianOrNan(c.leads), "%.0f")));
+    }
+    absl::StrAppend(&r.md, "\n");
+  }
+  const DetectorScore& sg = scores.front();
+  absl::StrAppend(
+      &r.md,
+      absl::StrFormat(
+          "\n#### spikeguard precursors (%s)\n\n"
+          "| precursor labels | detected | median \\|start error\\| (steps) | median precursor lead, "
+          "slow-build families (steps) | false warnings / 10k steps, all | false warnings / 10k "
+          "steps, healthy families |\n| ---: | ---: | ---: | ---: | ---: | ---: |\n"
+          "| %d | %d | %s | %s (%d/%d detected) | %.2f | %.2f |\n",
+          name, sg.counts.precursor_labels, sg.counts.precursors_detected,
+          Num(sg.median_abs_start_error, "%.0f"), Num(slow_s.median_precursor_lead, "%.0f"),
+          slow.precursors_detected, slow.precursor_labels, sg.false_warnings_per_10k,
+          healthy_s.false_warnings_per_10k));
+
+  r.json = absl::StrFormat("{\"traces\": %d, \"steps\": %d, \"labels\": %d, \"detectors\": [\n",
+                           static_cast<int>(corpus.size()), total_steps, total_labels);
+  for (size_t i = 0; i < scores.size(); ++i) {
+    const DetectorScore& s = scores[i];
+    absl::StrAppend(
+        &r.json,
+        absl::StrFormat(
+            "      {\"detector\": \"%s\", \"precision\": %s, \"recall\": %s, \"f1\": %s, "
+            "\"false_alarms_per_10k\": %s, \"median_lead_steps\": %s, \"detected\": %d, "
+            "\"labels\": %d, \"false_alarms\": %d, \"duplicates\": %d, \"us_per_step\": %s",
+            s.detector, JsonNum(s.precision), JsonNum(s.recall), JsonNum(s.f1),
+            JsonNum(s.false_alarms_per_10k), JsonNum(s.median_lead), s.counts.detected,
+            s.counts.labels, s.counts.false_alarms, s.counts.duplicates,
+            JsonNum(1e6 * seconds[s.detector] / total_steps)));
+    if (s.detector == "spikeguard") {
+      absl::StrAppend(
+          &r.json,
+          absl::StrFormat(", \"precursor_labels\": %d, \"precursors_detected\": %d, "
+                          "\"median_abs_start_error\": %s, \"false_warnings_per_10k\": %s, "
+                          "\"slow_build_median_precursor_lead\": %s, "
+                          "\"healthy_false_warnings_per_10k\": %s",
+                          s.counts.precursor_labels, s.counts.precursors_detected,
+                          JsonNum(s.median_abs_start_error), JsonNum(s.false_warnings_per_10k),
+                          JsonNum(slow_s.median_precursor_lead),
+                          JsonNum(healthy_s.false_warnings_per_10k)));
+    }
+    absl::StrAppend(&r.json, "}", i + 1 < scores.size() ? ",\n" : "\n");
+  }
+  absl::StrAppend(&r.json, "    ], \"by_family\": {\n");
+  size_t si = 0;
+  for (const auto& [family, per] : by_family) {
+    absl::StrAppend(&r.json, "      \"", family, "\": {");
+    size_t di = 0;
+    for (const auto& d : detectors) {
+      const ScoreCounts& c = per.at(d);
+      absl::StrAppend(&r.json, absl::StrFormat("\"%s\": {\"labels\": %d, \"detected\": %d, "
+                                               "\"false_alarms\": %d}%s",
+                                               d, c.labels, c.detected, c.false_alarms,
+                                               ++di < detectors.size() ? ", " : ""));
+    }
+    absl::StrAppend(&r.json, "}", ++si < by_family.size() ? ",\n" : "\n");
+  }
+  absl::StrAppend(&r.json, "    }}");
+  return r;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string out_dir, traces_dir, extra_dir;
+  std::string out_dir, traces_dir, extra_dir, split = "both";
   uint64_t seed = 1;
   double scale = 1.0;
   MatchRule rule;
@@ -69,6 +217,9 @@ int main(int argc, char** argv) {
     bool ok = true;
     if (a == "--out") {
       out_dir = value("--out");
+    } else if (a == "--split") {
+      split = value("--split");
+      ok = split == "both" || split == "tuning" || split == "held-out";
     } else if (a == "--extra-traces") {
       extra_dir = value("--extra-traces");
     } else if (a == "--write-traces") {
@@ -86,16 +237,17 @@ int main(int argc, char** argv) {
     }
     if (!ok) {
       std::cerr << "usage: detector_bench --out DIR [--seed N] [--scale X] [--lead-window N] "
-                   "[--post-peak N] [--write-traces DIR] [--extra-traces DIR]\n";
+                   "[--post-peak N] [--write-traces DIR] [--extra-traces DIR] "
+                   "[--split both|tuning|held-out]\n";
       return 2;
     }
   }
 
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<LabeledTrace> corpus = BenchmarkCorpus(seed, scale);
   // Labeled traces from files (NAME.jsonl + NAME.labels.json), e.g. the
-  // reference worker's real spikes written by worker_traces.sh.
-  int extra = 0;
+  // reference worker's real spikes written by worker_traces.sh; they join
+  // the tuning split.
+  std::vector<LabeledTrace> extra_traces;
   if (!extra_dir.empty()) {
     std::vector<std::string> names;
     if (DIR* d = opendir(extra_dir.c_str())) {
@@ -108,148 +260,72 @@ int main(int argc, char** argv) {
     std::sort(names.begin(), names.end());
     for (const std::string& n : names) {
       const std::string prefix = absl::StrCat(extra_dir, "/", n);
-      auto steps = ReadTraceJsonl(prefix + ".jsonl");
+      auto steps = ReadTrace(prefix + ".jsonl");
       auto labels = ReadLabels(prefix + ".labels.json");
       if (!steps.ok() || !labels.ok()) {
         std::cerr << "detector_bench: " << prefix << ": "
                   << (steps.ok() ? labels.status() : steps.status()) << "\n";
         return 1;
       }
-      corpus.push_back(LabeledTrace{n, std::move(*steps), std::move(*labels)});
-      ++extra;
-    }
-  }
-  int64_t total_steps = 0;
-  int total_labels = 0;
-  for (const auto& t : corpus) {
-    total_steps += static_cast<int64_t>(t.steps.size());
-    for (const auto& l : t.labels) total_labels += l.kind != Label::kPrecursor;
-    if (!traces_dir.empty()) {
-      mkdir(traces_dir.c_str(), 0755);
-      const std::string prefix = absl::StrCat(traces_dir, "/", t.name);
-      if (auto s = WriteTraceJsonl(prefix + ".jsonl", t.steps); !s.ok()) {
-        std::cerr << "detector_bench: " << s << "\n";
-        return 1;
-      }
-      if (auto s = WriteLabels(prefix + ".labels.json", t); !s.ok()) {
-        std::cerr << "detector_bench: " << s << "\n";
-        return 1;
-      }
+      extra_traces.push_back(LabeledTrace{n, std::move(*steps), std::move(*labels)});
     }
   }
 
-  const std::vector<std::string> detectors = DetectorNames();
-  std::vector<DetectorScore> scores;
-  // scenario -> detector -> counts
-  std::map<std::string, std::map<std::string, ScoreCounts>> by_scenario;
-  std::map<std::string, double> seconds;
-  for (const std::string& d : detectors) {
-    ScoreCounts total;
-    const auto d0 = std::chrono::steady_clock::now();
-    for (const LabeledTrace& t : corpus) {
-      auto alarms = RunDetector(d, t.steps);
-      if (!alarms.ok()) {
-        std::cerr << "detector_bench: " << alarms.status() << "\n";
-        return 1;
-      }
-      const ScoreCounts c =
-          ScoreTrace(*alarms, t.labels, static_cast<int64_t>(t.steps.size()), rule);
-      total.Add(c);
-      by_scenario[ScenarioOf(t.name)][d].Add(c);
+  // The tuning split: the original families (seed N) and the wild families'
+  // tuning seeds. The held-out split: the wild families' held-out seeds and
+  // the original families at seed N + 900 — never looked at while tuning.
+  std::vector<SplitResult> results;
+  for (const std::string& which : {std::string("tuning"), std::string("held-out")}) {
+    if (split != "both" && split != which) continue;
+    std::vector<LabeledTrace> corpus;
+    if (which == "tuning") {
+      corpus = BenchmarkCorpus(seed, scale);
+      for (auto& t : WildCorpus(CorpusSplit::kTuning, scale)) corpus.push_back(std::move(t));
+      for (auto& t : extra_traces) corpus.push_back(std::move(t));
+    } else {
+      corpus = WildCorpus(CorpusSplit::kHeldOut, scale);
+      for (auto& t : BenchmarkCorpus(seed + 900, scale)) corpus.push_back(std::move(t));
     }
-    seconds[d] = std::chrono::duration<double>(std::chrono::steady_clock::now() - d0).count();
-    scores.push_back(Summarize(d, total));
+    if (!traces_dir.empty()) {
+      mkdir(traces_dir.c_str(), 0755);
+      for (const auto& t : corpus) {
+        const std::string prefix = absl::StrCat(traces_dir, "/", t.name);
+        if (auto st = WriteTraceJsonl(prefix + ".jsonl", t.steps); !st.ok()) {
+          std::cerr << "detector_bench: " << st << "\n";
+          return 1;
+        }
+        if (auto st = WriteLabels(prefix + ".labels.json", t); !st.ok()) {
+          std::cerr << "detector_bench: " << st << "\n";
+          return 1;
+        }
+      }
+    }
+    auto r = EvaluateSplit(which, corpus, rule, static_cast<int>(which == "tuning" ? extra_traces.size() : 0));
+    if (!r.ok()) {
+      std::cerr << "detector_bench: " << r.status() << "\n";
+      return 1;
+    }
+    results.push_back(*std::move(r));
   }
 
   std::string md = absl::StrFormat(
       "## Detector quality (labeled traces)\n\n"
-      "%d traces (%d read from files: the reference worker's and spikeguard-tracegen's), %d "
-      "steps, %d event labels (spikes, "
-      "divergences, non-finite bursts); synthetic seed %d.\n"
-      "An alarm is a true positive when it falls in [onset − %d, peak + %d] of a label; later "
-      "alarms up to the label's end + %d are duplicates; every other alarm is a false alarm. "
-      "Lead = peak − alarm step (positive: before the peak).\n\n"
-      "| detector | precision | recall | F1 | false alarms / 10k steps | median lead (steps) | "
-      "detected | false alarms | µs/step |\n"
-      "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
-      static_cast<int>(corpus.size()), extra, total_steps, total_labels, seed, rule.lead_window,
-      rule.post_peak, rule.post_peak);
-  for (const DetectorScore& s : scores) {
-    absl::StrAppend(&md, absl::StrFormat("| %s | %.3f | %.3f | %.3f | %.2f | %s | %d/%d | %d | %.2f |\n",
-                                         s.detector, s.precision, s.recall, s.f1,
-                                         s.false_alarms_per_10k, Num(s.median_lead, "%.0f"),
-                                         s.counts.detected, s.counts.labels,
-                                         s.counts.false_alarms,
-                                         1e6 * seconds[s.detector] / total_steps));
-  }
-  absl::StrAppend(&md,
-                  "\n### By scenario: detected/labels (false alarms) [median lead]\n\n| scenario |");
-  for (const auto& d : detectors) absl::StrAppend(&md, " ", d, " |");
-  absl::StrAppend(&md, "\n| --- |");
-  for (size_t i = 0; i < detectors.size(); ++i) absl::StrAppend(&md, " ---: |");
-  absl::StrAppend(&md, "\n");
-  for (const auto& [scenario, per] : by_scenario) {
-    absl::StrAppend(&md, "| ", scenario, " |");
-    for (const auto& d : detectors) {
-      const ScoreCounts& c = per.at(d);
-      absl::StrAppend(&md, absl::StrFormat(" %d/%d (%d) [%s] |", c.detected, c.labels,
-                                           c.false_alarms, Num(MedianOrNan(c.leads), "%.0f")));
-    }
-    absl::StrAppend(&md, "\n");
-  }
-  const DetectorScore& sg = scores.front();
-  absl::StrAppend(
-      &md, absl::StrFormat(
-               "\n### spikeguard precursors\n\n"
-               "| precursor labels | detected | median \\|start error\\| (steps) | false "
-               "warnings / 10k steps |\n| ---: | ---: | ---: | ---: |\n| %d | %d | %s | %.2f |\n",
-               sg.counts.precursor_labels, sg.counts.precursors_detected,
-               Num(sg.median_abs_start_error, "%.0f"), sg.false_warnings_per_10k));
-  std::cout << md;
-
-  // JSON.
+      "Synthetic seed %d. An alarm is a true positive when it falls in [onset − %d, peak + %d] "
+      "of a label; later alarms up to the label's end + %d are duplicates; every other alarm is "
+      "a false alarm. Lead = peak − alarm step (positive: before the peak). Precursor lead = "
+      "the announced event's peak − the warning step.\n\n",
+      seed, rule.lead_window, rule.post_peak, rule.post_peak);
   std::string js = absl::StrFormat(
-      "{\n  \"traces\": %d,\n  \"steps\": %d,\n  \"labels\": %d,\n  \"seed\": %d,\n"
-      "  \"match_rule\": {\"lead_window\": %d, \"post_peak\": %d},\n  \"detectors\": [\n",
-      static_cast<int>(corpus.size()), total_steps, total_labels, seed, rule.lead_window,
-      rule.post_peak);
-  for (size_t i = 0; i < scores.size(); ++i) {
-    const DetectorScore& s = scores[i];
-    absl::StrAppend(
-        &js,
-        absl::StrFormat(
-            "    {\"detector\": \"%s\", \"precision\": %s, \"recall\": %s, \"f1\": %s, "
-            "\"false_alarms_per_10k\": %s, \"median_lead_steps\": %s, \"detected\": %d, "
-            "\"labels\": %d, \"false_alarms\": %d, \"duplicates\": %d, \"us_per_step\": %s",
-            s.detector, JsonNum(s.precision), JsonNum(s.recall), JsonNum(s.f1),
-            JsonNum(s.false_alarms_per_10k), JsonNum(s.median_lead), s.counts.detected,
-            s.counts.labels, s.counts.false_alarms, s.counts.duplicates,
-            JsonNum(1e6 * seconds[s.detector] / total_steps)));
-    if (s.detector == "spikeguard") {
-      absl::StrAppend(&js, absl::StrFormat(
-                               ", \"precursor_labels\": %d, \"precursors_detected\": %d, "
-                               "\"median_abs_start_error\": %s, \"false_warnings_per_10k\": %s",
-                               s.counts.precursor_labels, s.counts.precursors_detected,
-                               JsonNum(s.median_abs_start_error),
-                               JsonNum(s.false_warnings_per_10k)));
-    }
-    absl::StrAppend(&js, "}", i + 1 < scores.size() ? ",\n" : "\n");
-  }
-  absl::StrAppend(&js, "  ],\n  \"by_scenario\": {\n");
-  size_t si = 0;
-  for (const auto& [scenario, per] : by_scenario) {
-    absl::StrAppend(&js, "    \"", scenario, "\": {");
-    size_t di = 0;
-    for (const auto& d : detectors) {
-      const ScoreCounts& c = per.at(d);
-      absl::StrAppend(&js, absl::StrFormat("\"%s\": {\"labels\": %d, \"detected\": %d, "
-                                           "\"false_alarms\": %d}%s",
-                                           d, c.labels, c.detected, c.false_alarms,
-                                           ++di < detectors.size() ? ", " : ""));
-    }
-    absl::StrAppend(&js, "}", ++si < by_scenario.size() ? ",\n" : "\n");
+      "{\n  \"seed\": %d,\n  \"match_rule\": {\"lead_window\": %d, \"post_peak\": %d},\n  "
+      "\"splits\": {\n",
+      seed, rule.lead_window, rule.post_peak);
+  for (size_t i = 0; i < results.size(); ++i) {
+    absl::StrAppend(&md, results[i].md, "\n");
+    absl::StrAppend(&js, "    \"", results[i].name, "\": ", results[i].json,
+                    i + 1 < results.size() ? ",\n" : "\n");
   }
   absl::StrAppend(&js, "  }\n}\n");
+  std::cout << md;
 
   if (!out_dir.empty()) {
     mkdir(out_dir.c_str(), 0755);
