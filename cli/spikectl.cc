@@ -28,6 +28,7 @@
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/text_format.h"
 #include "grpcpp/grpcpp.h"
+#include "report/incident_report.h"
 #include "spikeguard/v1/supervisor.grpc.pb.h"
 #include "worker/client/client_security.h"
 
@@ -884,6 +885,60 @@ absl::Status CheckTokensFileWord(absl::string_view flag, absl::string_view word)
   return absl::OkStatus();
 }
 
+// `report ID [--out=FILE]`: the incident as one self-contained HTML page
+// (report/incident_report.h), built from GetIncident, GetRun and
+// QueryTelemetry. --out=- writes the page to stdout.
+int Report(Session& s, const ParsedArgs& args) {
+  SPIKECTL_ASSIGN_OR_USAGE(s, id, ParseInt64("ID", args.positional[0]));
+  std::string path = absl::StrCat("incident-", id, ".html");
+  if (auto out = args.Get("out")) {
+    if (out->empty()) return s.UsageError("empty --out");
+    path = *out;
+  }
+  if (!s.Connect()) return kExitFailed;
+  const absl::Duration timeout = s.options().timeout;
+  absl::StatusOr<report::ReportData> data = report::FetchReportData(
+      s.stub(),
+      [&](grpc::ClientContext* ctx) {
+        ctx->set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
+        s.Authorize(ctx);
+      },
+      id);
+  if (!data.ok()) {
+    s.ReportRpcError(grpc::Status(static_cast<grpc::StatusCode>(data.status().code()),
+                                  std::string(data.status().message())));
+    return kExitFailed;
+  }
+  for (const std::string& w : data->warnings) s.err() << "spikectl: warning: " << w << "\n";
+  const std::string html = report::RenderIncidentReport(*data);
+  if (path == "-") {
+    s.out() << html;
+    s.out().flush();
+    return kExitOk;
+  }
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream file(tmp, std::ios::binary | std::ios::trunc);
+    file << html;
+    file.close();
+    if (!file) {
+      s.err() << "spikectl: cannot write '" << tmp << "'\n";
+      std::remove(tmp.c_str());
+      return kExitFailed;
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    s.err() << "spikectl: cannot write '" << path << "'\n";
+    std::remove(tmp.c_str());
+    return kExitFailed;
+  }
+  google::protobuf::Struct json;
+  (*json.mutable_fields())["path"].set_string_value(path);
+  (*json.mutable_fields())["bytes"].set_number_value(static_cast<double>(html.size()));
+  s.Emit(json, absl::StrCat("wrote ", path, " (", html.size(), " bytes)\n"));
+  return kExitOk;
+}
+
 int TokenNew(Session& s, const ParsedArgs& args) {
   const std::string principal = *args.Get("principal");
   SPIKECTL_USAGE_IF_ERROR(s, CheckTokensFileWord("principal", principal));
@@ -987,6 +1042,17 @@ const std::vector<CommandDef>& Commands() {
        {"ID"}, 1, {}, &IncidentsShow},
       {"incidents", "watch", "[--run=R]", "Print incident updates as they happen (until Ctrl-C).",
        "Flags:\n  --run=R            only this run\n", {{"run"}}, {}, 0, {}, &IncidentsWatch},
+      {"", "report", "ID [--out=FILE.html]",
+       "Write an incident's report: one self-contained HTML page with plots.",
+       "The page has the verdict, confidence and evidence, plots of loss, grad norm, clip\n"
+       "rate, lse and per-layer max attention logits, update ratios and activation RMS from\n"
+       "the rewind checkpoint to past the horizon (the original generation and every probe's\n"
+       "overlaid; onset, peak, skip hole and culprit batch marked), the localization, the\n"
+       "culprit documents, the fix and its verification, and the cost. No scripts and no\n"
+       "network fetches: open it in any browser, or attach it to a ticket.\n"
+       "\nFlags:\n"
+       "  --out=FILE         where to write it (default incident-ID.html; - for stdout)\n",
+       {{"out"}}, {"ID"}, 1, {}, &Report},
       {"", "rewind", "--run=R --to-step=N [--skip=A:B ...] [--stop-after=S]",
        "Rewind a run to the checkpoint at step N, optionally skipping batches.",
        "Flags:\n"

@@ -7,7 +7,7 @@
 //            COMMAND [SUBCOMMAND] [ARGS...]
 //
 // Commands: status; runs list|create|show|set-profile; checkpoints list; telemetry;
-// incidents list|show|watch; rewind; replay; skip; pause; resume; approve;
+// incidents list|show|watch; report; rewind; replay; skip; pause; resume; approve;
 // abort; policy get|set; manifest; quarantine list; audit; token new.
 // `spikectl --help` lists them and `spikectl COMMAND --help` explains one.
 //

@@ -118,6 +118,8 @@ Plot ClipRatePlot(const ReportData& data, const std::map<int64_t, GenerationLabe
   plot.title = "clip rate (trailing 10 steps)";
   plot.y_label = "fraction of steps clipped";
   plot.scale = YScale::kLinear;
+  plot.y_min = 0;
+  plot.y_max = 1;
   for (const auto& [gen, label] : labels) {
     auto it = data.telemetry.find(gen);
     if (it == data.telemetry.end()) continue;
@@ -174,10 +176,17 @@ Plot LayerPlot(const ReportData& data, const std::map<int64_t, GenerationLabel>&
   return plot;
 }
 
-void AddMarkers(const ReportData& data, Plot* plot) {
+// The original generation's line goes on top of the probes' (a bit-exact
+// replay would hide it otherwise); the legend keeps the original first.
+void OriginalOnTop(Plot* plot) {
+  std::stable_partition(plot->series.begin(), plot->series.end(),
+                        [](const Series& s) { return s.dashed; });
+}
+
+void AddMarkers(const ReportData& data, Plot* plot, int64_t from, int64_t to) {
   const v1::Incident& inc = data.incident;
-  plot->x_min = static_cast<double>(data.window_from);
-  plot->x_max = static_cast<double>(data.window_to);
+  plot->x_min = static_cast<double>(from);
+  plot->x_max = static_cast<double>(to);
   std::set<int64_t> checkpoints;
   for (const v1::Probe& p : inc.probes()) checkpoints.insert(p.checkpoint_step());
   for (int64_t c : checkpoints) {
@@ -361,8 +370,23 @@ std::string RenderIncidentBody(const ReportData& data) {
                             [](const v1::LayerStats& l) { return l.update_ratio(); }));
   plots.push_back(LayerPlot(data, labels, "activation RMS per layer", "RMS (residual stream)",
                             [](const v1::LayerStats& l) { return l.act_rms(); }));
+  // The loss again, zoomed on the spike: where the probes part ways.
+  Plot zoom = ScalarPlot(data, labels, "loss around the spike (zoom)", "loss (nats/token)",
+                         [](const v1::StepRecord& r) { return r.loss(); });
+  const int64_t zoom_from = std::max(data.window_from, inc.onset_step() - 15);
+  const int64_t zoom_to = std::min(data.window_to, std::max(inc.peak_step(), inc.onset_step()) + 15);
+  for (Series& s : zoom.series) {
+    std::erase_if(s.points, [&](const std::pair<double, double>& p) {
+      return p.first < zoom_from || p.first > zoom_to;
+    });
+  }
+  zoom.css_class = "sg-plot sg-zoom";
+  AddMarkers(data, &zoom, zoom_from, zoom_to);
+  OriginalOnTop(&zoom);
+  b += RenderSvg(zoom);
   for (Plot& p : plots) {
-    AddMarkers(data, &p);
+    AddMarkers(data, &p, data.window_from, data.window_to);
+    OriginalOnTop(&p);
     b += RenderSvg(p);
   }
 

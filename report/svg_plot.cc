@@ -125,6 +125,9 @@ std::string RenderSvg(const Plot& plot) {
       y_lo -= pad;
       y_hi += pad;
     }
+    if (plot.y_min) y_lo = *plot.y_min;
+    if (plot.y_max) y_hi = *plot.y_max;
+    if (y_hi <= y_lo) y_hi = y_lo + 1;
     ticks = LinearTicks(y_lo, y_hi);
   }
   const auto fy = [&](double y) {
@@ -235,7 +238,13 @@ std::string RenderSvg(const Plot& plot) {
     ++i;
   };
   absl::StrAppend(&svg, "<g class=\"sg-legend\">\n");
-  for (const Series& s : plot.series) entry(s.name, s.color, "series", s.dashed);
+  // Solid lines (the original) first, then the dashed ones (probes).
+  for (const Series& s : plot.series) {
+    if (!s.dashed) entry(s.name, s.color, "series", false);
+  }
+  for (const Series& s : plot.series) {
+    if (s.dashed) entry(s.name, s.color, "series", true);
+  }
   for (const Marker& m : plot.markers) entry(m.label, m.color, "marker", m.dashed);
   for (const Span& s : plot.spans) entry(s.label, s.color, "span", false);
   absl::StrAppend(&svg, "</g>\n</svg>\n");

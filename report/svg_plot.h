@@ -60,6 +60,8 @@ struct Plot {
   int height = 300;
   // Limits of the x axis; unset: the data's.
   std::optional<double> x_min, x_max;
+  // Limits of a linear y axis; unset: the data's (padded).
+  std::optional<double> y_min, y_max;
   // A class on the <svg> element (tests and the web view find plots by it).
   std::string css_class = "sg-plot";
 };

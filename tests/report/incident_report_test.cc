@@ -104,7 +104,7 @@ TEST(IncidentReportTest, WindowRunsFromTheRewindCheckpointPastTheHorizon) {
 
 TEST(IncidentReportTest, PlotsOverlayOriginalAndEveryProbeWithMarks) {
   const std::string html = RenderIncidentReport(DataIncident("demo"));
-  EXPECT_EQ(Count(html, "<svg "), 7);  // loss, grad, clip, lse, attn, update, act rms
+  EXPECT_EQ(Count(html, "<svg "), 8);  // loss zoom, loss, grad, clip, lse, attn, update, act rms
   EXPECT_THAT(html, HasSubstr("data-name=\"original (gen 0)\""));
   EXPECT_THAT(html, HasSubstr("data-name=\"replay (gen 1)\""));
   EXPECT_THAT(html, HasSubstr("data-name=\"skip (gen 2)\""));
