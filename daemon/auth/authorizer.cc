@@ -139,7 +139,7 @@ absl::StatusOr<Principal> Authorizer::Authenticate(const std::string* authorizat
       "meant for another daemon)");
 }
 
-absl::StatusOr<Principal> Authorizer::Authenticate(const grpc::ServerContext& ctx) const {
+absl::StatusOr<Principal> Authorizer::Authenticate(const grpc::ServerContextBase& ctx) const {
   std::optional<std::string> header = BearerHeader(ctx);
   return Authenticate(header ? &*header : nullptr);
 }
@@ -171,8 +171,9 @@ absl::Status Authorizer::Authorize(const Principal& who, Need need, const std::s
   return absl::OkStatus();
 }
 
-grpc::Status Authorizer::Check(const grpc::ServerContext& ctx, Need need, const std::string& rpc,
-                               const std::string& run, Principal* who) const {
+grpc::Status Authorizer::Check(const grpc::ServerContextBase& ctx, Need need,
+                               const std::string& rpc, const std::string& run,
+                               Principal* who) const {
   auto principal = Authenticate(ctx);
   if (!principal.ok()) {
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
@@ -185,7 +186,7 @@ grpc::Status Authorizer::Check(const grpc::ServerContext& ctx, Need need, const 
   return grpc::Status::OK;
 }
 
-std::optional<std::string> BearerHeader(const grpc::ServerContext& ctx) {
+std::optional<std::string> BearerHeader(const grpc::ServerContextBase& ctx) {
   const auto& md = ctx.client_metadata();
   auto it = md.find("authorization");
   if (it == md.end()) return std::nullopt;

@@ -64,14 +64,14 @@ class Authorizer {
   // The principal presenting `authorization` (the metadata value, or null
   // when absent).
   absl::StatusOr<Principal> Authenticate(const std::string* authorization) const;
-  absl::StatusOr<Principal> Authenticate(const grpc::ServerContext& ctx) const;
+  absl::StatusOr<Principal> Authenticate(const grpc::ServerContextBase& ctx) const;
 
   // Whether `who` may call `rpc` needing `need` on `run` ("" = no run).
   absl::Status Authorize(const Principal& who, Need need, const std::string& rpc,
                          const std::string& run) const;
 
   // Both, as a gRPC status; `who` (optional) receives the principal.
-  grpc::Status Check(const grpc::ServerContext& ctx, Need need, const std::string& rpc,
+  grpc::Status Check(const grpc::ServerContextBase& ctx, Need need, const std::string& rpc,
                      const std::string& run, Principal* who = nullptr) const;
 
  private:
@@ -85,7 +85,7 @@ class Authorizer {
 };
 
 // The "authorization" metadata of a call, if present.
-std::optional<std::string> BearerHeader(const grpc::ServerContext& ctx);
+std::optional<std::string> BearerHeader(const grpc::ServerContextBase& ctx);
 
 // Whether HOST:PORT names a loopback address (127.0.0.0/8, ::1, localhost).
 bool IsLoopbackAddress(const std::string& host_port);

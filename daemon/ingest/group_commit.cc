@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <memory>
 #include <utility>
 
 #include "base/logging.h"
@@ -33,6 +34,21 @@ storage::BatchOutcome GroupCommitter::Commit(storage::IngestBatch batch) {
   queue_.push_back(&pending);
   mu_.Await(absl::Condition(&pending.done));
   return std::move(pending.outcome);
+}
+
+void GroupCommitter::CommitAsync(storage::IngestBatch batch, DoneFn done) {
+  auto pending = std::make_unique<Pending>();
+  pending->batch = std::move(batch);
+  pending->callback = std::move(done);
+  {
+    absl::MutexLock lock(&mu_);
+    if (!stopping_) {
+      queue_.push_back(pending.release());
+      return;
+    }
+  }
+  pending->outcome.status = absl::UnavailableError("the daemon is stopping");
+  pending->callback(std::move(pending->outcome));
 }
 
 int64_t GroupCommitter::groups() const {
@@ -92,15 +108,26 @@ void GroupCommitter::Loop() {
     if (result.ok() && !result->completed.empty() && on_completed_) {
       on_completed_(std::move(result->completed));
     }
-    absl::MutexLock lock(&mu_);
     for (size_t i = 0; i < group.size(); ++i) {
       if (result.ok()) {
         group[i]->outcome = std::move(result->batches[i]);
       } else {
         group[i]->outcome.status = result.status();
       }
-      group[i]->done = true;
     }
+    // Answered in queue order: asynchronous callers first get their
+    // callbacks (outside the lock), then the blocked callers wake.
+    std::vector<Pending*> blocked;
+    for (Pending* p : group) {
+      if (p->callback) {
+        std::unique_ptr<Pending> owned(p);
+        owned->callback(std::move(owned->outcome));
+      } else {
+        blocked.push_back(p);
+      }
+    }
+    absl::MutexLock lock(&mu_);
+    for (Pending* p : blocked) p->done = true;
   }
 }
 

@@ -15,6 +15,10 @@
 //   });
 //   storage::BatchOutcome outcome = ingest.Commit(std::move(batch));
 //   if (outcome.status.ok()) ack(outcome.result);
+//
+// A stream that keeps several batches in flight uses CommitAsync: its
+// callback runs on the commit thread once the group is durable (or failed),
+// in the order the batches were queued, and must only enqueue (an ack).
 #pragma once
 
 #include <cstdint>
@@ -52,6 +56,10 @@ class GroupCommitter {
   // transaction answers every batch of its group with its status (nothing of
   // the group is stored).
   storage::BatchOutcome Commit(storage::IngestBatch batch);
+  // Queues `batch` and returns at once; `done` gets its outcome on the
+  // commit thread (at once, UNAVAILABLE, when the committer is stopping).
+  using DoneFn = std::function<void(storage::BatchOutcome)>;
+  void CommitAsync(storage::IngestBatch batch, DoneFn done);
 
   // Groups committed so far, and batches in them (for benchmarks and tests).
   int64_t groups() const;
@@ -62,6 +70,8 @@ class GroupCommitter {
     storage::IngestBatch batch;
     storage::BatchOutcome outcome;
     bool done = false;
+    // Set for CommitAsync: the committer owns the Pending and calls this.
+    DoneFn callback;
   };
   void Loop();
 

@@ -1,9 +1,11 @@
 #include "daemon/server/parse_errors.h"
 
+#include <map>
 #include <mutex>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "google/protobuf/stubs/logging.h"
 
 namespace spikeguard::daemon {
@@ -12,6 +14,13 @@ namespace {
 namespace exp = grpc::experimental;
 
 thread_local std::string last_parse_error;
+
+// Fields that failed to parse on a stream, by call, until its handler asks.
+absl::Mutex stream_errors_mu(absl::kConstInit);
+std::map<const grpc::ServerContextBase*, std::string>& StreamErrors() {
+  static auto* errors = new std::map<const grpc::ServerContextBase*, std::string>();
+  return *errors;
+}
 google::protobuf::LogHandler* previous_handler = nullptr;
 
 void CaptureHandler(google::protobuf::LogLevel level, const char* filename, int line,
@@ -58,15 +67,41 @@ class ParseErrorInterceptor : public exp::Interceptor {
   std::string failed_field_;  // "" when the bytes were malformed otherwise
 };
 
+// Client-streaming calls read in their handler (callback API: on whatever
+// thread completes the read), so the field is kept by call for the handler
+// to ask with TakeStreamParseError.
+class StreamParseErrorInterceptor : public exp::Interceptor {
+ public:
+  explicit StreamParseErrorInterceptor(const grpc::ServerContextBase* context)
+      : context_(context) {}
+  ~StreamParseErrorInterceptor() override {
+    absl::MutexLock lock(&stream_errors_mu);
+    StreamErrors().erase(context_);
+  }
+  void Intercept(exp::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(exp::InterceptionHookPoints::POST_RECV_MESSAGE)) {
+      // Deserialization ran on this thread just before this hook.
+      std::string field = TakeParseError();
+      if (methods->GetRecvMessage() == nullptr && !field.empty()) {
+        absl::MutexLock lock(&stream_errors_mu);
+        StreamErrors()[context_] = std::move(field);
+      }
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const grpc::ServerContextBase* const context_;
+};
+
 class ParseErrorFactory : public exp::ServerInterceptorFactoryInterface {
  public:
   exp::Interceptor* CreateServerInterceptor(exp::ServerRpcInfo* info) override {
-    // Streams read in their handler, which asks TakeParseError itself.
-    if (info->type() != exp::ServerRpcInfo::Type::UNARY &&
-        info->type() != exp::ServerRpcInfo::Type::SERVER_STREAMING) {
-      return nullptr;
+    if (info->type() == exp::ServerRpcInfo::Type::UNARY ||
+        info->type() == exp::ServerRpcInfo::Type::SERVER_STREAMING) {
+      return new ParseErrorInterceptor();
     }
-    return new ParseErrorInterceptor();
+    return new StreamParseErrorInterceptor(info->server_context());
   }
 };
 
@@ -80,6 +115,15 @@ void InstallParseErrorCapture() {
 std::string TakeParseError() {
   std::string out;
   out.swap(last_parse_error);
+  return out;
+}
+
+std::string TakeStreamParseError(const grpc::ServerContextBase* context) {
+  absl::MutexLock lock(&stream_errors_mu);
+  auto it = StreamErrors().find(context);
+  if (it == StreamErrors().end()) return "";
+  std::string out = std::move(it->second);
+  StreamErrors().erase(it);
   return out;
 }
 

@@ -29,6 +29,11 @@ void InstallParseErrorCapture();
 std::string TakeParseError();
 
 // The message a stream or call that failed to parse is answered with.
+// The field of the last message of a client-streaming call that failed to
+// parse (invalid UTF-8), "" when none did; kept by the interceptor of
+// MakeParseErrorInterceptorFactory.
+std::string TakeStreamParseError(const grpc::ServerContextBase* context);
+
 std::string ParseErrorMessage(const std::string& field, const char* what);
 
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>

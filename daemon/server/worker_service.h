@@ -11,10 +11,20 @@
 // batches are acknowledged as rejected with a message naming the field, and
 // the stream stays open.
 //
+// Threading (callback API, no thread per stream): gRPC calls the stream's
+// reactor when a message arrives or a write completes; the handling of each
+// message (SQLite reads, validation) runs on a small pool shared by every
+// stream, one message of a stream at a time and in order. A report batch
+// goes to the group committer and the next message is read at once: up to
+// kMaxBatchesInFlight batches of a stream wait for their commit together,
+// and their acks are written when their group is durable. Acks and commands
+// share the stream's write queue (one write at a time, in order); a rank
+// that stops reading stalls only its own queue.
+//
 // A stream must send its hello within limits.hello_timeout (else it ends
 // DEADLINE_EXCEEDED), and at most limits.max_pending_hellos streams may be
 // waiting for theirs (others end RESOURCE_EXHAUSTED at once): a client that
-// never says hello holds no thread for long.
+// never says hello holds nothing for long.
 #pragma once
 
 #include <atomic>
@@ -26,24 +36,33 @@
 
 namespace spikeguard::daemon {
 
-class WorkerServiceImpl final : public spikeguard::v1::WorkerService::Service {
+class WorkerServiceImpl final : public spikeguard::v1::WorkerService::CallbackService {
  public:
+  // Report batches of one stream waiting for their commit at once; the
+  // stream is not read further until one is answered (backpressure).
+  static constexpr int kMaxBatchesInFlight = 8;
+
   explicit WorkerServiceImpl(DaemonState* state);
   ~WorkerServiceImpl() override;
 
-  grpc::Status Attach(grpc::ServerContext* context,
-                      grpc::ServerReaderWriter<spikeguard::v1::ControllerMessage,
-                                               spikeguard::v1::WorkerMessage>* stream) override;
+  grpc::ServerBidiReactor<spikeguard::v1::WorkerMessage, spikeguard::v1::ControllerMessage>*
+  Attach(grpc::CallbackServerContext* context) override;
 
  private:
+  class AttachReactor;
+  class HelloWatchdog;
+  class TaskPool;
+
   DaemonState* const state_;
   // Ends streams that keep their hello past the deadline.
-  class HelloWatchdog;
   std::unique_ptr<HelloWatchdog> hello_watchdog_;
   std::atomic<int> pending_hellos_{0};
   // Group commit of every stream's report batches; completed step records
   // go from it to the supervisor's run pipelines.
   std::unique_ptr<GroupCommitter> ingest_;
+  // Where the streams' messages are handled (declared last: destroyed
+  // first, after the server has ended every stream).
+  std::unique_ptr<TaskPool> pool_;
 };
 
 }  // namespace spikeguard::daemon
