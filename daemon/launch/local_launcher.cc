@@ -291,6 +291,9 @@ void LocalLauncher::MonitorLoop() {
     absl::SleepFor(options_.poll);
     absl::MutexLock lock(&mu_);
     if (stopping_) return;
+    // Adopted ranks are restarted only once workers can be told where the
+    // daemon is (a port-0 daemon learns it after listening).
+    if (!address_ready_.HasBeenNotified()) continue;
     for (auto& [name, r] : runs_) {
       if (r.finished) continue;
       const v1::Policy policy = EffectivePolicy(catalog_, name);

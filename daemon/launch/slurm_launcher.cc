@@ -278,6 +278,13 @@ void SlurmLauncher::Ended(const std::string& run, Run& r, const std::string& rea
 void SlurmLauncher::MonitorLoop() {
   while (true) {
     absl::SleepFor(options_.poll);
+    // An adopted job is restarted only once workers can be told where the
+    // daemon is (a port-0 daemon learns it after listening).
+    if (!address_ready_.HasBeenNotified()) {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return;
+      continue;
+    }
     std::vector<std::pair<std::string, int64_t>> jobs;
     {
       absl::MutexLock lock(&mu_);
