@@ -20,6 +20,12 @@
 // changes stay out of its baseline; a series that merely stops falling is
 // not elevated, so its baseline catches up.
 //
+// Slow builds. Growth spread over hundreds to thousands of steps (a grad
+// norm ×20 over 600 steps, an attention logit ×50 over 3,000) never moves a
+// trend window by the minimum change; the slow rule compares block means
+// `slow_window` steps apart instead (see Options::slow_window), and dates the
+// warning where the broken-line fit leaves its level.
+//
 // Level alarm (max attention logit only, from the literature on attention
 // logit growth): ≥ `attn_logit_warn` (1e3) warns, ≥ `attn_logit_critical`
 // (1e4) is critical, each after `persistence_steps` consecutive steps.
@@ -116,6 +122,11 @@ class PrecursorDetector {
     // longer while the series still moves by the minimum change over a trend
     // window, up to max(this, trend_warmup_steps).
     int64_t onset_warmup_steps = 0;
+    // Slow-build rule (issue 12): a log rise of at least slow_min_log_change
+    // (0.5: ×1.65) across slow_window steps that is not slowing down warns
+    // even when no trend window moves by min_log_change. 0: off.
+    int slow_window = 384;
+    double slow_min_log_change = 0.5;
   };
 
   explicit PrecursorDetector(Options options);

@@ -1,6 +1,7 @@
 #include "daemon/detect/run_monitor.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace spikeguard::detect {
 
@@ -18,6 +19,10 @@ const char* MonitorEventKindName(MonitorEvent::Kind kind) {
       return "nonfinite";
     case MonitorEvent::kPrecursor:
       return "precursor";
+    case MonitorEvent::kBlip:
+      return "blip";
+    case MonitorEvent::kLevelShift:
+      return "level_shift";
   }
   return "?";
 }
@@ -38,10 +43,15 @@ void RunMonitor::Reset() {
   precursor_.Reset();
   recent_.clear();
   last_step_.reset();
+  last_incident_end_.reset();
+  grad_corroborates_.clear();
+  loss_state_ = LossState::kIdle;
+  pending_peak_ = 0;
+  blips_.clear();
 }
 
 size_t RunMonitor::footprint() const {
-  return loss_.window_size() + grad_.window_size() + divergence_.footprint() +
+  return loss_.window_size() + grad_.window_size() + grad_corroborates_.size() + blips_.size() + divergence_.footprint() +
          precursor_.footprint() + recent_.size();
 }
 
@@ -89,6 +99,111 @@ void RunMonitor::Enrich(MonitorEvent* e, int64_t onset) const {
   e->localization = LocalizeNow(onset - 1);
 }
 
+bool RunMonitor::Corroborated(int64_t onset, int64_t now) const {
+  if (grad_.in_event()) return true;
+  for (int64_t g : grad_corroborates_) {
+    if (g >= onset - options_.corroborate_lookback && g <= now) return true;
+  }
+  for (const PrecursorWarning& w : recent_) {
+    // A warning whose growth began before the last incident ended is that
+    // incident's (a blow-up's own warnings): it does not vouch for a later
+    // excursion.
+    if (last_incident_end_ && w.start_step <= *last_incident_end_) continue;
+    if (w.step <= now && onset - w.step <= options_.precursor_horizon) return true;
+  }
+  return false;
+}
+
+void RunMonitor::ObserveLoss(const StepSample& s, std::vector<MonitorEvent>* out) {
+  const SpikeDetector::Options& lo = options_.loss;
+  const std::optional<SpikeEvent> se = loss_.Observe(s.step, s.loss);
+  auto emit = [&](MonitorEvent::Kind kind, const SpikeEvent& ev) {
+    MonitorEvent e;
+    e.kind = kind;
+    e.signal = "loss";
+    e.step = s.step;
+    e.onset_step = ev.onset_step;
+    e.peak_step = ev.peak_step;
+    e.end_step = ev.end_step;
+    e.value = ev.peak_value;
+    e.baseline = ev.baseline;
+    e.score = ev.onset_z;
+    if (kind == MonitorEvent::kSpikeOnset) Enrich(&e, ev.onset_step);
+    out->push_back(std::move(e));
+  };
+  if (se && se->state == SpikeEvent::kOnset) {
+    if (lo.blip_steps <= 0 || Corroborated(se->onset_step, s.step)) {
+      loss_state_ = LossState::kOpened;
+      emit(MonitorEvent::kSpikeOnset, *se);
+    } else {
+      loss_state_ = LossState::kPending;
+      pending_ = *se;
+      pending_peak_ = se->peak_value;
+    }
+    return;
+  }
+  if (loss_state_ == LossState::kOpened) {
+    if (se) {
+      emit(se->state == SpikeEvent::kRecovered ? MonitorEvent::kSpikeRecovered
+                                               : MonitorEvent::kSpikeDiverged,
+           *se);
+      loss_state_ = LossState::kIdle;
+      last_incident_end_ = s.step;
+    }
+    return;
+  }
+  if (loss_state_ != LossState::kPending) return;
+  if (se) {
+    loss_state_ = LossState::kIdle;
+    if (se->state == SpikeEvent::kDiverged) {
+      // Moved to a new level and stayed, with nothing corroborating it.
+      emit(MonitorEvent::kLevelShift, *se);
+      return;
+    }
+    emit(MonitorEvent::kBlip, *se);
+    blips_.push_back(Blip{se->onset_step, se->peak_value, se->baseline, se->onset_z});
+    while (!blips_.empty() && blips_.front().step < s.step - lo.blip_window) blips_.pop_front();
+    if (lo.blip_escalate_count > 0 &&
+        blips_.size() >= static_cast<size_t>(lo.blip_escalate_count)) {
+      SpikeEvent esc;
+      esc.state = SpikeEvent::kOnset;
+      esc.onset_step = blips_.front().step;
+      esc.baseline = blips_.front().baseline;
+      esc.end_step = se->end_step;
+      for (const Blip& b : blips_) {
+        if (b.peak >= esc.peak_value) {
+          esc.peak_value = b.peak;
+          esc.peak_step = b.step;
+          esc.onset_z = b.z;
+        }
+      }
+      blips_.clear();
+      emit(MonitorEvent::kSpikeOnset, esc);
+      out->back().escalated = true;
+    }
+    return;
+  }
+  // Still over the hold level.
+  if (std::isfinite(s.loss)) pending_peak_ = std::max(pending_peak_, s.loss);
+  if (Corroborated(pending_.onset_step, s.step)) {
+    loss_state_ = LossState::kOpened;
+    pending_.peak_value = pending_peak_;
+    emit(MonitorEvent::kSpikeOnset, pending_);
+    return;
+  }
+  if (s.step - pending_.onset_step < lo.blip_steps) return;
+  const double base = std::abs(pending_.baseline);
+  const bool big =
+      !(lo.shift_tolerance > 0) ||
+      pending_peak_ - pending_.baseline >=
+          base * lo.shift_tolerance + options_.shift_noise_scales * loss_.noise_scale();
+  if (big) {
+    loss_state_ = LossState::kOpened;
+    pending_.peak_value = pending_peak_;
+    emit(MonitorEvent::kSpikeOnset, pending_);
+  }
+}
+
 std::vector<MonitorEvent> RunMonitor::Observe(const StepSample& s) {
   std::vector<MonitorEvent> out;
   if (last_step_ && s.step <= *last_step_) return out;
@@ -121,6 +236,7 @@ std::vector<MonitorEvent> RunMonitor::Observe(const StepSample& s) {
     e.value = nf->value;
     e.score = static_cast<double>(nf->nonfinite_count);
     Enrich(&e, s.step);
+    last_incident_end_ = s.step;
     out.push_back(e);
   }
 
@@ -142,7 +258,23 @@ std::vector<MonitorEvent> RunMonitor::Observe(const StepSample& s) {
     out.push_back(e);
   };
   spike(grad_.Observe(s.step, s.grad_norm), "grad_norm");
-  spike(loss_.Observe(s.step, s.loss), "loss");
+  {
+    // Does this step's grad norm corroborate a loss excursion?
+    const double gmed = grad_.window_size() > 0 && grad_.last_z() >= grad_.threshold()
+                            ? grad_.baseline()
+                            : 0;
+    if (grad_.in_event() ||
+        (gmed > 0 && std::isfinite(s.grad_norm) &&
+         s.grad_norm >= options_.corroborate_grad_ratio * gmed)) {
+      grad_corroborates_.push_back(s.step);
+    }
+    while (!grad_corroborates_.empty() &&
+           grad_corroborates_.front() <
+               s.step - options_.corroborate_lookback - std::max(0, options_.loss.blip_steps) - 1) {
+      grad_corroborates_.pop_front();
+    }
+  }
+  ObserveLoss(s, &out);
   if (auto d = divergence_.Observe(s.step, s.loss)) {
     MonitorEvent e;
     e.kind = MonitorEvent::kDivergence;
@@ -153,6 +285,7 @@ std::vector<MonitorEvent> RunMonitor::Observe(const StepSample& s) {
     e.baseline = d->reference;
     e.score = d->rise;
     Enrich(&e, d->onset_step);
+    last_incident_end_ = s.step;
     out.push_back(e);
   }
   return out;

@@ -15,6 +15,25 @@
 // ordered by the step at which each left its baseline, up to the step before
 // the onset.
 //
+// Blips and level shifts (issue 12). An incident costs a rewind and probes,
+// so a loss excursion opens one only when it is worth it:
+//   - corroborated: the grad norm at least `corroborate_grad_ratio` × its
+//     median and over its own threshold within `corroborate_lookback` steps
+//     before the onset (a blow-up leads the loss by 0–8 steps), a grad-norm
+//     event open, or a precursor warning within `precursor_horizon` (one
+//     whose growth began before the last incident ended is spent) → the
+//     onset opens at once;
+//   - otherwise it is held `loss.blip_steps` steps: back under by then → a
+//     blip (kBlip, recorded); still up and at least `loss.shift_tolerance`
+//     plus `shift_noise_scales` noise scales above the median → it opens
+//     (onset dated at the first step over); still up but smaller → held on:
+//     back within the recovery steps → a blip; staying → a legit level
+//     shift (kLevelShift; the window restarts at the new level);
+//   - `loss.blip_escalate_count` blips within `loss.blip_window` steps open
+//     an incident dated at the first of them.
+// The loss threshold follows the run's own tails (SpikeDetector's
+// tail_factor), so heavy-tailed noise does not page anyone either.
+//
 // The grad norm gets a much larger relative floor than the loss (≥ 8× its
 // median by default): healthy runs have grad-norm outliers of 2–5× that
 // nobody should be paged for (a first version at 4× did page for them in the
@@ -50,7 +69,19 @@
 namespace spikeguard::detect {
 
 struct MonitorEvent {
-  enum Kind { kSpikeOnset, kSpikeRecovered, kSpikeDiverged, kDivergence, kNonFinite, kPrecursor };
+  enum Kind {
+    kSpikeOnset,
+    kSpikeRecovered,
+    kSpikeDiverged,
+    kDivergence,
+    kNonFinite,
+    kPrecursor,
+    // Informational (issue 12): a loss excursion judged not worth an
+    // incident — a blip (back at once, nothing corroborating it) or a legit
+    // level shift (the loss moved to a new level and stays there).
+    kBlip,
+    kLevelShift,
+  };
   Kind kind = kSpikeOnset;
   // Spikes and divergence: "loss" or "grad_norm". Non-finite: what was
   // non-finite.
@@ -82,6 +113,8 @@ struct MonitorEvent {
   bool opens_incident() const {
     return kind == kSpikeOnset || kind == kDivergence || kind == kNonFinite;
   }
+  // Escalated from repeated blips (kSpikeOnset only).
+  bool escalated = false;
 };
 
 const char* MonitorEventKindName(MonitorEvent::Kind kind);
@@ -89,7 +122,7 @@ const char* MonitorEventKindName(MonitorEvent::Kind kind);
 class RunMonitor {
  public:
   struct Options {
-    SpikeDetector::Options loss;
+    SpikeDetector::Options loss = LossDefaults();
     SpikeDetector::Options grad_norm = GradNormDefaults();
     DivergenceDetector::Options divergence;
     NonFiniteDetector::Options nonfinite;
@@ -100,9 +133,25 @@ class RunMonitor {
     // Recent precursor warnings kept for attaching.
     int max_recent_precursors = 64;
 
+    // Corroboration of a loss excursion (see above).
+    double corroborate_grad_ratio = 2.5;
+    int corroborate_lookback = 8;
+    double shift_noise_scales = 5.0;
+
+    static SpikeDetector::Options LossDefaults() {
+      SpikeDetector::Options o;
+      o.tail_factor = 2.0;
+      o.hold_fraction = 0.5;
+      o.blip_steps = 1;
+      o.blip_escalate_count = 3;
+      o.blip_window = 100;
+      o.shift_tolerance = 0.12;
+      return o;
+    }
     static SpikeDetector::Options GradNormDefaults() {
       SpikeDetector::Options o;
       o.relative_floor = 7.0;
+      o.tail_factor = 2.0;
       return o;
     }
   };
@@ -124,6 +173,10 @@ class RunMonitor {
 
  private:
   void Enrich(MonitorEvent* e, int64_t onset) const;
+  bool Corroborated(int64_t onset, int64_t now) const;
+  void ObserveLoss(const StepSample& s, std::vector<MonitorEvent>* out);
+
+  enum class LossState { kIdle, kPending, kOpened };
 
   Options options_;
   SpikeDetector loss_;
@@ -133,6 +186,21 @@ class RunMonitor {
   PrecursorDetector precursor_;
   std::deque<PrecursorWarning> recent_;
   std::optional<int64_t> last_step_;
+  // Steps at which the grad norm corroborated (bounded by the lookback).
+  std::deque<int64_t> grad_corroborates_;
+  LossState loss_state_ = LossState::kIdle;
+  // Last step of the latest incident-opening event (its precursors are spent).
+  std::optional<int64_t> last_incident_end_;
+  SpikeEvent pending_;
+  double pending_peak_ = 0;
+  // Recent blips: (onset step, peak value, baseline), within blip_window.
+  struct Blip {
+    int64_t step;
+    double peak;
+    double baseline;
+    double z;
+  };
+  std::deque<Blip> blips_;
 };
 
 }  // namespace spikeguard::detect

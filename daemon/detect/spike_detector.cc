@@ -13,7 +13,8 @@ double Median(std::deque<double> values) {
   return MedianInPlace(v);
 }
 
-bool SpikeDetector::OverThreshold(double value, double* z, double* median) const {
+bool SpikeDetector::OverThreshold(double value, double* z, double* median,
+                                  double fraction) const {
   if (window_.size() < static_cast<size_t>(std::max(1, options_.min_samples))) return false;
   const RobustStats s = ComputeRobustStats(window_.begin(), window_.end(), &scratch_);
   // A floor keeps a perfectly flat window from dividing by zero; the relative
@@ -21,8 +22,10 @@ bool SpikeDetector::OverThreshold(double value, double* z, double* median) const
   const double sigma = std::max(s.sigma, 1e-12 * std::max(1.0, std::abs(s.median)));
   *median = s.median;
   *z = (value - s.median) / sigma;
-  return *z >= options_.z_threshold &&
-         value - s.median >= std::abs(s.median) * options_.relative_floor && value > s.median;
+  last_sigma_ = s.sigma;
+  return *z >= fraction * threshold_ &&
+         value - s.median >= std::abs(s.median) * options_.relative_floor * fraction &&
+         value > s.median;
 }
 
 std::optional<double> SpikeDetector::Score(double value) const {
@@ -43,6 +46,29 @@ void SpikeDetector::Reset() {
   window_.clear();
   open_.reset();
   last_step_.reset();
+  tail_.clear();
+  threshold_ = options_.z_threshold;
+  since_tail_update_ = 0;
+  last_z_ = 0;
+  last_sigma_ = 0;
+}
+
+void SpikeDetector::PushTail(double abs_z) {
+  if (!(options_.tail_factor > 0) || !std::isfinite(abs_z)) return;
+  tail_.push_back(abs_z);
+  while (tail_.size() > static_cast<size_t>(std::max(1, options_.tail_window))) tail_.pop_front();
+  if (tail_.size() < static_cast<size_t>(std::max(1, options_.tail_min_samples))) return;
+  // The 99th percentile moves slowly: recompute it every 16 values.
+  if (++since_tail_update_ < 16 &&
+      tail_.size() != static_cast<size_t>(std::max(1, options_.tail_min_samples))) {
+    return;
+  }
+  since_tail_update_ = 0;
+  scratch_.assign(tail_.begin(), tail_.end());
+  const size_t k = std::min(scratch_.size() - 1,
+                            static_cast<size_t>(std::floor(0.99 * static_cast<double>(scratch_.size()))));
+  std::nth_element(scratch_.begin(), scratch_.begin() + static_cast<std::ptrdiff_t>(k), scratch_.end());
+  threshold_ = std::max(options_.z_threshold, options_.tail_factor * scratch_[k]);
 }
 
 void SpikeDetector::Push(double value) {
@@ -55,7 +81,9 @@ std::optional<SpikeEvent> SpikeDetector::Observe(int64_t step, double value) {
   last_step_ = step;
   if (!std::isfinite(value)) return std::nullopt;
   double z = 0, med = 0;
-  const bool over = OverThreshold(value, &z, &med);
+  const bool warm = window_.size() >= static_cast<size_t>(std::max(1, options_.min_samples));
+  const bool over = OverThreshold(value, &z, &med, open_ ? options_.hold_fraction : 1.0);
+  last_z_ = warm ? z : 0;
   if (open_) {
     if (over) {
       if (value > open_->peak_value) {
@@ -90,6 +118,7 @@ std::optional<SpikeEvent> SpikeDetector::Observe(int64_t step, double value) {
     open_ = e;
     return e;
   }
+  if (warm) PushTail(std::abs(z));
   Push(value);
   return std::nullopt;
 }

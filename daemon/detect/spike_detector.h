@@ -24,7 +24,22 @@
 //     if (auto e = d.Observe(step, loss); e && e->state == SpikeEvent::kOnset) ...
 //   }
 //
-// Memory: at most `window` doubles, whatever the run length.
+// Tails (issue 12). A robust z of 6 is rare for Gaussian noise and common for
+// heavy-tailed noise (Student-t with 3 degrees of freedom exceeds it every
+// few hundred steps). With `tail_factor` > 0 the threshold follows the run's
+// own noise: the |z| of every calm value (not in an event) is kept over the
+// last `tail_window` values, and once `tail_min_samples` are there the
+// threshold is max(z_threshold, tail_factor × their 99th percentile) — for
+// Gaussian noise (99th percentile 2.6) that is z_threshold, for t₃ noise
+// about twice it. While an event is open a value stays "over" when it
+// reaches `hold_fraction` of the threshold and of the relative floor, so a
+// spike that decays is one event, not several.
+//
+// The blip_*/shift_tolerance knobs are read by RunMonitor (the decision needs
+// the grad norm and the precursors); this class only carries them so one
+// policy section maps to one struct.
+//
+// Memory: at most `window` + `tail_window` doubles, whatever the run length.
 #pragma once
 
 #include <cstdint>
@@ -55,9 +70,20 @@ class SpikeDetector {
     double z_threshold = 6.0;
     double relative_floor = 0.05;
     int recovery_steps = 50;
+    // 0: z_threshold alone.
+    double tail_factor = 0;
+    int tail_window = 1024;
+    int tail_min_samples = 128;
+    double hold_fraction = 1.0;
+    // Loss, read by RunMonitor: 0 disables the blip rule.
+    int blip_steps = 0;
+    int blip_escalate_count = 3;
+    int blip_window = 200;
+    // 0 disables the level-shift rule.
+    double shift_tolerance = 0;
   };
 
-  explicit SpikeDetector(Options options) : options_(options) {}
+  explicit SpikeDetector(Options options) : options_(options), threshold_(options.z_threshold) {}
 
   // Feeds one value; returns an event when one starts or ends at this step.
   std::optional<SpikeEvent> Observe(int64_t step, double value);
@@ -66,6 +92,12 @@ class SpikeDetector {
   std::optional<double> Score(double value) const;
   // Median of the window (0 while empty).
   double baseline() const;
+  // The z threshold in force now (z_threshold, or the tail-calibrated one).
+  double threshold() const { return threshold_; }
+  // 1.4826·MAD of the window at the last value seen (0 before).
+  double noise_scale() const { return last_sigma_; }
+  // Robust z of the last value seen (0 during warm-up).
+  double last_z() const { return last_z_; }
   bool in_event() const { return open_.has_value(); }
   size_t window_size() const { return window_.size(); }
   const Options& options() const { return options_; }
@@ -73,14 +105,20 @@ class SpikeDetector {
   void Reset();
 
  private:
-  bool OverThreshold(double value, double* z, double* median) const;
+  bool OverThreshold(double value, double* z, double* median, double fraction = 1.0) const;
   void Push(double value);
+  void PushTail(double abs_z);
 
   Options options_;
   std::deque<double> window_;
   std::optional<SpikeEvent> open_;
   std::optional<int64_t> last_step_;
   mutable std::vector<double> scratch_;
+  mutable double last_sigma_ = 0;
+  double last_z_ = 0;
+  double threshold_ = 0;
+  std::deque<double> tail_;
+  int since_tail_update_ = 0;
 };
 
 // Median of `values` (copied; the window is small).

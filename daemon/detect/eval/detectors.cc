@@ -43,6 +43,11 @@ absl::StatusOr<std::vector<Alarm>> RunDetector(std::string_view name,
             a.kind = "precursor";
             a.scored = false;
             break;
+          case MonitorEvent::kBlip:
+          case MonitorEvent::kLevelShift:
+            a.kind = e.kind == MonitorEvent::kBlip ? "loss_blip" : "level_shift";
+            a.scored = false;
+            break;
           case MonitorEvent::kSpikeRecovered:
           case MonitorEvent::kSpikeDiverged:
             a.kind = MonitorEventKindName(e.kind);
