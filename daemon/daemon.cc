@@ -12,6 +12,8 @@
 #include "base/logging.h"
 #include "base/secret.h"
 #include "daemon/auth/authorizer.h"
+#include "daemon/http/http_server.h"
+#include "daemon/metrics/state_collector.h"
 #include "daemon/server/audit_interceptor.h"
 #include "daemon/server/parse_errors.h"
 #include "daemon/control/supervisor.h"
@@ -183,6 +185,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options) {
   if (absl::Status s = d->supervisor_->Start(); !s.ok()) return s;
   d->state_->supervisor = d->supervisor_.get();
   d->state_->authorizer = d->authorizer_.get();
+  metrics::RegisterStateCollector(d->state_.get());
   d->worker_service_ = std::make_unique<WorkerServiceImpl>(d->state_.get());
   d->supervisor_service_ = std::make_unique<SupervisorServiceImpl>(d->state_.get());
 
@@ -285,6 +288,22 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options) {
   if (options.advertise_address.empty()) {
     d->launcher_->SetDaemonAddress(absl::StrCat("127.0.0.1:", d->port_));
   }
+  if (!options.http_listen.empty()) {
+    HttpOptions http;
+    http.listen = options.http_listen;
+    http.tls_cert_file = options.tls_cert_file;
+    http.tls_key_file = options.tls_key_file;
+    http.tls_client_ca_file = options.tls_client_ca_file;
+    http.insecure = options.insecure;
+    // The pages are SupervisorService calls on the caller's behalf, in process.
+    auto started = HttpServer::Start(http, d->state_.get(),
+                                     d->server_->InProcessChannel(grpc::ChannelArguments()));
+    if (!started.ok()) {
+      d->Shutdown(absl::ZeroDuration());
+      return started.status();
+    }
+    d->http_server_ = std::move(*started);
+  }
   d->server_->GetHealthCheckService()->SetServingStatus(true);
   SG_LOG(INFO) << "spikeguardd listening on port " << d->port_
                << (d->tls_ ? (options.tls_client_ca_file.empty() ? " (TLS)" : " (mutual TLS)")
@@ -320,6 +339,8 @@ absl::Status Daemon::StartLaunchProfiles(const Options& options) {
 
 Daemon::~Daemon() { Shutdown(absl::Seconds(2)); }
 
+int Daemon::http_port() const { return http_server_ ? http_server_->port() : 0; }
+
 absl::Status Daemon::ReloadTokens() {
   if (!authorizer_) return absl::OkStatus();
   return authorizer_->Reload();
@@ -333,6 +354,7 @@ void Daemon::Shutdown(absl::Duration grace) {
   if (shut_down_ || server_ == nullptr) return;
   shut_down_ = true;
   server_->GetHealthCheckService()->SetServingStatus(false);
+  if (http_server_) http_server_->Stop();
   if (launcher_) {
     state_->launcher = nullptr;
     launcher_->StopAll(absl::Seconds(5));

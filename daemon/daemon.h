@@ -46,6 +46,8 @@ class Authorizer;
 
 namespace spikeguard::daemon {
 
+class HttpServer;
+
 struct DaemonState;
 class WorkerServiceImpl;
 class SupervisorServiceImpl;
@@ -98,6 +100,11 @@ class Daemon {
     // The name the workers check in the daemon's certificate ("": the host
     // of the advertised address).
     std::string worker_tls_server_name;
+
+    // --- Web view and /metrics (daemon/http) --------------------------------
+    // "": off. HOST:PORT, :PORT or PORT (host 127.0.0.1); port 0 picks one
+    // (see http_port()). Uses the TLS files and tokens above.
+    std::string http_listen;
   };
 
   static absl::StatusOr<std::unique_ptr<Daemon>> Start(const Options& options);
@@ -109,6 +116,8 @@ class Daemon {
   // tokens file or authentication is off).
   const std::string& generated_admin_token_file() const { return admin_token_file_; }
   bool tls() const { return tls_; }
+  // The web view's port (0: not serving one).
+  int http_port() const;
 
   // Re-reads the tokens file (SIGHUP); on error the old table stays.
   absl::Status ReloadTokens();
@@ -142,6 +151,7 @@ class Daemon {
   std::unique_ptr<WorkerServiceImpl> worker_service_;
   std::unique_ptr<SupervisorServiceImpl> supervisor_service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<HttpServer> http_server_;
   bool shut_down_ = false;
 };
 

@@ -51,6 +51,9 @@ ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA bundle: clients must present a certificate it signed (mutual TLS)");
 ABSL_FLAG(bool, insecure, false,
           "allow listening in clear on a non-loopback address (warned at every start)");
+ABSL_FLAG(std::string, http_listen, "",
+          "serve the read-only web view, /metrics and /healthz on HOST:PORT (or :PORT, loopback); "
+          "off when empty; same TLS files and tokens as gRPC");
 ABSL_FLAG(bool, reflection, false, "serve gRPC server reflection (off: it describes the API)");
 ABSL_FLAG(std::string, worker_tls_ca, "",
           "CA the workers the daemon launches verify it with (default: --tls-cert)");
@@ -91,6 +94,7 @@ int main(int argc, char** argv) {
   options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
   options.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
   options.insecure = absl::GetFlag(FLAGS_insecure);
+  options.http_listen = absl::GetFlag(FLAGS_http_listen);
   options.reflection = absl::GetFlag(FLAGS_reflection);
   options.worker_tls_ca_file = absl::GetFlag(FLAGS_worker_tls_ca);
   options.worker_tls_cert_file = absl::GetFlag(FLAGS_worker_tls_cert);

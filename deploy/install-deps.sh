@@ -15,6 +15,9 @@ PACKAGES=(
   clang libclang-rt-14-dev llvm
   # The Slurm launcher's tests start a single-node Slurm (tests/slurm)
   slurm-wlm slurm-client munge
+  # The daemon's web view and /metrics (daemon/http), and the headless browser
+  # its tests load the pages in (tests/http)
+  libcpp-httplib-dev chromium
 )
 
 missing=()

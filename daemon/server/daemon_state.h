@@ -15,6 +15,8 @@
 #include "daemon/control/stream_hub.h"
 #include "daemon/ingest/limits.h"
 #include "daemon/ingest/run_registry.h"
+#include "daemon/metrics/daemon_metrics.h"
+#include "daemon/metrics/registry.h"
 #include "storage/catalog/catalog.h"
 
 namespace spikeguard::daemon {
@@ -67,6 +69,11 @@ struct DaemonState {
   bool tls = false;
   Counters counters;
   const absl::Time started;
+  // /metrics: the registry, and the daemon's instruments in it (the ingest
+  // and control code record into `metrics`; daemon/metrics/state_collector
+  // adds what is computed at scrape time).
+  metrics::Registry metrics_registry;
+  metrics::DaemonMetrics metrics{&metrics_registry};
 };
 
 }  // namespace spikeguard::daemon

@@ -1,0 +1,71 @@
+// http_server.h
+// -----------------------------------------------------------------------------
+// The daemon's read-only web view and Prometheus endpoint (--http-listen; off
+// by default, loopback by default when on), served by Debian's cpp-httplib:
+//
+//   /               runs and their state
+//   /runs/NAME      the run's telemetry plots by generation, its incidents
+//   /incidents/ID   the incident report (report/incident_report.h)
+//   /metrics        Prometheus text format (daemon/metrics)
+//   /healthz        "ok" (no token needed)
+//
+// Same TLS files and the same tokens as the gRPC side: the pages are built
+// from SupervisorService calls over the daemon's in-process channel carrying
+// the caller's token, so a viewer token sees exactly what it sees over gRPC.
+// The token comes as "Authorization: Bearer TOKEN", or as the password of
+// HTTP Basic authentication (any user name) so a browser can log in; a
+// missing or unknown token gets 401 with a Basic challenge. Pages are plain
+// HTML with inline SVG and CSS: no scripts, nothing fetched from elsewhere.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "grpcpp/channel.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace spikeguard::daemon {
+
+struct DaemonState;
+
+struct HttpOptions {
+  // "HOST:PORT", ":PORT" or "PORT" (host 127.0.0.1); port 0 picks one.
+  std::string listen;
+  // PEM files: TLS on when set (the gRPC side's --tls-cert/--tls-key);
+  // client_ca: clients must present a certificate it signed (mutual TLS).
+  std::string tls_cert_file, tls_key_file, tls_client_ca_file;
+  // Serve clear text on a non-loopback address (refused otherwise).
+  bool insecure = false;
+};
+
+class HttpServer {
+ public:
+  // Binds and starts serving on a thread of its own. `channel` reaches the
+  // daemon's SupervisorService (its in-process channel).
+  static absl::StatusOr<std::unique_ptr<HttpServer>> Start(const HttpOptions& options,
+                                                           DaemonState* state,
+                                                           std::shared_ptr<grpc::Channel> channel);
+  ~HttpServer();
+
+  int port() const { return port_; }
+  bool tls() const { return tls_; }
+  void Stop();
+
+ private:
+  HttpServer() = default;
+  void Install();
+
+  DaemonState* state_ = nullptr;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<httplib::Server> server_;
+  std::thread thread_;
+  int port_ = 0;
+  bool tls_ = false;
+};
+
+}  // namespace spikeguard::daemon
