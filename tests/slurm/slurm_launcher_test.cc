@@ -201,6 +201,15 @@ TEST(SlurmProfile, BadFieldsAreRefusedNamingTheField) {
                                          "(nodes 2 x tasks_per_node 4)"));
 }
 
+TEST(SlurmProfile, TheDeployExampleLoadsAndAsksForSixteenTasks) {
+  auto p = LaunchProfiles::Load(SPIKEGUARD_SOURCE_DIR "/deploy/slurm/launch-profiles.textproto.example");
+  ASSERT_TRUE(p.ok()) << p.status();
+  auto profile = (*p)->Find("gpt-slurm");
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  ASSERT_TRUE(profile->has_slurm());
+  EXPECT_EQ(SlurmWorldSize(profile->slurm()), 16u);
+}
+
 // --- Against a real Slurm -----------------------------------------------------
 
 class SlurmLauncherTest : public LauncherFixture {
