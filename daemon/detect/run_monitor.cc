@@ -193,10 +193,13 @@ void RunMonitor::ObserveLoss(const StepSample& s, std::vector<MonitorEvent>* out
   }
   if (s.step - pending_.onset_step < lo.blip_steps) return;
   const double base = std::abs(pending_.baseline);
+  // Noise scales in the run's own tail units: heavy tails widen them as
+  // they raise the threshold.
+  const double tail = lo.z_threshold > 0 ? std::max(1.0, loss_.threshold() / lo.z_threshold) : 1.0;
   const bool big =
       !(lo.shift_tolerance > 0) ||
       pending_peak_ - pending_.baseline >=
-          base * lo.shift_tolerance + options_.shift_noise_scales * loss_.noise_scale();
+          base * lo.shift_tolerance + options_.shift_noise_scales * tail * loss_.noise_scale();
   if (big) {
     loss_state_ = LossState::kOpened;
     pending_.peak_value = pending_peak_;

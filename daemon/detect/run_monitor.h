@@ -25,7 +25,8 @@
 //     onset opens at once;
 //   - otherwise it is held `loss.blip_steps` steps: back under by then → a
 //     blip (kBlip, recorded); still up and at least `loss.shift_tolerance`
-//     plus `shift_noise_scales` noise scales above the median → it opens
+//     plus `shift_noise_scales` noise scales (MAD scale × the tail
+//     threshold's ratio to z_threshold) above the median → it opens
 //     (onset dated at the first step over); still up but smaller → held on:
 //     back within the recovery steps → a blip; staying → a legit level
 //     shift (kLevelShift; the window restarts at the new level);

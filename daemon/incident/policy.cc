@@ -30,6 +30,22 @@ v1::SpikeDetectorPolicy DefaultSpike() {
   p.set_z_threshold(6.0);
   p.set_relative_floor(0.05);
   p.set_recovery_steps(50);
+  // Thresholds follow the run's own tails (detect::SpikeDetector).
+  p.set_tail_factor(2.0);
+  return p;
+}
+
+// The loss section's blip and level-shift rules (detect::RunMonitor): a
+// one-step excursion with nothing corroborating it is a blip, three within
+// 100 steps an incident; an uncorroborated excursion that stays under 12 %
+// (plus five noise scales) is a legit level shift. Measured on the detector
+// benchmark's held-out split (issue 12).
+v1::SpikeDetectorPolicy DefaultLossSpike() {
+  v1::SpikeDetectorPolicy p = DefaultSpike();
+  p.set_blip_steps(1);
+  p.set_blip_escalate_count(3);
+  p.set_blip_window(100);
+  p.set_shift_tolerance(0.12);
   return p;
 }
 
@@ -67,6 +83,28 @@ absl::Status CheckSpike(const std::string& name, const v1::SpikeDetectorPolicy& 
                                                    kMaxWindow, "] (got ", p.recovery_steps(),
                                                    ")"));
   }
+  if (!(p.tail_factor() >= 0 && p.tail_factor() <= 100)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ".tail_factor must be in [0, 100] (got ", p.tail_factor(), ")"));
+  }
+  if (p.blip_steps() < 0 || p.blip_steps() > p.recovery_steps()) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ".blip_steps must be in [0, recovery_steps=",
+                                                   p.recovery_steps(), "] (got ", p.blip_steps(),
+                                                   ")"));
+  }
+  if (p.blip_escalate_count() < 0 || p.blip_escalate_count() > kMaxCount) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ".blip_escalate_count must be in [0, ",
+                                                   kMaxCount, "] (got ", p.blip_escalate_count(),
+                                                   ")"));
+  }
+  if (p.has_blip_window() && (p.blip_window() <= 0 || p.blip_window() > kMaxWindow)) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ".blip_window must be in [1, ", kMaxWindow,
+                                                   "] (got ", p.blip_window(), ")"));
+  }
+  if (!(p.shift_tolerance() >= 0 && p.shift_tolerance() <= 100)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, ".shift_tolerance must be in [0, 100] (got ", p.shift_tolerance(), ")"));
+  }
   return absl::OkStatus();
 }
 
@@ -102,7 +140,7 @@ absl::Status InRange(const std::string& field, int64_t value, int64_t max) {
 v1::Policy DefaultPolicy() {
   v1::Policy p;
   p.set_mode(v1::MODE_OBSERVE);
-  *p.mutable_loss_spike() = DefaultSpike();
+  *p.mutable_loss_spike() = DefaultLossSpike();
   *p.mutable_grad_norm_spike() = DefaultSpike();
   // Healthy pre-clip grad norms swing far more than losses (2-5x outliers in
   // small models, measured on the reference worker and in the detector
@@ -290,6 +328,22 @@ detect::SpikeDetector::Options SpikeOptions(const v1::SpikeDetectorPolicy& p,
   if (p.has_z_threshold() && p.z_threshold() > 0) o.z_threshold = p.z_threshold();
   if (p.has_relative_floor() && p.relative_floor() >= 0) o.relative_floor = p.relative_floor();
   if (p.has_recovery_steps() && p.recovery_steps() > 0) o.recovery_steps = p.recovery_steps();
+  if (p.has_tail_factor() && p.tail_factor() >= 0 && p.tail_factor() <= 100) {
+    o.tail_factor = p.tail_factor();
+  }
+  if (p.has_blip_steps() && p.blip_steps() >= 0 && p.blip_steps() <= o.recovery_steps) {
+    o.blip_steps = p.blip_steps();
+  }
+  if (p.has_blip_escalate_count() && p.blip_escalate_count() >= 0 &&
+      p.blip_escalate_count() <= kMaxCount) {
+    o.blip_escalate_count = p.blip_escalate_count();
+  }
+  if (p.has_blip_window() && p.blip_window() > 0 && p.blip_window() <= kMaxWindow) {
+    o.blip_window = p.blip_window();
+  }
+  if (p.has_shift_tolerance() && p.shift_tolerance() >= 0 && p.shift_tolerance() <= 100) {
+    o.shift_tolerance = p.shift_tolerance();
+  }
   return o;
 }
 

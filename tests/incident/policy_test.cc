@@ -1,5 +1,6 @@
 #include "daemon/incident/policy.h"
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -27,6 +28,22 @@ TEST(PolicyDefaultsTest, IsSafeAndValid) {
   EXPECT_EQ(p.loss_spike().min_samples(), 64);
   EXPECT_DOUBLE_EQ(p.loss_spike().z_threshold(), 6.0);
   EXPECT_DOUBLE_EQ(p.loss_spike().relative_floor(), 0.05);
+  // Issue 12: thresholds from the run's own tails, blips and level shifts.
+  EXPECT_DOUBLE_EQ(p.loss_spike().tail_factor(), 2.0);
+  EXPECT_EQ(p.loss_spike().blip_steps(), 1);
+  EXPECT_EQ(p.loss_spike().blip_escalate_count(), 3);
+  EXPECT_EQ(p.loss_spike().blip_window(), 100);
+  EXPECT_DOUBLE_EQ(p.loss_spike().shift_tolerance(), 0.12);
+  const detect::SpikeDetector::Options lo = SpikeOptions(p.loss_spike());
+  EXPECT_DOUBLE_EQ(lo.tail_factor, 2.0);
+  EXPECT_EQ(lo.blip_steps, 1);
+  EXPECT_EQ(lo.blip_escalate_count, 3);
+  EXPECT_EQ(lo.blip_window, 100);
+  EXPECT_DOUBLE_EQ(lo.shift_tolerance, 0.12);
+  // A policy that turns the blip rule off gets every onset as an incident.
+  v1::SpikeDetectorPolicy off = p.loss_spike();
+  off.set_blip_steps(0);
+  EXPECT_EQ(SpikeOptions(off).blip_steps, 0);
   // Healthy grad norms have 2-5x outliers: a grad-norm spike must reach 8x.
   EXPECT_DOUBLE_EQ(p.grad_norm_spike().relative_floor(), 7.0);
   EXPECT_EQ(p.probe().min_steps_before_onset(), 100);
@@ -207,6 +224,16 @@ TEST(PolicyValidateTest, RejectsUnrunnablePoliciesNamingTheField) {
       {"no probes", "budget.max_probes", [](v1::Policy* p) { p->mutable_budget()->set_max_probes(0); }},
       {"lr factor above 1", "fix.lr_factor", [](v1::Policy* p) { p->mutable_fix()->set_lr_factor(1.5); }},
       {"beta2 of 1", "fix.beta2", [](v1::Policy* p) { p->mutable_fix()->set_beta2(1.0); }},
+      {"negative tail factor", "loss_spike.tail_factor",
+       [](v1::Policy* p) { p->mutable_loss_spike()->set_tail_factor(-1); }},
+      {"blip longer than recovery", "loss_spike.blip_steps",
+       [](v1::Policy* p) { p->mutable_loss_spike()->set_blip_steps(51); }},
+      {"negative escalation", "loss_spike.blip_escalate_count",
+       [](v1::Policy* p) { p->mutable_loss_spike()->set_blip_escalate_count(-1); }},
+      {"zero blip window", "loss_spike.blip_window",
+       [](v1::Policy* p) { p->mutable_loss_spike()->set_blip_window(0); }},
+      {"NaN shift tolerance", "loss_spike.shift_tolerance",
+       [](v1::Policy* p) { p->mutable_loss_spike()->set_shift_tolerance(NAN); }},
       {"critical below warn", "precursor.attn_logit_critical",
        [](v1::Policy* p) { p->mutable_precursor()->set_attn_logit_critical(10); }},
   };
