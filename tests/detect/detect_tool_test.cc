@@ -112,6 +112,13 @@ TEST(DetectToolTest, UsageErrorsExitTwoAndMissingFilesOne) {
   EXPECT_EQ(missing.code, 1);
   EXPECT_NE(missing.out.find("cannot open"), std::string::npos) << missing.out;
   EXPECT_EQ(Invoke("--generate unicorns --out /tmp/x").code, 2);
+  // Issue 12's families are generated too.
+  const std::string prefix = Prefix() + "_wild";
+  Result w = Invoke("--generate attn_growth --seed 3 --steps 4000 --out " + prefix);
+  EXPECT_EQ(w.code, 0) << w.out;
+  EXPECT_NE(w.out.find("4000 steps"), std::string::npos) << w.out;
+  std::remove((prefix + ".jsonl").c_str());
+  std::remove((prefix + ".labels.json").c_str());
 }
 
 }  // namespace

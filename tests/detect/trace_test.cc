@@ -9,6 +9,7 @@
 #include "daemon/detect/eval/scoring.h"
 #include "daemon/detect/eval/trace_gen.h"
 #include "daemon/detect/eval/trace_io.h"
+#include "daemon/detect/eval/wild_corpus.h"
 #include "gtest/gtest.h"
 
 namespace spikeguard::detect {
@@ -58,6 +59,58 @@ TEST(TraceGenTest, GradBlowupFollowsTheIssueSequence) {
     EXPECT_GT(t.steps[p - 1].grad_norm / base, 150);
     EXPECT_GT(t.steps[p].grad_norm / base, 1000);
     EXPECT_GT(t.steps[p].loss, 1.4 * t.steps[p - 20].loss);
+  }
+}
+
+TEST(WildCorpusTest, DeterministicSplitsAreDisjointAndCoverEveryFamily) {
+  const auto a = WildCorpus(CorpusSplit::kHeldOut, 0.2);
+  const auto b = WildCorpus(CorpusSplit::kHeldOut, 0.2);
+  const auto tuning = WildCorpus(CorpusSplit::kTuning, 0.2);
+  ASSERT_EQ(a.size(), b.size());
+  std::map<std::string, int> families;
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i].name, b[i].name);
+    ASSERT_EQ(a[i].steps.size(), b[i].steps.size());
+    for (size_t s = 0; s < a[i].steps.size(); s += 97) {
+      if (std::isnan(a[i].steps[s].loss)) continue;
+      ASSERT_EQ(a[i].steps[s].loss, b[i].steps[s].loss) << a[i].name << " " << s;
+    }
+    ++families[a[i].name.substr(0, a[i].name.rfind('-'))];
+    for (const auto& t : tuning) EXPECT_NE(t.name, a[i].name);
+  }
+  EXPECT_EQ(families.size(), AllWildFamilies().size());
+}
+
+TEST(WildCorpusTest, FamiliesCarryWhatTheyPromise) {
+  for (uint64_t seed : {1, 2, 3, 4}) {
+    // Slow builds: a precursor label that starts hundreds of steps before
+    // the event it announces, and the event label.
+    for (WildFamily f : {WildFamily::kGradDivergence, WildFamily::kRatioDivergence,
+                         WildFamily::kAttnGrowth, WildFamily::kLseDrift}) {
+      const LabeledTrace t = GenerateWildTrace({f, seed, 6000, 4});
+      int events = 0, precursors = 0;
+      for (const Label& l : t.labels) {
+        if (l.kind == Label::kPrecursor) {
+          ++precursors;
+          EXPECT_GE(l.peak - l.onset, 150) << t.name;
+        } else {
+          ++events;
+        }
+      }
+      EXPECT_EQ(events, 1) << t.name;
+      EXPECT_GE(precursors, 1) << t.name;
+    }
+    // Healthy families carry no labels; spikes recover within 100 steps.
+    for (WildFamily f : {WildFamily::kNoisyHealthy, WildFamily::kLevelShifts, WildFamily::kBatchRamp}) {
+      EXPECT_TRUE(GenerateWildTrace({f, seed, 3000, 2}).labels.empty());
+    }
+    const LabeledTrace sp = GenerateWildTrace({WildFamily::kIrregularSpikes, seed, 6000, 4});
+    ASSERT_GE(sp.labels.size(), 2u);
+    for (const Label& l : sp.labels) {
+      EXPECT_EQ(l.kind, Label::kSpike);
+      EXPECT_LE(l.end - l.peak, 100);
+      EXPECT_GT(sp.steps[l.peak].loss, 1.1 * sp.steps[l.onset - 20].loss) << sp.name;
+    }
   }
 }
 

@@ -27,6 +27,7 @@
 #include "daemon/detect/eval/scoring.h"
 #include "daemon/detect/eval/trace_gen.h"
 #include "daemon/detect/eval/trace_io.h"
+#include "daemon/detect/eval/wild_corpus.h"
 
 namespace {
 
@@ -39,7 +40,9 @@ constexpr char kUsage[] =
     "       spikeguard-detect --generate SCENARIO --out PREFIX [--seed N] [--steps N] "
     "[--layers N]\n"
     "scenarios: healthy sharp_spikes grad_blowup slow_divergence plateau drift nan_burst "
-    "fragility\n";
+    "fragility\n"
+    "           noisy_healthy level_shifts batch_ramp irregular_spikes grad_divergence\n"
+    "           ratio_divergence attn_growth lse_drift nan_bursts (issue 12's families)\n";
 
 int Usage(const std::string& why) {
   std::cerr << "spikeguard-detect: " << why << "\n" << kUsage;
@@ -53,10 +56,12 @@ std::string Num(double v) {
 
 int Generate(const std::map<std::string, std::string>& f) {
   auto scenario = ParseScenario(f.at("generate"));
-  if (!scenario.ok()) return Usage(std::string(scenario.status().message()));
+  auto family = ParseWildFamily(f.at("generate"));
+  if (!scenario.ok() && !family.ok()) {
+    return Usage("unknown scenario '" + f.at("generate") + "'");
+  }
   if (!f.count("out")) return Usage("--generate needs --out PREFIX");
   TraceGenOptions o;
-  o.scenario = *scenario;
   uint64_t seed = 1;
   int64_t steps = 4000;
   int layers = 4;
@@ -67,10 +72,16 @@ int Generate(const std::map<std::string, std::string>& f) {
   if (f.count("layers") && (!absl::SimpleAtoi(f.at("layers"), &layers) || layers < 0)) {
     return Usage("bad --layers");
   }
-  o.seed = seed;
-  o.steps = steps;
-  o.layers = layers;
-  const LabeledTrace t = GenerateTrace(o);
+  LabeledTrace t;
+  if (scenario.ok()) {
+    o.scenario = *scenario;
+    o.seed = seed;
+    o.steps = steps;
+    o.layers = layers;
+    t = GenerateTrace(o);
+  } else {
+    t = GenerateWildTrace({*family, seed, steps, layers});
+  }
   const std::string prefix = f.at("out");
   if (auto s = WriteTraceJsonl(prefix + ".jsonl", t.steps); !s.ok()) {
     std::cerr << "spikeguard-detect: " << s << "\n";
