@@ -102,7 +102,10 @@ absl::Status SlurmLauncher::Launch(const std::string& run) {
   Run& r = runs_[run];
   r = Run{};
   r.spec = row.spec();
-  SG_RETURN_IF_ERROR(Submit(run, r, /*restart=*/false));
+  if (absl::Status s = Submit(run, r, /*restart=*/false); !s.ok()) {
+    runs_.erase(run);  // nothing was submitted: a later Launch may try again
+    return s;
+  }
   (void)catalog_->SetRunState(run, "running");
   return absl::OkStatus();
 }
@@ -193,6 +196,7 @@ absl::Status SlurmLauncher::Submit(const std::string& run, Run& r, bool restart)
   r.last_reason.clear();
   r.cancelled_for_restart = false;
   r.started = clock_->Now();
+  r.running_since = absl::InfinitePast();
   r.query_failures = 0;
   Record(run, r);
   SG_LOG(INFO) << "run " << run << ": Slurm job " << *id << (restart ? " restarts" : " starts")
@@ -325,6 +329,10 @@ void SlurmLauncher::MonitorLoop() {
       }
       if (!SlurmJobEnded(job->state)) {
         if (job->state != SlurmJobState::kRunning || r.cancelled_for_restart) continue;
+        // The heartbeat clock starts when this job runs (not when it was
+        // queued: a long PENDING must not make the previous job's last
+        // report look like a silence of this one).
+        if (r.running_since == absl::InfinitePast()) r.running_since = clock_->Now();
         // Hung: a rank attached once and silent past the heartbeat timeout.
         const v1::Policy policy = EffectivePolicy(catalog_, run);
         const int64_t heartbeat_ms = policy.launch().heartbeat_timeout_ms() > 0
@@ -333,7 +341,8 @@ void SlurmLauncher::MonitorLoop() {
         for (const auto& s : registry_->Ranks(run)) {
           if (s.last_seen_unix_ms() == 0) continue;
           const int64_t silent = clock_->NowUnixMillis() - s.last_seen_unix_ms();
-          if (silent > heartbeat_ms && clock_->Now() - r.started > absl::Milliseconds(heartbeat_ms)) {
+          if (silent > heartbeat_ms &&
+              clock_->Now() - r.running_since > absl::Milliseconds(heartbeat_ms)) {
             SG_LOG(WARNING) << "run " << run << ": rank " << s.rank() << " silent for " << silent
                             << " ms; cancelling Slurm job " << r.job_id << " to restart it";
             if (auto c = slurm_.Cancel(r.job_id); !c.ok()) {

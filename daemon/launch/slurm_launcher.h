@@ -118,6 +118,8 @@ class SlurmLauncher : public Launcher {
     bool cancelled_for_restart = false;
     bool finished = false;
     absl::Time started;
+    // When this job was first seen RUNNING (InfinitePast: not yet).
+    absl::Time running_since = absl::InfinitePast();
     int query_failures = 0;
   };
 

@@ -253,9 +253,19 @@ class SlurmLauncherTest : public LauncherFixture {
 
 TEST_F(SlurmLauncherTest, AJobRunsEveryTaskWithItsRankAndTheRunsPlaceholdersAndFinishesTheRun) {
   LoadProfiles(Profile("slurm2", R"pb(slurm { partition: "debug" nodes: 1 tasks_per_node: 2
-      time_limit: "10:00" extra_sbatch_options: "--comment=spikeguard" })pb", 2));
+      time_limit: "10:00" extra_sbatch_options: "--comment=spikeguard" })pb", 2) +
+               Profile("nowhere", R"pb(slurm { partition: "nosuch" })pb", 2));
   CreateRun("r1", "slurm2", 2);
+  CreateRun("lost", "nowhere", 1);
   launcher_ = NewLauncher();
+  // Slurm's refusal comes back whole, and nothing is recorded or running.
+  absl::Status refused = launcher_->Launch("lost");
+  EXPECT_TRUE(absl::IsUnavailable(refused)) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("run 'lost': sbatch failed (exit 1)"));
+  EXPECT_THAT(refused.message(), HasSubstr("invalid partition"));
+  EXPECT_EQ(RunState("lost"), "created");
+  EXPECT_TRUE(catalog_->ListLaunches()->empty());
+  EXPECT_FALSE(launcher_->View("lost").has_value());
   ASSERT_TRUE(launcher_->Launch("r1").ok());
   EXPECT_TRUE(absl::IsAlreadyExists(launcher_->Launch("r1")));
   const int64_t job = JobOf("r1");
