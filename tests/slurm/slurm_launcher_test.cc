@@ -25,6 +25,7 @@
 #include "daemon/launch/slurm_launcher.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "spikeguard/v1/policy.pb.h"
 #include "storage/catalog/catalog.h"
 #include "storage/checkpoint/checksum.h"
 #include "tests/slurm/slurm_cluster.h"
@@ -366,6 +367,27 @@ TEST_F(SlurmLauncherTest, ARestartedDaemonAdoptsTheJobAndKeepsSupervisingIt) {
   EXPECT_EQ(launcher_->View("r3")->restarts, 1);
   Write(out_ + "/mode", "0");
   ASSERT_TRUE(SlurmCluster::WaitFor([&] { return RunState("r3") == "finished"; }, absl::Seconds(60)));
+}
+
+TEST_F(SlurmLauncherTest, ASilentRankGetsItsJobCancelledAndTheNextSubmittedOnlyAfterItEnded) {
+  LoadProfiles(Profile("slurm1", R"pb(slurm { tasks_per_node: 1 })pb", /*max_restarts=*/2));
+  CreateRun("r4", "slurm1", 1);
+  v1::Policy policy;
+  policy.mutable_launch()->set_heartbeat_timeout_ms(1500);
+  ASSERT_TRUE(catalog_->PutPolicy("r4", policy).ok());
+  launcher_ = NewLauncher();
+  ASSERT_TRUE(launcher_->Launch("r4").ok());
+  const int64_t job1 = JobOf("r4");
+  ASSERT_TRUE(TasksStarted(job1, 1));
+  // The rank attached once and then says nothing (a hung collective).
+  registry_.Connect("r4", 0, 0, "node");
+  ASSERT_TRUE(SlurmCluster::WaitFor([&] { return JobOf("r4") != job1; }, absl::Seconds(60)));
+  const int64_t job2 = JobOf("r4");
+  launcher_.reset();  // the stale rank would make the next job look hung too
+  EXPECT_EQ(JobField(*cluster_, job1, "JobState"), "CANCELLED");
+  EXPECT_LE(JobField(*cluster_, job1, "EndTime"), JobField(*cluster_, job2, "StartTime"));
+  ASSERT_TRUE(TasksStarted(job2, 1));
+  EXPECT_EQ(catalog_->ListLaunches()->at(0).restarts, 1);
 }
 
 // --- Local processes: pids with their start times ------------------------------
