@@ -435,10 +435,12 @@ std::string RenderIncidentBody(const ReportData& data) {
   absl::StrAppend(&b, "<table id=\"culprits\">\n");
   b += Row({"domain", "document", "data position", "step", "bytes (escaped preview)"}, true);
   for (const v1::DocumentRef& d : inc.documents()) {
-    // DocumentRef carries no bytes on this daemon's API; a preview column is
-    // kept for daemons that send them.
+    // The daemon sends the first bytes of spikeguard-corpus documents; a
+    // trainer's own documents come without.
     b += Row({E(d.domain()), absl::StrCat(d.document_id()), absl::StrCat(d.data_position()),
-              absl::StrCat(d.step()), "<pre class=\"sg-bytes\">—</pre>"});
+              absl::StrCat(d.step()),
+              absl::StrCat("<pre class=\"sg-bytes\">",
+                           d.preview().empty() ? "—" : E(BytePreview(d.preview(), 256)), "</pre>")});
   }
   if (inc.documents_size() == 0) b += Row({"—", "none named", "", "", ""});
   absl::StrAppend(&b, "</table>\n");

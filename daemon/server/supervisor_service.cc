@@ -1,5 +1,7 @@
 #include "daemon/server/supervisor_service.h"
 
+#include "daemon/http/document_preview.h"
+
 #include <algorithm>
 #include <limits>
 #include <set>
@@ -695,6 +697,8 @@ grpc::Status SupervisorServiceImpl::GetIncident(Ctx* ctx, const v1::GetIncidentR
       }
     }
   }
+  // The culprit documents' first bytes, for the report's preview.
+  if (auto run = state_->catalog->GetRun(out->run()); run.ok()) AttachDocumentPreviews(*run, out);
   return grpc::Status::OK;
 }
 

@@ -189,6 +189,8 @@ TEST_F(WebViewE2E, IncidentPagesInABrowserAndMetricsWithTlsAndTokens) {
   EXPECT_THAT(page, HasSubstr("id=\"culprit-positions\">" + absl::StrCat(incident.culprit_positions(0))));
   ASSERT_GT(incident.documents_size(), 0);
   EXPECT_THAT(page, HasSubstr(absl::StrCat("<td>", incident.documents(0).document_id(), "</td>")));
+  // The poison's bytes (high bytes the model never saw), previewed escaped.
+  EXPECT_THAT(page, ::testing::ContainsRegex("<pre class=\"sg-bytes\">[^<]*\\\\x[89a-f][0-9a-f]"));
   EXPECT_THAT(page, HasSubstr("<span class=\"sg-run\">web</span>"));
   Screenshot(Url(viewer, "/incidents/" + id), "web-incident.png");
 

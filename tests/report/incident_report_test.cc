@@ -59,6 +59,7 @@ ReportData DataIncident(const std::string& run_name) {
   doc->set_document_id(42);
   doc->set_data_position(300);
   doc->set_step(300);
+  doc->set_preview(std::string("\xff\xfe<script>alert(3)</script>\0ok\n", 31));
   v1::NearDuplicate* dup = inc.add_near_duplicates();
   dup->set_domain("web");
   dup->set_document_id(77);
@@ -120,6 +121,8 @@ TEST(IncidentReportTest, PlotsOverlayOriginalAndEveryProbeWithMarks) {
   EXPECT_THAT(html, HasSubstr("90%"));
   EXPECT_THAT(html, HasSubstr("0.2500"));  // GPU-hours
   EXPECT_THAT(html, HasSubstr("web:42"));  // near-duplicate's culprit
+  // The document's bytes, readable and inert.
+  EXPECT_THAT(html, HasSubstr("\\xff\\xfe&lt;script&gt;alert(3)&lt;/script&gt;\\x00ok\\n"));
 }
 
 TEST(IncidentReportTest, SelfContainedAndNoScriptFromHostileStrings) {
