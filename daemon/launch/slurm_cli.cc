@@ -179,8 +179,15 @@ absl::StatusOr<SlurmJob> SlurmCli::Query(int64_t job_id) const {
   SubprocessOptions run;
   run.env = options_.env;
   run.timeout = options_.timeout;
-  SG_ASSIGN_OR_RETURN(SubprocessResult r,
-                      RunSubprocess({Bin("scontrol"), "show", "job", "-o", absl::StrCat(job_id)}, run));
+  absl::StatusOr<SubprocessResult> ran =
+      RunSubprocess({Bin("scontrol"), "show", "job", "-o", absl::StrCat(job_id)}, run);
+  if (!ran.ok()) {
+    // NOT_FOUND here would read as "Slurm forgot the job": a missing or
+    // hung scontrol is Slurm being unreachable, never a job's end.
+    return absl::UnavailableError(
+        absl::StrCat("cannot ask Slurm about job ", job_id, ": ", ran.status().message()));
+  }
+  SubprocessResult& r = *ran;
   if (r.exit_code != 0) {
     const std::string err(absl::StripAsciiWhitespace(r.err));
     if (absl::StrContains(err, "Invalid job id")) {

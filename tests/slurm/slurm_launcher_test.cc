@@ -211,6 +211,13 @@ TEST(SlurmProfile, TheDeployExampleLoadsAndAsksForSixteenTasks) {
   EXPECT_EQ(SlurmWorldSize(profile->slurm()), 16u);
 }
 
+TEST(SlurmCliErrors, AMissingScontrolIsUnreachableNotAForgottenJob) {
+  SlurmCli slurm({.bin_dir = "/nonexistent/slurm/bin"});
+  absl::StatusOr<SlurmJob> job = slurm.Query(42);
+  EXPECT_TRUE(absl::IsUnavailable(job.status())) << job.status();
+  EXPECT_THAT(job.status().message(), HasSubstr("cannot ask Slurm about job 42"));
+}
+
 // --- Against a real Slurm -----------------------------------------------------
 
 class SlurmLauncherTest : public LauncherFixture {
