@@ -139,6 +139,7 @@ void RunMonitor::ObserveLoss(const StepSample& s, std::vector<MonitorEvent>* out
       loss_state_ = LossState::kPending;
       pending_ = *se;
       pending_peak_ = se->peak_value;
+      pending_full_ = 1;
     }
     return;
   }
@@ -158,6 +159,15 @@ void RunMonitor::ObserveLoss(const StepSample& s, std::vector<MonitorEvent>* out
     if (se->state == SpikeEvent::kDiverged) {
       // Moved to a new level and stayed, with nothing corroborating it.
       emit(MonitorEvent::kLevelShift, *se);
+      return;
+    }
+    if (pending_full_ > std::max(1, lo.blip_steps)) {
+      // Over the full threshold for longer than a blip, then back down: a
+      // spike with a shape (a rise and a decay), too small to open at once;
+      // it opens now, dated at its onset. (Two heavy-tailed draws in a row,
+      // the second only over the hold level, stay a blip.)
+      last_incident_end_ = s.step;
+      emit(MonitorEvent::kSpikeOnset, *se);
       return;
     }
     emit(MonitorEvent::kBlip, *se);
@@ -185,6 +195,7 @@ void RunMonitor::ObserveLoss(const StepSample& s, std::vector<MonitorEvent>* out
   }
   // Still over the hold level.
   if (std::isfinite(s.loss)) pending_peak_ = std::max(pending_peak_, s.loss);
+  if (loss_.last_z() >= loss_.threshold()) ++pending_full_;
   if (Corroborated(pending_.onset_step, s.step)) {
     loss_state_ = LossState::kOpened;
     pending_.peak_value = pending_peak_;

@@ -28,8 +28,10 @@
 //     plus `shift_noise_scales` noise scales (MAD scale × the tail
 //     threshold's ratio to z_threshold) above the median → it opens
 //     (onset dated at the first step over); still up but smaller → held on:
-//     back within the recovery steps → a blip; staying → a legit level
-//     shift (kLevelShift; the window restarts at the new level);
+//     back within the recovery steps → an incident when it was over the
+//     full threshold for more than blip_steps steps (a small spike with a
+//     rise and a decay), a blip otherwise; staying → a legit level shift
+//     (kLevelShift; the window restarts at the new level);
 //   - `loss.blip_escalate_count` blips within `loss.blip_window` steps open
 //     an incident dated at the first of them.
 // The loss threshold follows the run's own tails (SpikeDetector's
@@ -194,6 +196,8 @@ class RunMonitor {
   std::optional<int64_t> last_incident_end_;
   SpikeEvent pending_;
   double pending_peak_ = 0;
+  // Steps of the pending excursion over the full threshold.
+  int pending_full_ = 0;
   // Recent blips: (onset step, peak value, baseline), within blip_window.
   struct Blip {
     int64_t step;

@@ -148,6 +148,20 @@ TEST(BlipTest, LegitLevelShiftIsNotAnIncidentButALargeSustainedJumpIs) {
   EXPECT_LE(big.incidents[0].step, 3002);
 }
 
+TEST(BlipTest, SmallSpikeWithARiseAndADecayOpensWhenItComesBack) {
+  // +12 % decaying over a dozen steps, at 1 % noise: more than one step over
+  // the threshold, too small to open at once, not a level shift.
+  auto steps = NoisyRun(5000, 0.01, 0, 16);
+  for (int64_t s = 3000; s < 3015; ++s) steps[s].loss *= 1 + 0.12 * std::exp(-(s - 3000) / 4.0);
+  const Seen seen = Watch(steps);
+  ASSERT_EQ(seen.incidents.size(), 1u);
+  EXPECT_EQ(seen.incidents[0].onset_step, 3000);
+  EXPECT_GT(seen.incidents[0].step, 3001);
+  EXPECT_LE(seen.incidents[0].step, 3015);
+  EXPECT_TRUE(seen.blips.empty());
+  EXPECT_TRUE(seen.shifts.empty());
+}
+
 TEST(BlipTest, SlowGradNormGrowthWarnsHundredsOfStepsBeforeTheLossMoves) {
   // The case: the global grad norm grows 20× over 600 steps, then
   // the loss diverges at 3000. The warning comes early, dated near 2400.
