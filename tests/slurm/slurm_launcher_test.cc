@@ -372,8 +372,14 @@ TEST_F(SlurmLauncherTest, ARestartedDaemonAdoptsTheJobAndKeepsSupervisingIt) {
   ASSERT_TRUE(TasksStarted(JobOf("r3"), 1));
   EXPECT_THAT(TaskFiles(out_, JobOf("r3")).at(0), HasSubstr("--resume=" + ckpt));
   EXPECT_EQ(launcher_->View("r3")->restarts, 1);
-  Write(out_ + "/mode", "0");
-  ASSERT_TRUE(SlurmCluster::WaitFor([&] { return RunState("r3") == "finished"; }, absl::Seconds(60)));
+  // Exit code 3 (a rank the daemon rejected) is final, whatever the budget
+  // left (1 of 2).
+  const int64_t last = JobOf("r3");
+  Write(out_ + "/mode", "3");
+  ASSERT_TRUE(SlurmCluster::WaitFor([&] { return RunState("r3") == "failed"; }, absl::Seconds(60)))
+      << RunState("r3");
+  EXPECT_THAT(AuditOf("r3"), HasSubstr("a rank was rejected by the daemon"));
+  EXPECT_EQ(JobOf("r3"), last) << "no restart after a rejection";
 }
 
 TEST_F(SlurmLauncherTest, ASilentRankGetsItsJobCancelledAndTheNextSubmittedOnlyAfterItEnded) {
