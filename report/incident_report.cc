@@ -505,7 +505,7 @@ std::string HtmlPage(const std::string& title, const std::string& body) {
       "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src "
       "'unsafe-inline'; img-src data:\">\n<title>",
       E(title), "</title>\n<style>", kCss, "</style></head>\n<body>\n", body,
-      "<p style=\"color:#999;font-size:11px\">spikeguard incident report</p>\n</body></html>\n");
+      "<p style=\"color:#999;font-size:11px\">spikeguard</p>\n</body></html>\n");
 }
 
 std::string RenderIncidentReport(const ReportData& data) {

@@ -178,6 +178,8 @@ void RunPage(const Caller& call, const std::string& name, httplib::Response& res
     v1::QueryTelemetryRequest req;
     req.set_run(name);
     req.set_generation(gen);
+    // The most recent steps: a long run's page shows its last kMaxRunRecords.
+    req.set_from_step(std::max<int64_t>(0, run.last_step() - static_cast<int64_t>(kMaxRunRecords) + 1));
     req.add_metrics("loss");
     req.add_metrics("grad_norm");
     req.add_metrics("max_attn_logit");
