@@ -1,5 +1,7 @@
 #include "daemon/ingest/run_registry.h"
 
+#include <algorithm>
+
 namespace spikeguard::daemon {
 
 uint64_t RunRegistry::Connect(const std::string& run, uint32_t rank, int64_t generation,
@@ -28,6 +30,8 @@ void RunRegistry::Touch(const std::string& run, uint32_t rank, int64_t step) {
   Rank& r = runs_[run][rank];
   r.last_seen_ms = clock_->NowUnixMillis();
   if (step > r.last_step) r.last_step = step;
+  int64_t& run_last = last_step_.try_emplace(run, -1).first->second;
+  run_last = std::max(run_last, r.last_step);
 }
 
 void RunRegistry::AddReports(const std::string& run, uint32_t rank,
@@ -38,6 +42,24 @@ void RunRegistry::AddReports(const std::string& run, uint32_t rank,
   for (const auto& report : reports) {
     if (report.step() > r.last_step) r.last_step = report.step();
   }
+  int64_t& run_last = last_step_.try_emplace(run, -1).first->second;
+  run_last = std::max(run_last, r.last_step);
+}
+
+int64_t RunRegistry::LastStep(const std::string& run) const {
+  absl::MutexLock lock(&mu_);
+  auto it = last_step_.find(run);
+  return it == last_step_.end() ? -1 : it->second;
+}
+
+bool RunRegistry::OtherRankConnected(const std::string& run, uint32_t rank) const {
+  absl::MutexLock lock(&mu_);
+  auto it = runs_.find(run);
+  if (it == runs_.end()) return false;
+  for (const auto& [other, r] : it->second) {
+    if (r.connected && other != rank) return true;
+  }
+  return false;
 }
 
 std::vector<spikeguard::v1::RankState> RunRegistry::Ranks(const std::string& run) const {

@@ -46,6 +46,11 @@ class RunRegistry {
 
   std::vector<spikeguard::v1::RankState> Ranks(const std::string& run) const;
   int ConnectedRanks() const;
+  // The furthest step any rank of `run` reached (reports and heartbeats);
+  // -1 when none did. O(1): asked for every report batch.
+  int64_t LastStep(const std::string& run) const;
+  // Whether a rank of `run` other than `rank` is connected (no copies).
+  bool OtherRankConnected(const std::string& run, uint32_t rank) const;
 
  private:
   struct Rank {
@@ -61,6 +66,8 @@ class RunRegistry {
   mutable absl::Mutex mu_;
   uint64_t next_stream_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<std::string, std::map<uint32_t, Rank>> runs_ ABSL_GUARDED_BY(mu_);
+  // Max of the ranks' last_step by run (each rank's only grows).
+  std::map<std::string, int64_t> last_step_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace spikeguard::daemon

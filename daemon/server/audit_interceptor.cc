@@ -168,6 +168,9 @@ class AuditFactory : public exp::ServerInterceptorFactoryInterface {
     // Other services (health) pass through with an empty method.
     method = absl::StartsWith(method, "/spikeguard.v1.") ? method.substr(method.rfind('/') + 1)
                                                          : std::string();
+    // A worker stream carries thousands of messages: it records its own
+    // refusal (AuditRefusedStream) instead of passing every message here.
+    if (method.empty() || method == "Attach") return nullptr;
     return new AuditInterceptor(info, authorizer_, catalog_, std::move(method));
   }
 
@@ -179,6 +182,33 @@ class AuditFactory : public exp::ServerInterceptorFactoryInterface {
 }  // namespace
 
 bool IsMutatingRpc(const std::string& method) { return MutatingRpcs().count(method) > 0; }
+
+void AuditRefusedStream(const auth::Authorizer* authorizer, storage::Catalog* catalog,
+                        const grpc::ServerContextBase& context, const std::string& rpc,
+                        const std::string& run, const grpc::Status& status) {
+  const grpc::StatusCode code = status.error_code();
+  if (code != grpc::StatusCode::UNAUTHENTICATED && code != grpc::StatusCode::PERMISSION_DENIED) {
+    return;
+  }
+  spikeguard::v1::AuditEntry e;
+  if (authorizer != nullptr) {
+    auto principal = authorizer->Authenticate(context);
+    if (principal.ok()) {
+      e.set_principal(principal->name);
+      e.set_role(auth::RoleName(principal->role));
+    } else {
+      e.set_principal("unauthenticated");
+    }
+  }
+  e.set_rpc(rpc);
+  e.set_run(run.substr(0, 256));
+  e.set_outcome(CodeName(code));
+  e.set_detail(LogText(status.error_message(), kMaxDetail));
+  e.set_peer(context.peer());
+  if (auto s = catalog->AppendAudit(e); !s.ok()) {
+    SG_LOG(WARNING) << "audit: could not record " << rpc << ": " << s.status().message();
+  }
+}
 
 std::unique_ptr<exp::ServerInterceptorFactoryInterface> MakeAuditInterceptorFactory(
     const auth::Authorizer* authorizer, storage::Catalog* catalog) {

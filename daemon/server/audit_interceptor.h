@@ -8,7 +8,9 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
+#include "grpcpp/server_context.h"
 #include "grpcpp/support/server_interceptor.h"
 
 namespace spikeguard::storage {
@@ -24,6 +26,12 @@ namespace spikeguard::daemon {
 // Whether a SupervisorService / WorkerService method (its short name,
 // e.g. "Rewind") changes state and is audited whatever its outcome.
 bool IsMutatingRpc(const std::string& method);
+
+// Records a stream refused UNAUTHENTICATED or PERMISSION_DENIED (other
+// outcomes are not recorded), as the interceptor does for other calls.
+void AuditRefusedStream(const auth::Authorizer* authorizer, storage::Catalog* catalog,
+                        const grpc::ServerContextBase& context, const std::string& rpc,
+                        const std::string& run, const grpc::Status& status);
 
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> MakeAuditInterceptorFactory(
     const auth::Authorizer* authorizer, storage::Catalog* catalog);

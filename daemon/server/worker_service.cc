@@ -20,6 +20,7 @@
 #include "daemon/auth/authorizer.h"
 #include "daemon/control/supervisor.h"
 #include "daemon/launch/checkpoint_guard.h"
+#include "daemon/server/audit_interceptor.h"
 #include "daemon/server/parse_errors.h"
 #include "daemon/server/status_util.h"
 #include "grpc/grpc.h"
@@ -435,6 +436,10 @@ class WorkerServiceImpl::AttachReactor final
       }
       if (finish) {
         Teardown();
+        if (state_->catalog != nullptr) {
+          AuditRefusedStream(state_->authorizer, state_->catalog, *context_, "Attach",
+                             hello_.run(), status);
+        }
         Finish(status);
         return;
       }
@@ -512,7 +517,7 @@ class WorkerServiceImpl::AttachReactor final
         return false;
       }
     }
-    auto run = state_->catalog->GetRun(hello.run());
+    auto run = state_->catalog->GetRunWithoutRanks(hello.run());
     if (!run.ok()) {
       if (absl::IsNotFound(run.status())) {
         RejectAndEnd(Reject::UNKNOWN_RUN,
@@ -551,19 +556,15 @@ class WorkerServiceImpl::AttachReactor final
       // contradicts the run's manifest or the other ranks would make every
       // resolved document wrong, so it does not attach.
       absl::MutexLock lock(&data_order_mu);
-      auto latest = state_->catalog->GetRun(hello.run());
+      auto latest = state_->catalog->GetRunWithoutRanks(hello.run());
       if (!latest.ok()) {
         EndWith(ToGrpcStatus(latest.status()));
         return false;
       }
       std::string conflict = ManifestConflict(latest->spec().manifest(), hello.data_order());
       if (conflict.empty() && latest->has_data_order()) {
-        bool others_connected = false;
-        for (const auto& r : state_->registry.Ranks(hello.run())) {
-          if (r.connected() && r.rank() != hello.rank()) others_connected = true;
-        }
         // With no other rank live, a relaunch with a new order replaces it.
-        if (others_connected) {
+        if (state_->registry.OtherRankConnected(hello.run(), hello.rank())) {
           conflict = RankConflict(latest->data_order(), hello.data_order(), hello.rank());
         }
       }
@@ -823,9 +824,7 @@ class WorkerServiceImpl::AttachReactor final
         absl::MutexLock lock(&mu_);
         run_last_step = std::max(rank_last_step_, hello_.total_steps());
       }
-      for (const auto& r : state_->registry.Ranks(run_name_)) {
-        run_last_step = std::max(run_last_step, r.last_step());
-      }
+      run_last_step = std::max(run_last_step, state_->registry.LastStep(run_name_));
       valid = ValidateStepsAhead(batch, run_last_step, state_->limits);
     }
     if (!valid.ok()) {

@@ -101,9 +101,14 @@ constexpr char kQueryTelemetrySql[] =
     "AND step <= ? ORDER BY step LIMIT ?";
 // Per rank, the row of the newest generation that rank reported in.
 constexpr char kListRankProgressSql[] =
-    "SELECT rank, generation, committed_step, last_seen_unix_ms FROM rank_progress AS p "
-    "WHERE run_id = ?1 AND generation = (SELECT MAX(generation) FROM rank_progress AS q "
-    "WHERE q.run_id = ?1 AND q.rank = p.rank) ORDER BY rank";
+    // Each rank's newest generation first (one pass over the run's rows),
+    // then a primary-key lookup per rank: O(ranks log ranks). A correlated
+    // subquery here was a scan of the run's rows per rank (10,000 ranks:
+    // 10^8 row visits under the catalog's lock).
+    "SELECT p.rank, p.generation, p.committed_step, p.last_seen_unix_ms "
+    "FROM (SELECT rank, MAX(generation) AS generation FROM rank_progress WHERE run_id = ?1 "
+    "GROUP BY rank) AS m JOIN rank_progress AS p ON p.run_id = ?1 AND "
+    "p.generation = m.generation AND p.rank = m.rank ORDER BY p.rank";
 
 // --- Incidents ---------------------------------------------------------------------
 constexpr char kInsertIncidentSql[] =
@@ -302,7 +307,7 @@ absl::StatusOr<std::vector<v1::RankState>> Catalog::ListRankProgressLocked(int64
   return out;
 }
 
-absl::StatusOr<v1::Run> Catalog::GetRunLocked(std::string_view name) {
+absl::StatusOr<v1::Run> Catalog::GetRunLocked(std::string_view name, bool with_ranks) {
   v1::Run run;
   {
     SG_ASSIGN_OR_RETURN(Statement select, db_->Prepare(kSelectRunSql));
@@ -313,6 +318,7 @@ absl::StatusOr<v1::Run> Catalog::GetRunLocked(std::string_view name) {
   }
   SG_ASSIGN_OR_RETURN(std::vector<v1::Generation> generations, ListGenerationsLocked(run.id()));
   for (auto& g : generations) *run.add_generations() = std::move(g);
+  if (!with_ranks) return run;
   SG_ASSIGN_OR_RETURN(std::vector<v1::RankState> ranks, ListRankProgressLocked(run.id()));
   for (auto& r : ranks) *run.add_ranks() = std::move(r);
   return run;
@@ -435,6 +441,11 @@ absl::StatusOr<v1::Run> Catalog::CreateRun(const v1::Run& run) {
 absl::StatusOr<v1::Run> Catalog::GetRun(std::string_view name) {
   absl::MutexLock lock(&mu_);
   return GetRunLocked(name);
+}
+
+absl::StatusOr<v1::Run> Catalog::GetRunWithoutRanks(std::string_view name) {
+  absl::MutexLock lock(&mu_);
+  return GetRunLocked(name, /*with_ranks=*/false);
 }
 
 absl::StatusOr<std::vector<v1::Run>> Catalog::ListRuns() {

@@ -191,6 +191,9 @@ class Catalog {
   // With generations and the ranks' progress in the newest generation each
   // rank reported in (`connected` is left false: the catalog does not know).
   absl::StatusOr<v1::Run> GetRun(std::string_view name);
+  // The same with generations but without the ranks' progress: what a
+  // rank's hello needs, independent of how many ranks the run has.
+  absl::StatusOr<v1::Run> GetRunWithoutRanks(std::string_view name);
   // All runs by id, without generations or ranks.
   absl::StatusOr<std::vector<v1::Run>> ListRuns();
   // state: "created", "running", "paused", "stopped", "finished", "failed".
@@ -336,7 +339,8 @@ class Catalog {
   absl::StatusOr<int64_t> RunIdLocked(std::string_view name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status RequireGenerationLocked(int64_t run_id, std::string_view run, int64_t generation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<v1::Run> GetRunLocked(std::string_view name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<v1::Run> GetRunLocked(std::string_view name, bool with_ranks = true)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::vector<v1::Generation>> ListGenerationsLocked(int64_t run_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::vector<v1::RankState>> ListRankProgressLocked(int64_t run_id)
