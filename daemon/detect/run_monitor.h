@@ -147,7 +147,7 @@ class RunMonitor {
       o.hold_fraction = 0.5;
       o.blip_steps = 1;
       o.blip_escalate_count = 3;
-      o.blip_window = 100;
+      o.blip_window = 50;
       o.shift_tolerance = 0.12;
       return o;
     }

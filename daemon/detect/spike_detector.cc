@@ -66,7 +66,7 @@ void SpikeDetector::PushTail(double abs_z) {
   since_tail_update_ = 0;
   scratch_.assign(tail_.begin(), tail_.end());
   const size_t k = std::min(scratch_.size() - 1,
-                            static_cast<size_t>(std::floor(0.99 * static_cast<double>(scratch_.size()))));
+                            static_cast<size_t>(std::floor(0.995 * static_cast<double>(scratch_.size()))));
   std::nth_element(scratch_.begin(), scratch_.begin() + static_cast<std::ptrdiff_t>(k), scratch_.end());
   threshold_ = std::max(options_.z_threshold, options_.tail_factor * scratch_[k]);
 }
@@ -118,7 +118,9 @@ std::optional<SpikeEvent> SpikeDetector::Observe(int64_t step, double value) {
     open_ = e;
     return e;
   }
-  if (warm) PushTail(std::abs(z));
+  // The upper tail only: a falling loss sits below its lagging median with
+  // large negative z, which says nothing about how far noise reaches up.
+  if (warm) PushTail(std::max(z, 0.0));
   Push(value);
   return std::nullopt;
 }

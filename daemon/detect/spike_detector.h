@@ -27,11 +27,12 @@
 // Tails (issue 12). A robust z of 6 is rare for Gaussian noise and common for
 // heavy-tailed noise (Student-t with 3 degrees of freedom exceeds it every
 // few hundred steps). With `tail_factor` > 0 the threshold follows the run's
-// own noise: the |z| of every calm value (not in an event) is kept over the
-// last `tail_window` values, and once `tail_min_samples` are there the
-// threshold is max(z_threshold, tail_factor × their 99th percentile) — for
-// Gaussian noise (99th percentile 2.6) that is z_threshold, for t₃ noise
-// about twice it. While an event is open a value stays "over" when it
+// own noise: the upper z (max(z, 0); a falling loss has large negative z that
+// say nothing about spikes) of every calm value (not in an event) is kept
+// over the last `tail_window` values, and once `tail_min_samples` are there
+// the threshold is max(z_threshold, tail_factor × their 99.5th percentile)
+// (the 99th of |z| for symmetric noise) — for Gaussian noise (2.6) that is
+// z_threshold, for t₃ noise about 10 (t₃'s is 5.2 MAD-sigmas). While an event is open a value stays "over" when it
 // reaches `hold_fraction` of the threshold and of the relative floor, so a
 // spike that decays is one event, not several.
 //

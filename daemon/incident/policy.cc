@@ -37,14 +37,14 @@ v1::SpikeDetectorPolicy DefaultSpike() {
 
 // The loss section's blip and level-shift rules (detect::RunMonitor): a
 // one-step excursion with nothing corroborating it is a blip, three within
-// 100 steps an incident; an uncorroborated excursion that stays under 12 %
+// 50 steps an incident; an uncorroborated excursion that stays under 12 %
 // (plus five noise scales) is a legit level shift. Measured on the detector
 // benchmark's held-out split (issue 12).
 v1::SpikeDetectorPolicy DefaultLossSpike() {
   v1::SpikeDetectorPolicy p = DefaultSpike();
   p.set_blip_steps(1);
   p.set_blip_escalate_count(3);
-  p.set_blip_window(100);
+  p.set_blip_window(50);
   p.set_shift_tolerance(0.12);
   return p;
 }

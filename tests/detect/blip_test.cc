@@ -116,12 +116,12 @@ TEST(BlipTest, OneStepExcursionIsABlipUnlessTheGradNormCorroboratesIt) {
 
 TEST(BlipTest, RepeatedBlipsEscalateToAnIncidentDatedAtTheFirst) {
   auto steps = NoisyRun(4000, 0.01, 0, 12);
-  for (int64_t s : {3000, 3030, 3070}) steps[s].loss *= 1.4;
+  for (int64_t s : {3000, 3020, 3040}) steps[s].loss *= 1.4;
   const Seen seen = Watch(steps);
   ASSERT_EQ(seen.incidents.size(), 1u);
   EXPECT_TRUE(seen.incidents[0].escalated);
   EXPECT_EQ(seen.incidents[0].onset_step, 3000);
-  EXPECT_EQ(seen.incidents[0].step, 3071);
+  EXPECT_EQ(seen.incidents[0].step, 3041);
   EXPECT_EQ(seen.blips.size(), 3u);
   // Spread wider than the window they stay blips.
   auto spread = NoisyRun(4000, 0.01, 0, 12);
@@ -232,17 +232,20 @@ TEST(BlipTest, AttentionLogitGrowthWarnsLongBeforeAHundredfoldRise) {
 }
 
 TEST(BlipTest, HeldOutSplitMeetsTheIssueTargets) {
-  // The held-out split (seeds nothing was tuned on), half of it, spikeguard
-  // only: F1 >= 0.95, at most 0.5 false alarms per 10,000 steps, and its
+  // The held-out split (seeds nothing was tuned on), spikeguard only: F1 >= 0.95, at most 0.5 false alarms per 10,000 steps, and its
   // precursors warn >= 100 steps ahead on the slow-build families.
   ScoreCounts all, slow;
-  for (const LabeledTrace& t : WildCorpus(CorpusSplit::kHeldOut, 0.5)) {
+  // The split as detector_bench defines it: the wild families' held-out
+  // seeds and the original families at seed 901.
+  std::vector<LabeledTrace> corpus = WildCorpus(CorpusSplit::kHeldOut);
+  for (LabeledTrace& t : BenchmarkCorpus(901)) corpus.push_back(std::move(t));
+  for (const LabeledTrace& t : corpus) {
     auto alarms = RunDetector("spikeguard", t.steps);
     ASSERT_TRUE(alarms.ok());
     const ScoreCounts c = ScoreTrace(*alarms, t.labels, static_cast<int64_t>(t.steps.size()));
     all.Add(c);
     const std::string family = t.name.substr(0, t.name.rfind('-'));
-    if (IsSlowBuild(*ParseWildFamily(family))) slow.Add(c);
+    if (auto f = ParseWildFamily(family); f.ok() && IsSlowBuild(*f)) slow.Add(c);
   }
   const DetectorScore s = Summarize("spikeguard", all);
   EXPECT_GE(s.f1, 0.95) << s.counts.detected << "/" << s.counts.labels << ", "

@@ -32,13 +32,13 @@ TEST(PolicyDefaultsTest, IsSafeAndValid) {
   EXPECT_DOUBLE_EQ(p.loss_spike().tail_factor(), 2.0);
   EXPECT_EQ(p.loss_spike().blip_steps(), 1);
   EXPECT_EQ(p.loss_spike().blip_escalate_count(), 3);
-  EXPECT_EQ(p.loss_spike().blip_window(), 100);
+  EXPECT_EQ(p.loss_spike().blip_window(), 50);
   EXPECT_DOUBLE_EQ(p.loss_spike().shift_tolerance(), 0.12);
   const detect::SpikeDetector::Options lo = SpikeOptions(p.loss_spike());
   EXPECT_DOUBLE_EQ(lo.tail_factor, 2.0);
   EXPECT_EQ(lo.blip_steps, 1);
   EXPECT_EQ(lo.blip_escalate_count, 3);
-  EXPECT_EQ(lo.blip_window, 100);
+  EXPECT_EQ(lo.blip_window, 50);
   EXPECT_DOUBLE_EQ(lo.shift_tolerance, 0.12);
   // A policy that turns the blip rule off gets every onset as an incident.
   v1::SpikeDetectorPolicy off = p.loss_spike();
