@@ -299,7 +299,7 @@ std::vector<incident::Detection> Supervisor::Detect(const std::string& run, Moni
   return {std::move(d)};
 }
 
-void Supervisor::OnCompleted(std::vector<storage::CompletedStep> completed) {
+void Supervisor::OnCompleted(std::vector<storage::CompletedStep> completed, absl::Time arrived) {
   // Split by run; each run's slice keeps the (generation, step) order.
   size_t begin = 0;
   while (begin < completed.size()) {
@@ -309,19 +309,26 @@ void Supervisor::OnCompleted(std::vector<storage::CompletedStep> completed) {
         std::make_move_iterator(completed.begin() + begin),
         std::make_move_iterator(completed.begin() + end));
     const std::string run = slice->front().run;
-    Post(run, static_cast<int64_t>(slice->size()), [this, run, slice] {
+    Post(run, static_cast<int64_t>(slice->size()), [this, run, slice, arrived] {
       Pipeline* p = nullptr;
       {
         absl::MutexLock lock(&exec_mu_);
         p = pipelines_[run].get();
       }
-      Deliver(p, std::move(*slice));
+      const size_t delivered = Deliver(p, std::move(*slice));
+      if (metrics_ != nullptr) {
+        // Arrival -> detectors and engine done (an incident, if any, opened).
+        const double seconds = absl::ToDoubleSeconds(absl::Now() - arrived);
+        for (size_t i = 0; i < delivered; ++i) {
+          metrics_->detection_latency_seconds->Observe(seconds);
+        }
+      }
     });
     begin = end;
   }
 }
 
-void Supervisor::Deliver(Pipeline* p, std::vector<storage::CompletedStep> records) {
+size_t Supervisor::Deliver(Pipeline* p, std::vector<storage::CompletedStep> records) {
   Monitor& m = p->monitor;
   // Detectors first, under no lock; then the engine, in step order, under
   // mu_; the commands it issued go out after mu_ is released.
@@ -339,10 +346,10 @@ void Supervisor::Deliver(Pipeline* p, std::vector<storage::CompletedStep> record
     steps.push_back(Step{ToObservation(r), Detect(p->run, &m, r)});
     m.next_step = r.step() + 1;
   }
-  if (steps.empty()) return;
+  if (steps.empty()) return 0;
   RunControl::Outbox outbox(&control_);
   absl::MutexLock lock(&mu_);
-  if (!engine_) return;
+  if (!engine_) return steps.size();
   for (const Step& step : steps) {
     if (absl::Status s = engine_->OnStep(p->run, step.observation); !s.ok()) {
       SG_LOG(ERROR) << "run " << p->run << ": incident engine: " << s;
@@ -353,6 +360,7 @@ void Supervisor::Deliver(Pipeline* p, std::vector<storage::CompletedStep> record
       }
     }
   }
+  return steps.size();
 }
 
 void Supervisor::OnGenerationEnded(const std::string& run, int64_t generation, uint32_t rank,

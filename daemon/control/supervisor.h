@@ -33,6 +33,7 @@
 #include "daemon/control/stream_hub.h"
 #include "daemon/detect/run_monitor.h"
 #include "daemon/incident/engine.h"
+#include "daemon/metrics/daemon_metrics.h"
 #include "storage/catalog/catalog.h"
 
 namespace spikeguard::daemon {
@@ -55,7 +56,12 @@ class Supervisor {
   // generation, step): queued on their runs' pipelines. Returns at once
   // unless kMaxQueuedRecords are already waiting (then it waits: the ingest
   // stage slows down rather than growing a queue without bound).
-  void OnCompleted(std::vector<storage::CompletedStep> completed);
+  // `arrived`: when the reports that completed them arrived (detection
+  // latency is recorded from there, when SetMetrics gave a place).
+  void OnCompleted(std::vector<storage::CompletedStep> completed,
+                   absl::Time arrived = absl::Now());
+  // Before any record arrives.
+  void SetMetrics(metrics::DaemonMetrics* metrics) { metrics_ = metrics; }
   static constexpr int64_t kMaxQueuedRecords = 65536;
   // Waits until every pipeline has processed what it was handed.
   void Drain();
@@ -115,7 +121,9 @@ class Supervisor {
   void Post(const std::string& run, int64_t records, std::function<void()> task);
   void PipelineLoop();
   // On the run's pipeline.
-  void Deliver(Pipeline* p, std::vector<storage::CompletedStep> records);
+  // Returns how many records reached the detectors (the others were stale
+  // or delivered before).
+  size_t Deliver(Pipeline* p, std::vector<storage::CompletedStep> records);
   void ResetMonitor(const std::string& run, int64_t generation, int64_t first_step, Monitor* m);
   std::vector<incident::Detection> Detect(const std::string& run, Monitor* m,
                                           const spikeguard::v1::StepRecord& record);
@@ -130,6 +138,8 @@ class Supervisor {
 
   absl::Mutex mu_;
   std::unique_ptr<incident::IncidentEngine> engine_ ABSL_GUARDED_BY(mu_);
+  // Set before any record arrives (SetMetrics); null: not recorded.
+  metrics::DaemonMetrics* metrics_ = nullptr;
 
   absl::Mutex exec_mu_;
   std::map<std::string, std::unique_ptr<Pipeline>> pipelines_ ABSL_GUARDED_BY(exec_mu_);

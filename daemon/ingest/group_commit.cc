@@ -26,6 +26,7 @@ GroupCommitter::~GroupCommitter() {
 storage::BatchOutcome GroupCommitter::Commit(storage::IngestBatch batch) {
   Pending pending;
   pending.batch = std::move(batch);
+  pending.queued = absl::Now();
   absl::MutexLock lock(&mu_);
   if (stopping_) {
     pending.outcome.status = absl::UnavailableError("the daemon is stopping");
@@ -40,6 +41,7 @@ void GroupCommitter::CommitAsync(storage::IngestBatch batch, DoneFn done) {
   auto pending = std::make_unique<Pending>();
   pending->batch = std::move(batch);
   pending->callback = std::move(done);
+  pending->queued = absl::Now();
   {
     absl::MutexLock lock(&mu_);
     if (!stopping_) {
@@ -105,8 +107,13 @@ void GroupCommitter::Loop() {
                       << " (test hook), before its acks";
       _exit(86);
     }
+    if (result.ok() && options_.metrics != nullptr) {
+      options_.metrics->batches_committed->Inc(static_cast<double>(group.size()));
+      options_.metrics->commit_latency_seconds->Observe(
+          absl::ToDoubleSeconds(absl::Now() - group.front()->queued));
+    }
     if (result.ok() && !result->completed.empty() && on_completed_) {
-      on_completed_(std::move(result->completed));
+      on_completed_(std::move(result->completed), group.front()->queued);
     }
     for (size_t i = 0; i < group.size(); ++i) {
       if (result.ok()) {

@@ -30,6 +30,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "daemon/metrics/daemon_metrics.h"
 #include "storage/catalog/catalog.h"
 
 namespace spikeguard::daemon {
@@ -45,8 +46,13 @@ class GroupCommitter {
     // Test hook: after this many committed groups the process _exits (code
     // 86) before answering any batch of the last one (0: never).
     int64_t exit_after_groups = 0;
+    // Where batches committed and commit latency are recorded (null: not).
+    metrics::DaemonMetrics* metrics = nullptr;
   };
-  using CompletedFn = std::function<void(std::vector<storage::CompletedStep>)>;
+  // `arrived`: when the group's first batch was queued (the records'
+  // detection latency counts from there).
+  using CompletedFn =
+      std::function<void(std::vector<storage::CompletedStep>, absl::Time arrived)>;
 
   GroupCommitter(storage::Catalog* catalog, Options options, CompletedFn on_completed);
   // Commits what is queued, then stops.
@@ -70,6 +76,7 @@ class GroupCommitter {
     storage::IngestBatch batch;
     storage::BatchOutcome outcome;
     bool done = false;
+    absl::Time queued;
     // Set for CommitAsync: the committer owns the Pending and calls this.
     DoneFn callback;
   };

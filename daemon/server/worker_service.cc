@@ -795,6 +795,7 @@ class WorkerServiceImpl::AttachReactor final
   }
 
   bool HandleReports(WorkerMessage& msg) {
+    const absl::Time received = absl::Now();
     const auto& batch = msg.reports();
     ControllerMessage ack_msg;
     auto* ack = ack_msg.mutable_ack();
@@ -806,7 +807,7 @@ class WorkerServiceImpl::AttachReactor final
           "stale generation: reports of generation %d refused; the run is at generation %d",
           batch_gen, current_));
       state_->counters.reports_rejected.fetch_add(batch.reports_size());
-      Send(std::move(ack_msg));
+      SendAck(std::move(ack_msg), received);
       return true;
     }
     if (batch_gen != generation_) {
@@ -833,7 +834,7 @@ class WorkerServiceImpl::AttachReactor final
       state_->counters.reports_rejected.fetch_add(batch.reports_size());
       SG_LOG(WARNING) << "run " << run_name_ << " rank " << rank_ << ": batch " << batch.seq()
                       << " rejected: " << LogText(valid.message(), state_->limits.max_logged_text);
-      Send(std::move(ack_msg));
+      SendAck(std::move(ack_msg), received);
       return true;
     }
     storage::IngestBatch to_commit;
@@ -862,9 +863,9 @@ class WorkerServiceImpl::AttachReactor final
     }
     service_->ingest_->CommitAsync(
         std::move(to_commit),
-        [this, seq, batch_gen, batch_reports, last = std::move(last)](
+        [this, seq, batch_gen, batch_reports, received, last = std::move(last)](
             storage::BatchOutcome outcome) {
-          OnCommitted(outcome, seq, batch_gen, batch_reports, last);
+          OnCommitted(outcome, seq, batch_gen, batch_reports, last, received);
           {
             absl::MutexLock lock(&mu_);
             --commits_;
@@ -880,7 +881,8 @@ class WorkerServiceImpl::AttachReactor final
 
   // On the commit thread: answers one batch (only queues).
   void OnCommitted(const storage::BatchOutcome& outcome, uint64_t seq, int64_t batch_gen,
-                   int batch_reports, const spikeguard::v1::StepReport& last) {
+                   int batch_reports, const spikeguard::v1::StepReport& last,
+                   absl::Time received) {
     ControllerMessage ack_msg;
     auto* ack = ack_msg.mutable_ack();
     ack->set_seq(seq);
@@ -890,7 +892,7 @@ class WorkerServiceImpl::AttachReactor final
           "stale generation: reports of generation %d refused; the run is at generation %d",
           batch_gen, outcome.run_generation));
       state_->counters.reports_rejected.fetch_add(batch_reports);
-      Send(std::move(ack_msg));
+      SendAck(std::move(ack_msg), received);
       return;
     }
     if (!outcome.status.ok()) {
@@ -916,7 +918,13 @@ class WorkerServiceImpl::AttachReactor final
           "%d duplicate or out-of-order reports ignored: rank %d already committed step %d",
           ingested.duplicates, rank_, ingested.committed_step));
     }
-    Send(std::move(ack_msg));
+    SendAck(std::move(ack_msg), received);
+  }
+
+  // An ack, timed from when its batch was read (spikeguard_ack_latency_seconds).
+  void SendAck(ControllerMessage ack, absl::Time received) {
+    state_->metrics.ack_latency_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - received));
+    Send(std::move(ack));
   }
 
   WorkerServiceImpl* const service_;
@@ -967,14 +975,18 @@ WorkerServiceImpl::WorkerServiceImpl(DaemonState* state)
     : state_(state), hello_watchdog_(std::make_unique<HelloWatchdog>()) {
   InstallParseErrorCapture();
   GroupCommitter::Options options;
+  options.metrics = &state_->metrics;
   // Test hook (tests/e2e/telemetry_e2e_test.cc): exit between a group's
   // commit and its acks.
   if (const char* n = std::getenv("SPIKEGUARD_TEST_EXIT_AFTER_GROUPS"); n != nullptr) {
     options.exit_after_groups = std::atoll(n);
   }
   ingest_ = std::make_unique<GroupCommitter>(
-      state_->catalog, options, [state](std::vector<storage::CompletedStep> completed) {
-        if (state->supervisor != nullptr) state->supervisor->OnCompleted(std::move(completed));
+      state_->catalog, options,
+      [state](std::vector<storage::CompletedStep> completed, absl::Time arrived) {
+        if (state->supervisor != nullptr) {
+          state->supervisor->OnCompleted(std::move(completed), arrived);
+        }
       });
   // Message handling does SQLite reads (hello, checkpoint notices): a few
   // threads, so one slow statement does not hold every stream.

@@ -57,7 +57,7 @@ TEST_F(GroupCommitTest, ConcurrentStreamsShareTransactionsAndEachStepCompletesOn
   absl::Mutex mu;
   std::map<int64_t, int> completed;  // step -> times handed over
   std::map<int64_t, uint32_t> ranks_at_completion;
-  GroupCommitter ingest(catalog_.get(), {}, [&](std::vector<storage::CompletedStep> done) {
+  GroupCommitter ingest(catalog_.get(), {}, [&](std::vector<storage::CompletedStep> done, absl::Time) {
     absl::MutexLock lock(&mu);
     for (const auto& c : done) {
       ++completed[c.record.step()];
@@ -117,6 +117,43 @@ TEST_F(GroupCommitTest, StaleGenerationAndUnknownRunAreAnsweredPerBatch) {
   ASSERT_TRUE(ok.status.ok()) << ok.status;
   EXPECT_EQ(ok.result.accepted, 4);
   EXPECT_TRUE(catalog_->QueryTelemetry("r", 0, 0, std::nullopt, 0)->empty());
+}
+
+// One stream with many batches in flight (CommitAsync): answered in the
+// order queued, each batch once, the rank's steps stored once in order, and
+// the commits counted in the daemon's metrics.
+TEST_F(GroupCommitTest, AsyncBatchesOfOneRankAreAnsweredInOrderAndCounted) {
+  metrics::Registry registry;
+  metrics::DaemonMetrics m(&registry);
+  absl::Mutex mu;
+  std::vector<int> answered;
+  int64_t accepted = 0, duplicates = 0;
+  {
+    GroupCommitter ingest(catalog_.get(), {.metrics = &m}, nullptr);
+    constexpr int kBatches = 40;
+    for (int i = 0; i < kBatches; ++i) {
+      // Batch 20 repeats batch 19's steps: a resend while both are in flight.
+      const int from = i == 20 ? 19 * 5 : i * 5;
+      ingest.CommitAsync(Batch("r", 3, kRanks, from, from + 4), [&, i](storage::BatchOutcome o) {
+        absl::MutexLock lock(&mu);
+        EXPECT_TRUE(o.status.ok()) << o.status;
+        answered.push_back(i);
+        accepted += o.result.accepted;
+        duplicates += o.result.duplicates;
+      });
+    }
+    absl::MutexLock lock(&mu);
+    auto all = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return answered.size() == kBatches; };
+    mu.Await(absl::Condition(&all));
+  }
+  for (size_t i = 0; i < answered.size(); ++i) EXPECT_EQ(answered[i], static_cast<int>(i));
+  EXPECT_EQ(duplicates, 5);
+  EXPECT_EQ(accepted, 39 * 5);  // batch 20 resent 19: its own steps 100-104 never came
+  EXPECT_EQ(m.batches_committed->Value(), 40);
+  EXPECT_GE(m.commit_latency_seconds->Take().count, 1u);
+  auto committed = catalog_->CommittedStep("r", 0, 3);
+  ASSERT_TRUE(committed.ok());
+  EXPECT_EQ(*committed, 39 * 5 + 4);
 }
 
 }  // namespace
