@@ -340,6 +340,8 @@ absl::Status Daemon::StartLaunchProfiles(const Options& options) {
 
 Daemon::~Daemon() { Shutdown(absl::Seconds(2)); }
 
+const metrics::DaemonMetrics& Daemon::metrics() const { return state_->metrics; }
+
 int Daemon::http_port() const { return http_server_ ? http_server_->port() : 0; }
 
 absl::Status Daemon::ReloadTokens() {

@@ -31,6 +31,7 @@
 #include "absl/time/time.h"
 #include "base/clock.h"
 #include "daemon/ingest/limits.h"
+#include "daemon/metrics/daemon_metrics.h"
 
 namespace grpc {
 class Server;
@@ -111,6 +112,9 @@ class Daemon {
   ~Daemon();
 
   int port() const { return port_; }
+  // The daemon's instruments (what /metrics exports), for in-process
+  // benchmarks and tests.
+  const metrics::DaemonMetrics& metrics() const;
   const std::string& catalog_path() const { return catalog_path_; }
   // The admin token file the daemon generated ("" when it used a given
   // tokens file or authentication is off).
