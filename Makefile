@@ -15,8 +15,9 @@ SANITIZE ?= 1
 FUZZ_SECONDS ?= 60
 # What the checking build leaves out: Python (an ASan-built extension cannot
 # load into Debian's python3), end-to-end scenarios and benchmarks (minutes of
-# real processes; the main build runs them).
-SAN_SKIP = worker/python;tests/e2e;tests/bench;tests/python;tests/deploy
+# real processes; the main build runs them), the browser and Slurm tests
+# (real daemons, workers and jobs).
+SAN_SKIP = worker/python;tests/e2e;tests/bench;tests/python;tests/deploy;tests/http;tests/slurm
 # Debian's gRPC/protobuf/Abseil are not instrumented: container-overflow
 # annotations are unreliable across that boundary. Leaks are checked, minus
 # the libraries' own process-lifetime allocations (tests/fuzz/lsan.supp).
