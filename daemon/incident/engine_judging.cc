@@ -24,13 +24,7 @@ absl::Status IncidentEngine::State::BuildJudge(IncidentCase& s) {
   const bool grad = s.opened.kind() == static_cast<int>(Detection::Kind::kGradNormSpike);
   const v1::SpikeDetectorPolicy& sp = grad ? s.policy.grad_norm_spike() : s.policy.loss_spike();
   j->use_grad = grad;
-  // The judge asks whether a probe reproduced a spike already alarmed on:
-  // the plain z rule (with the min_log_ratio below), not the live alarm's
-  // threshold from the run's tails, which a probe's few hundred steps of
-  // the same noise would inflate (issue 12's tail_factor is for alarming).
-  detect::SpikeDetector::Options judge_options = SpikeOptions(sp);
-  judge_options.tail_factor = 0;
-  j->detector = std::make_unique<detect::SpikeDetector>(judge_options);
+  j->detector = std::make_unique<detect::SpikeDetector>(SpikeOptions(sp));
   j->checkpoint_step = s.probe->checkpoint().step();
   if (s.stage == Stage::kVerifying) {
     j->generation = s.verify_generation;
