@@ -86,7 +86,20 @@ TEST_F(IncidentE2E, FragilityIsFixedByLowerLrAndTheRunFinishesClean) {
   EXPECT_EQ(i.probes(0).kind(), "replay");
   EXPECT_EQ(i.probes(0).outcome(), "spiked");
   EXPECT_EQ(i.probes(1).kind(), "skip");
-  EXPECT_EQ(i.probes(1).outcome(), "spiked");
+  // Either the spike comes back with the window skipped, or (issue 12's
+  // detector opens at the first corroborated excursion of the instability,
+  // which the skip removes) no batch of the window reproduces it on its own:
+  // every bisection probe is clean, so the data is not the trigger.
+  if (i.probes(1).outcome() != "spiked") {
+    EXPECT_EQ(i.probes(1).outcome(), "clean");
+    int bisects = 0;
+    for (const auto& p : i.probes()) {
+      if (p.kind() != "bisect") continue;
+      ++bisects;
+      EXPECT_EQ(p.outcome(), "clean") << p.ShortDebugString();
+    }
+    EXPECT_GE(bisects, 1);
+  }
   const v1::Probe& fix = i.probes(i.probes_size() - 1);
   EXPECT_EQ(fix.kind(), "fix");
   EXPECT_EQ(fix.outcome(), "clean");
