@@ -221,8 +221,10 @@ TEST_F(ScenarioTest, FragilityLogitsGrowThenSpikeSkipDoesNotHelpLowerLrDoes) {
   Judgement j2 = joined_with(gen2);
   EXPECT_TRUE(j2.loss_onsets.empty()) << "loss spike at " << j2.loss_onsets[0].onset_step;
   EXPECT_TRUE(j2.grad_onsets.empty()) << "grad-norm spike at " << j2.grad_onsets[0].onset_step;
-  std::cout << "[figures] fragility: skip probe spiked at "
-            << (j1.loss_onsets.empty() ? j1.grad_onsets[0].onset_step : j1.loss_onsets[0].onset_step)
+  const int64_t skip_spike = !j1.loss_onsets.empty()   ? j1.loss_onsets[0].onset_step
+                             : !j1.grad_onsets.empty() ? j1.grad_onsets[0].onset_step
+                                                       : -1;
+  std::cout << "[figures] fragility: skip probe spiked at " << skip_spike
             << "; lr x 0.7 from step " << from << " clean through step " << horizon
             << " (loss " << gen2.back().loss() << ")\n";
 }
