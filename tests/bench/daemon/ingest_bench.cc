@@ -54,10 +54,13 @@
 #include "spikeguard/v1/worker.grpc.pb.h"
 #include "worker/client/worker_client.h"
 #include "daemon/detect/eval/trace_gen.h"
+#include "tests/bench/daemon/bench_util.h"
 
 namespace {
 
 namespace v1 = spikeguard::v1;
+using spikeguard::bench::CatalogBytes;
+using spikeguard::bench::Percentile;
 using spikeguard::daemon::Daemon;
 using spikeguard::worker::TraceModel;
 using spikeguard::worker::TraceSpec;
@@ -100,16 +103,6 @@ int64_t RssKb() {
     }
   }
   return -1;
-}
-
-int64_t FileBytes(const std::string& path) {
-  std::error_code ec;
-  const auto n = std::filesystem::file_size(path, ec);
-  return ec ? 0 : static_cast<int64_t>(n);
-}
-
-int64_t CatalogBytes(const std::string& db) {
-  return FileBytes(db) + FileBytes(db + "-wal") + FileBytes(db + "-shm");
 }
 
 // The transport's own limit: welcomes every stream and acknowledges every
@@ -267,13 +260,6 @@ StreamResult StreamRanks(const std::string& address, const std::string& run, int
   }
   if (failures.load() > 0) Die(absl::StrCat(failures.load(), " stream(s) of ", run, " did not flush"));
   return result;
-}
-
-double Percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t i = std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())));
-  return v[i];
 }
 
 // Receives a WatchIncidents stream on its own thread and time-stamps each

@@ -47,6 +47,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "daemon/detect/eval/trace_gen.h"
+#include "tests/bench/daemon/bench_util.h"
 #include "grpcpp/grpcpp.h"
 #include "spikeguard/v1/supervisor.grpc.pb.h"
 #include "spikeguard/v1/worker.grpc.pb.h"
@@ -54,6 +55,8 @@
 namespace {
 
 namespace v1 = spikeguard::v1;
+using spikeguard::bench::CatalogBytes;
+using spikeguard::bench::Percentile;
 using Clock = std::chrono::steady_clock;
 using spikeguard::worker::TraceModel;
 using spikeguard::worker::TraceSpec;
@@ -64,16 +67,6 @@ using spikeguard::worker::TraceSpec;
 }
 
 double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
-
-int64_t FileBytes(const std::string& path) {
-  std::error_code ec;
-  const auto n = std::filesystem::file_size(path, ec);
-  return ec ? 0 : static_cast<int64_t>(n);
-}
-
-int64_t CatalogBytes(const std::string& db) {
-  return FileBytes(db) + FileBytes(db + "-wal") + FileBytes(db + "-shm");
-}
 
 // "VmRSS" (kB) or "Threads" of a process.
 int64_t ProcStatus(pid_t pid, const std::string& key) {
@@ -89,12 +82,6 @@ int64_t ProcStatus(pid_t pid, const std::string& key) {
     }
   }
   return -1;
-}
-
-double Percentile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
 }
 
 // A spikeguardd child process on a port it picked.
