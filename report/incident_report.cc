@@ -139,48 +139,117 @@ Plot ClipRatePlot(const ReportData& data, const std::map<int64_t, GenerationLabe
 
 using LayerExtract = double (*)(const v1::LayerStats&);
 
-// Per-layer lines of the original generation; each probe's max over layers.
+// The original's other layers in a per-layer plot: drawn first, under the rest.
+constexpr char kContextColor[] = "#b8b8b8";
+
+// The layer every generation is compared on in a per-layer plot.
+//
+// Choice (issue 14): each probe is drawn on the SAME layer as the original's
+// highlighted line, not as a max over layers (a max can switch layers from
+// step to step and then compares a probe with no line of the original), and
+// not every layer of every probe (4 layers x 7 probes is unreadable). The
+// layer is the one the localization says moved first: that is the layer an
+// operator reads the incident by ("layer 2 moved first"), so the plot
+// answers "did the probe's layer 2 climb like the original's?". Without a
+// per-layer localization (layer -1: the first mover was a global signal, or
+// none), it is the layer where the original reached its largest value of
+// this plot's metric in the window, the hottest one. The original keeps
+// every layer: the focus layer solid black and thick like the original in
+// the other plots, the rest thin grey context lines under one legend entry.
+struct FocusLayer {
+  uint32_t layer = 0;
+  bool localized = false;  // from the localization, else the hottest layer
+  bool found = false;      // the original has records of that layer
+};
+
+FocusLayer ChooseFocusLayer(const ReportData& data, LayerExtract extract) {
+  FocusLayer focus;
+  auto it = data.telemetry.find(data.incident.generation());
+  if (it == data.telemetry.end()) return focus;
+  const v1::Localization& loc = data.incident.localization();
+  if (!loc.signal().empty() && loc.layer() >= 0) {
+    for (const v1::StepRecord& r : it->second) {
+      for (const v1::LayerStats& l : r.layers()) {
+        if (l.layer() == static_cast<uint32_t>(loc.layer())) {
+          focus.layer = l.layer();
+          focus.localized = focus.found = true;
+          return focus;
+        }
+      }
+    }
+  }
+  double best = -std::numeric_limits<double>::infinity();
+  for (const v1::StepRecord& r : it->second) {
+    for (const v1::LayerStats& l : r.layers()) {
+      const double v = extract(l);
+      if (std::isfinite(v) && (!focus.found || v > best)) {
+        best = v;
+        focus.layer = l.layer();
+        focus.found = true;
+      }
+    }
+  }
+  return focus;
+}
+
 Plot LayerPlot(const ReportData& data, const std::map<int64_t, GenerationLabel>& labels,
                const std::string& title, const std::string& y_label, LayerExtract extract) {
   Plot plot;
   plot.title = title;
   plot.y_label = y_label;
-  const int64_t original = data.incident.generation();
-  if (auto it = data.telemetry.find(original); it != data.telemetry.end()) {
-    std::map<uint32_t, Series> by_layer;
-    for (const v1::StepRecord& r : it->second) {
+  const FocusLayer focus = ChooseFocusLayer(data, extract);
+  if (!focus.found) return plot;  // no per-layer telemetry: the plot says "no data"
+  const std::string why = focus.localized ? "moved first" : "largest";
+  plot.title = absl::StrCat(title, " — probes on layer ", focus.layer, " (", why, ")");
+  const auto layer_series = [&](const std::vector<v1::StepRecord>& records, uint32_t layer) {
+    std::vector<std::pair<double, double>> points;
+    for (const v1::StepRecord& r : records) {
       for (const v1::LayerStats& l : r.layers()) {
-        Series& s = by_layer[l.layer()];
-        if (s.name.empty()) {
-          s.name = absl::StrCat("layer ", l.layer(), ", original");
-          s.color = PaletteColor(l.layer());
-          s.width = 1.4;
-        }
-        s.points.emplace_back(static_cast<double>(r.step()), extract(l));
+        if (l.layer() == layer) points.emplace_back(static_cast<double>(r.step()), extract(l));
       }
     }
-    for (auto& [layer, s] : by_layer) plot.series.push_back(std::move(s));
+    return points;
+  };
+  const std::vector<v1::StepRecord>& original = data.telemetry.at(data.incident.generation());
+  std::set<uint32_t> others;
+  for (const v1::StepRecord& r : original) {
+    for (const v1::LayerStats& l : r.layers()) {
+      if (l.layer() != focus.layer) others.insert(l.layer());
+    }
   }
+  bool first_other = true;
+  for (uint32_t layer : others) {
+    Series s{absl::StrCat("layer ", layer, ", original"), layer_series(original, layer), kContextColor,
+             false, 1.0};
+    // One legend entry for all the context lines (a 32-layer model would
+    // fill the legend otherwise); each line keeps its name in its tooltip.
+    if (first_other) {
+      s.name = others.size() == 1 ? absl::StrCat("layer ", layer, ", original")
+                                  : absl::StrCat("other layers (", others.size(), "), original");
+    }
+    s.in_legend = first_other;
+    first_other = false;
+    plot.series.push_back(std::move(s));
+  }
+  plot.series.push_back(Series{absl::StrCat("layer ", focus.layer, ", original (", why, ")"),
+                               layer_series(original, focus.layer), "#222222", false, 2.2});
   for (const auto& [gen, label] : labels) {
     if (label.original) continue;
     auto it = data.telemetry.find(gen);
     if (it == data.telemetry.end()) continue;
-    Series s{absl::StrCat(label.label, ", max over layers"), {}, label.color, true, 1.8};
-    for (const v1::StepRecord& r : it->second) {
-      double m = -std::numeric_limits<double>::infinity();
-      for (const v1::LayerStats& l : r.layers()) m = std::max(m, extract(l));
-      if (r.layers_size() > 0) s.points.emplace_back(static_cast<double>(r.step()), m);
-    }
-    plot.series.push_back(std::move(s));
+    plot.series.push_back(Series{absl::StrCat(label.label, ", layer ", focus.layer),
+                                 layer_series(it->second, focus.layer), label.color, true, 1.8});
   }
   return plot;
 }
 
 // The original generation's line goes on top of the probes' (a bit-exact
-// replay would hide it otherwise); the legend keeps the original first.
+// replay would hide it otherwise), the grey context layers under both; the
+// legend keeps the original first.
 void OriginalOnTop(Plot* plot) {
-  std::stable_partition(plot->series.begin(), plot->series.end(),
-                        [](const Series& s) { return s.dashed; });
+  const auto rank = [](const Series& s) { return s.color == kContextColor ? 0 : s.dashed ? 1 : 2; };
+  std::stable_sort(plot->series.begin(), plot->series.end(),
+                   [&](const Series& a, const Series& b) { return rank(a) < rank(b); });
 }
 
 void AddMarkers(const ReportData& data, Plot* plot, int64_t from, int64_t to) {
@@ -313,6 +382,44 @@ absl::StatusOr<ReportData> FetchReportData(v1::SupervisorService::StubInterface*
   return data;
 }
 
+std::vector<Plot> IncidentPlots(const ReportData& data) {
+  const v1::Incident& inc = data.incident;
+  const auto labels = LabelGenerations(data);
+  std::vector<Plot> plots;
+  plots.push_back(ScalarPlot(data, labels, "loss", "loss (nats/token)",
+                             [](const v1::StepRecord& r) { return r.loss(); }));
+  plots.push_back(ScalarPlot(data, labels, "gradient norm (pre-clip)", "L2 norm",
+                             [](const v1::StepRecord& r) { return r.grad_norm(); }));
+  plots.push_back(ClipRatePlot(data, labels));
+  plots.push_back(ScalarPlot(data, labels, "output log-sum-exp (max)", "lse (nats)",
+                             [](const v1::StepRecord& r) { return r.lse_max(); }));
+  plots.push_back(LayerPlot(data, labels, "max attention logit per layer", "logit (q·k/√d)",
+                            [](const v1::LayerStats& l) { return l.max_attn_logit(); }));
+  plots.push_back(LayerPlot(data, labels, "update-to-weight ratio per layer", "‖Δw‖ / ‖w‖",
+                            [](const v1::LayerStats& l) { return l.update_ratio(); }));
+  plots.push_back(LayerPlot(data, labels, "activation RMS per layer", "RMS (residual stream)",
+                            [](const v1::LayerStats& l) { return l.act_rms(); }));
+  // The loss again, zoomed on the spike: where the probes part ways.
+  Plot zoom = ScalarPlot(data, labels, "loss around the spike (zoom)", "loss (nats/token)",
+                         [](const v1::StepRecord& r) { return r.loss(); });
+  const int64_t zoom_from = std::max(data.window_from, inc.onset_step() - 15);
+  const int64_t zoom_to = std::min(data.window_to, std::max(inc.peak_step(), inc.onset_step()) + 15);
+  for (Series& s : zoom.series) {
+    std::erase_if(s.points, [&](const std::pair<double, double>& p) {
+      return p.first < zoom_from || p.first > zoom_to;
+    });
+  }
+  zoom.css_class = "sg-plot sg-zoom";
+  AddMarkers(data, &zoom, zoom_from, zoom_to);
+  OriginalOnTop(&zoom);
+  for (Plot& p : plots) {
+    AddMarkers(data, &p, data.window_from, data.window_to);
+    OriginalOnTop(&p);
+  }
+  plots.insert(plots.begin(), std::move(zoom));
+  return plots;
+}
+
 std::string RenderIncidentBody(const ReportData& data) {
   const v1::Incident& inc = data.incident;
   std::string b;
@@ -351,44 +458,13 @@ std::string RenderIncidentBody(const ReportData& data) {
   absl::StrAppend(&b, "</table>\n");
 
   // Plots.
-  const auto labels = LabelGenerations(data);
   absl::StrAppend(&b, "<h2>Telemetry: original and probes overlaid</h2>\n");
   absl::StrAppend(&b, "<p>Solid black: the original generation; dashed: each probe's generation. "
                       "Vertical lines: rewind checkpoint, precursor onset, spike onset, peak; shaded: "
-                      "the skip hole (amber) and the culprit batch (red).</p>\n");
-  std::vector<Plot> plots;
-  plots.push_back(ScalarPlot(data, labels, "loss", "loss (nats/token)",
-                             [](const v1::StepRecord& r) { return r.loss(); }));
-  plots.push_back(ScalarPlot(data, labels, "gradient norm (pre-clip)", "L2 norm",
-                             [](const v1::StepRecord& r) { return r.grad_norm(); }));
-  plots.push_back(ClipRatePlot(data, labels));
-  plots.push_back(ScalarPlot(data, labels, "output log-sum-exp (max)", "lse (nats)",
-                             [](const v1::StepRecord& r) { return r.lse_max(); }));
-  plots.push_back(LayerPlot(data, labels, "max attention logit per layer", "logit (q·k/√d)",
-                            [](const v1::LayerStats& l) { return l.max_attn_logit(); }));
-  plots.push_back(LayerPlot(data, labels, "update-to-weight ratio per layer", "‖Δw‖ / ‖w‖",
-                            [](const v1::LayerStats& l) { return l.update_ratio(); }));
-  plots.push_back(LayerPlot(data, labels, "activation RMS per layer", "RMS (residual stream)",
-                            [](const v1::LayerStats& l) { return l.act_rms(); }));
-  // The loss again, zoomed on the spike: where the probes part ways.
-  Plot zoom = ScalarPlot(data, labels, "loss around the spike (zoom)", "loss (nats/token)",
-                         [](const v1::StepRecord& r) { return r.loss(); });
-  const int64_t zoom_from = std::max(data.window_from, inc.onset_step() - 15);
-  const int64_t zoom_to = std::min(data.window_to, std::max(inc.peak_step(), inc.onset_step()) + 15);
-  for (Series& s : zoom.series) {
-    std::erase_if(s.points, [&](const std::pair<double, double>& p) {
-      return p.first < zoom_from || p.first > zoom_to;
-    });
-  }
-  zoom.css_class = "sg-plot sg-zoom";
-  AddMarkers(data, &zoom, zoom_from, zoom_to);
-  OriginalOnTop(&zoom);
-  b += RenderSvg(zoom);
-  for (Plot& p : plots) {
-    AddMarkers(data, &p, data.window_from, data.window_to);
-    OriginalOnTop(&p);
-    b += RenderSvg(p);
-  }
+                      "the skip hole (amber) and the culprit batch (red). Per-layer plots: the original's "
+                      "layer that moved first (or, without a localization, its largest) in black, its "
+                      "other layers in grey, and every probe on that same layer.</p>\n");
+  for (const Plot& p : IncidentPlots(data)) b += RenderSvg(p);
 
   // Evidence.
   absl::StrAppend(&b, "<h2>Evidence: probes</h2>\n<table id=\"evidence\">\n");
@@ -414,7 +490,11 @@ std::string RenderIncidentBody(const ReportData& data) {
   if (inc.localization().signal().empty()) {
     absl::StrAppend(&b, "<p>No layer left its baseline before the spike.</p>\n");
   } else {
-    absl::StrAppend(&b, "<p id=\"localization\">First to move: <b>layer ", inc.localization().layer(),
+    // Layer -1: the first mover was a global signal (loss, lse, ...).
+    absl::StrAppend(&b, "<p id=\"localization\">First to move: <b>",
+                    inc.localization().layer() >= 0
+                        ? absl::StrCat("layer ", inc.localization().layer())
+                        : std::string("no single layer"),
                     "</b>, signal <b>", E(inc.localization().signal()), "</b>, from step ",
                     inc.localization().start_step(), ".</p>\n");
     if (inc.localization().ordered_size() > 0) {

@@ -22,6 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "grpcpp/client_context.h"
+#include "report/svg_plot.h"
 #include "spikeguard/v1/supervisor.grpc.pb.h"
 
 namespace spikeguard::report {
@@ -51,6 +52,12 @@ using PrepareContext = std::function<void(grpc::ClientContext*)>;
 // to absl); the run and the telemetry are best effort (warnings).
 absl::StatusOr<ReportData> FetchReportData(spikeguard::v1::SupervisorService::StubInterface* stub,
                                            const PrepareContext& prepare, int64_t incident_id);
+
+// The report's plots, in page order: the loss zoomed on the spike, then loss,
+// grad norm, clip rate, lse, and the per-layer max attention logit, update
+// ratio and activation RMS (the original's layers, with every probe on the
+// layer the localization says moved first), each with the incident's marks.
+std::vector<Plot> IncidentPlots(const ReportData& data);
 
 // The page. `self_contained` pages carry their own CSS and no links out.
 std::string RenderIncidentReport(const ReportData& data);

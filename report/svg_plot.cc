@@ -240,10 +240,10 @@ std::string RenderSvg(const Plot& plot) {
   absl::StrAppend(&svg, "<g class=\"sg-legend\">\n");
   // Solid lines (the original) first, then the dashed ones (probes).
   for (const Series& s : plot.series) {
-    if (!s.dashed) entry(s.name, s.color, "series", false);
+    if (!s.dashed && s.in_legend) entry(s.name, s.color, "series", false);
   }
   for (const Series& s : plot.series) {
-    if (s.dashed) entry(s.name, s.color, "series", true);
+    if (s.dashed && s.in_legend) entry(s.name, s.color, "series", true);
   }
   for (const Marker& m : plot.markers) entry(m.label, m.color, "marker", m.dashed);
   for (const Span& s : plot.spans) entry(s.label, s.color, "span", false);

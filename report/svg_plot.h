@@ -28,6 +28,9 @@ struct Series {
   std::string color;
   bool dashed = false;
   double width = 1.6;
+  // false: drawn, but no legend entry of its own (e.g. context lines that
+  // share one entry with a sibling series).
+  bool in_legend = true;
 };
 
 // A vertical line at x, labelled.

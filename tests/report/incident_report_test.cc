@@ -1,6 +1,8 @@
 #include "report/incident_report.h"
 
+#include <cmath>
 #include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -17,6 +19,8 @@ int Count(const std::string& text, const std::string& what) {
   for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
   return n;
 }
+
+double AttnBase(int64_t step) { return step < 280 ? 10.0 : 10.0 * (step - 279) * (step - 279); }
 
 // A DATA incident on a hostile run name: spike at 300, replay and skip
 // probes from checkpoint 200, culprit position 300.
@@ -84,12 +88,17 @@ ReportData DataIncident(const std::string& run_name) {
       r.set_grad_norm(1.0);
       r.set_clipped(step % 3 == 0);
       r.set_lse_max(5);
-      for (uint32_t layer = 0; layer < 2; ++layer) {
+      // Three layers. The original's largest attention logits and update
+      // ratios are in layer 2, its largest activation RMS in layer 0; in the
+      // probes layer 0 is the largest everywhere (a max over layers would
+      // show layer 0); layer 1 moved first (see WithLocalization).
+      for (uint32_t layer = 0; layer < 3; ++layer) {
         v1::LayerStats* l = r.add_layers();
         l->set_layer(layer);
-        l->set_max_attn_logit(step < 280 ? 10.0 : 10.0 * (step - 279) * (step - 279));
-        l->set_update_ratio(1e-3);
-        l->set_act_rms(1.0 + layer);
+        const double factor = gen == 0 ? (layer == 2 ? 3.0 : 1.0) : (layer == 0 ? 5.0 : 1.0 + layer);
+        l->set_max_attn_logit(factor * AttnBase(step));
+        l->set_update_ratio(factor * 1e-3);
+        l->set_act_rms(gen == 0 ? 3.0 - layer : factor);
       }
       data.telemetry[gen].push_back(r);
     }
@@ -141,6 +150,109 @@ TEST(IncidentReportTest, SelfContainedAndNoScriptFromHostileStrings) {
   EXPECT_THAT(html, Not(HasSubstr("<link")));
   // The only namespace URI is the SVG one (an identifier, never fetched).
   EXPECT_THAT(html, HasSubstr("default-src 'none'"));
+}
+
+ReportData WithLocalization(ReportData data, int layer) {
+  v1::Localization* loc = data.incident.mutable_localization();
+  loc->set_signal(layer >= 0 ? "max_attn_logit" : "loss");
+  loc->set_layer(layer);
+  loc->set_start_step(280);
+  return data;
+}
+
+const Series* Find(const Plot& plot, const std::string& name) {
+  for (const Series& s : plot.series) {
+    if (s.name == name) return &s;
+  }
+  return nullptr;
+}
+
+// The value a series has at a step (NaN if none).
+double At(const Series& s, int64_t step) {
+  for (const auto& [x, y] : s.points) {
+    if (x == static_cast<double>(step)) return y;
+  }
+  return std::nan("");
+}
+
+// The per-layer plots (after the zoom, loss, grad norm, clip rate and lse):
+// attention logits, update ratios, activation RMS.
+std::vector<Plot> LayerPlots(const ReportData& data) {
+  std::vector<Plot> plots = IncidentPlots(data);
+  EXPECT_EQ(plots.size(), 8u);
+  if (plots.size() != 8) return {};
+  return {plots.begin() + 5, plots.end()};
+}
+
+TEST(IncidentReportTest, PerLayerPlotsShowEveryProbeOnTheLayerThatMovedFirst) {
+  const ReportData data = WithLocalization(DataIncident("r"), 1);
+  const std::vector<Plot> plots = LayerPlots(data);
+  ASSERT_EQ(plots.size(), 3u);
+  for (const Plot& plot : plots) {
+    SCOPED_TRACE(plot.title);
+    EXPECT_THAT(plot.title, HasSubstr("probes on layer 1 (moved first)"));
+    // The original: layer 1 in black on top, the other layers grey context
+    // (one legend entry for both), drawn first.
+    ASSERT_EQ(plot.series.size(), 5u);  // 3 original layers + replay + skip
+    const Series* focus = Find(plot, "layer 1, original (moved first)");
+    ASSERT_NE(focus, nullptr);
+    EXPECT_EQ(focus->color, "#222222");
+    EXPECT_FALSE(focus->dashed);
+    EXPECT_EQ(&plot.series.back(), focus);
+    EXPECT_EQ(plot.series[0].color, plot.series[1].color);
+    EXPECT_NE(plot.series[0].color, "#222222");
+    EXPECT_EQ(plot.series[0].name, "other layers (2), original");
+    EXPECT_TRUE(plot.series[0].in_legend);
+    EXPECT_FALSE(plot.series[1].in_legend);
+    EXPECT_EQ(plot.series[1].name, "layer 2, original");
+    // Every probe on layer 1, dashed, in its own color; no max over layers.
+    const Series* replay = Find(plot, "replay (gen 1), layer 1");
+    const Series* skip = Find(plot, "skip (gen 2), layer 1");
+    ASSERT_NE(replay, nullptr);
+    ASSERT_NE(skip, nullptr);
+    EXPECT_TRUE(replay->dashed);
+    EXPECT_NE(replay->color, skip->color);
+    for (const Series& s : plot.series) EXPECT_THAT(s.name, Not(HasSubstr("max over layers")));
+    EXPECT_EQ(replay->points.size(), data.telemetry.at(1).size());
+  }
+  // The values are layer 1's: in the probes 2x the base, where layer 0 (the
+  // max over layers) is 5x; in the original 1x.
+  EXPECT_DOUBLE_EQ(At(*Find(plots[0], "replay (gen 1), layer 1"), 290), 2 * AttnBase(290));
+  EXPECT_DOUBLE_EQ(At(*Find(plots[0], "skip (gen 2), layer 1"), 250), 2 * AttnBase(250));
+  EXPECT_DOUBLE_EQ(At(*Find(plots[0], "layer 1, original (moved first)"), 290), AttnBase(290));
+  EXPECT_DOUBLE_EQ(At(*Find(plots[1], "replay (gen 1), layer 1"), 290), 2e-3);
+  EXPECT_DOUBLE_EQ(At(*Find(plots[2], "replay (gen 1), layer 1"), 290), 2.0);
+  EXPECT_DOUBLE_EQ(At(*Find(plots[2], "layer 1, original (moved first)"), 290), 2.0);
+
+  // Rendered: the legend has the focus line, one grey entry and the probes.
+  const std::string svg = RenderSvg(plots[0]);
+  EXPECT_THAT(svg, HasSubstr("data-name=\"replay (gen 1), layer 1\""));
+  EXPECT_THAT(svg, HasSubstr("data-name=\"layer 2, original\""));  // drawn, in its tooltip
+  EXPECT_EQ(Count(svg, "<g class=\"sg-legend-entry\" data-kind=\"series\">"), 4);
+  const std::string html = RenderIncidentReport(data);
+  EXPECT_THAT(html, HasSubstr("First to move: <b>layer 1</b>"));
+  EXPECT_THAT(html, Not(HasSubstr("max over layers")));
+}
+
+TEST(IncidentReportTest, WithoutAPerLayerLocalizationProbesFollowTheOriginalsLargestLayer) {
+  // Layer -1: the first mover was the loss, not a layer.
+  for (const ReportData& data : {WithLocalization(DataIncident("r"), -1), DataIncident("r")}) {
+    const std::vector<Plot> plots = LayerPlots(data);
+    ASSERT_EQ(plots.size(), 3u);
+    // Attention logits and update ratios: the original's largest is layer 2;
+    // activation RMS: layer 0. Each probe is drawn on that same layer.
+    EXPECT_THAT(plots[0].title, HasSubstr("probes on layer 2 (largest)"));
+    EXPECT_THAT(plots[1].title, HasSubstr("probes on layer 2 (largest)"));
+    EXPECT_THAT(plots[2].title, HasSubstr("probes on layer 0 (largest)"));
+    ASSERT_NE(Find(plots[0], "layer 2, original (largest)"), nullptr);
+    ASSERT_NE(Find(plots[0], "replay (gen 1), layer 2"), nullptr);
+    EXPECT_DOUBLE_EQ(At(*Find(plots[0], "replay (gen 1), layer 2"), 290), 3 * AttnBase(290));
+    EXPECT_DOUBLE_EQ(At(*Find(plots[0], "layer 2, original (largest)"), 290), 3 * AttnBase(290));
+    ASSERT_NE(Find(plots[2], "skip (gen 2), layer 0"), nullptr);
+    EXPECT_DOUBLE_EQ(At(*Find(plots[2], "skip (gen 2), layer 0"), 250), 5.0);
+  }
+  EXPECT_THAT(RenderIncidentReport(WithLocalization(DataIncident("r"), -1)),
+              HasSubstr("First to move: <b>no single layer</b>, signal <b>loss</b>"));
 }
 
 TEST(IncidentReportTest, WithoutTelemetryOrProbesStillRenders) {
