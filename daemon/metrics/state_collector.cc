@@ -3,8 +3,12 @@
 #include <sys/stat.h>
 
 #include <map>
+#include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "daemon/metrics/registry.h"
 #include "daemon/server/daemon_state.h"
 
@@ -24,110 +28,182 @@ std::string VerdictLabel(v1::Verdict v) {
   return v == v1::VERDICT_UNSPECIFIED ? "none" : name;
 }
 
-void Collect(daemon::DaemonState* state, Sink& sink) {
-  const daemon::Counters& c = state->counters;
-  sink.Counter("spikeguard_reports_ingested_total", "Step reports accepted and committed.", {},
-               static_cast<double>(c.reports_accepted.load()));
-  sink.Counter("spikeguard_reports_duplicate_total",
-               "Step reports at a step the rank had already delivered (ignored).", {},
-               static_cast<double>(c.reports_duplicate.load()));
-  sink.Counter("spikeguard_reports_rejected_total", "Step reports refused as invalid.", {},
-               static_cast<double>(c.reports_rejected.load()));
-  sink.Counter("spikeguard_reports_dropped_total", "Step reports dropped under overload.", {},
-               static_cast<double>(c.reports_dropped.load()));
-  sink.Gauge("spikeguard_uptime_seconds", "Seconds since the daemon started.", {},
-             absl::ToDoubleSeconds(state->clock->Now() - state->started));
-  double catalog_bytes = 0;
-  for (const char* suffix : {"", "-wal", "-shm"}) {
-    catalog_bytes += FileBytes(state->catalog_path + suffix);
-  }
-  sink.Gauge("spikeguard_catalog_size_bytes", "Size of the SQLite catalog with its WAL, in bytes.",
-             {}, catalog_bytes);
-
-  absl::StatusOr<std::vector<v1::Run>> runs = state->catalog->ListRuns();
-  sink.Gauge("spikeguard_catalog_up", "1 when the catalog answered this scrape, else 0.", {},
-             runs.ok() ? 1 : 0);
-  if (!runs.ok()) return;
+// What the catalog said at one scrape, kept for the refresh interval.
+struct CatalogSnapshot {
+  bool runs_ok = false;
+  struct RunRow {
+    std::string name;
+    int64_t last_step = 0;
+    int64_t generation = 0;
+    // The newest committed record of the current generation, if any.
+    bool has_record = false;
+    double loss = 0, grad_norm = 0, max_logit = 0;
+  };
+  std::vector<RunRow> runs;
   double rewinds = 0, commands_pending = 0;
+  bool incidents_ok = false;
+  double opened = 0, open = 0, steps = 0;
+  std::map<std::string, double> closed, probes;
+};
+
+// Every catalog read of the collector is here.
+std::shared_ptr<const CatalogSnapshot> ReadCatalog(daemon::DaemonState* state) {
+  auto snap = std::make_shared<CatalogSnapshot>();
+  absl::StatusOr<std::vector<v1::Run>> runs = state->catalog->ListRuns();
+  snap->runs_ok = runs.ok();
+  if (!runs.ok()) return snap;
   for (const v1::Run& run : *runs) {
-    const Labels labels = {{"run", run.name()}};
-    int connected = 0;
-    for (const v1::RankState& r : state->registry.Ranks(run.name())) connected += r.connected();
-    sink.Gauge("spikeguard_connected_ranks", "Ranks with an open stream, by run.", labels, connected);
-    int64_t last_step = run.last_step();
+    CatalogSnapshot::RunRow row;
+    row.name = run.name();
+    row.generation = run.current_generation();
+    row.last_step = run.last_step();
     if (auto ranks = state->catalog->ListRankProgress(run.name()); ranks.ok()) {
       for (const v1::RankState& r : *ranks) {
-        if (r.generation() == run.current_generation()) last_step = std::max(last_step, r.last_step());
+        if (r.generation() == run.current_generation()) row.last_step = std::max(row.last_step, r.last_step());
       }
     }
-    sink.Gauge("spikeguard_run_last_step", "Last step the run reported.", labels,
-               static_cast<double>(last_step));
-    sink.Gauge("spikeguard_run_generation", "The run's current generation.", labels,
-               static_cast<double>(run.current_generation()));
     if (auto gens = state->catalog->ListGenerations(run.name()); gens.ok() && !gens->empty()) {
-      rewinds += static_cast<double>(gens->size() - 1);
+      snap->rewinds += static_cast<double>(gens->size() - 1);
     }
     for (const char* st : {"pending", "sent"}) {
       if (auto cmds = state->catalog->ListCommands(run.name(), st); cmds.ok()) {
-        commands_pending += static_cast<double>(cmds->size());
+        snap->commands_pending += static_cast<double>(cmds->size());
       }
     }
-    // The newest committed record of the current generation.
     auto records = state->catalog->QueryTelemetry(run.name(), run.current_generation(),
-                                                  std::max<int64_t>(0, last_step), last_step, 1);
+                                                  std::max<int64_t>(0, row.last_step), row.last_step, 1);
     if (records.ok() && !records->empty()) {
       const v1::StepRecord& r = records->back();
-      double max_logit = 0;
-      for (const v1::LayerStats& l : r.layers()) max_logit = std::max(max_logit, l.max_attn_logit());
-      sink.Gauge("spikeguard_run_loss", "The run's loss at its last committed step.", labels, r.loss());
-      sink.Gauge("spikeguard_run_grad_norm", "The run's global gradient norm (pre-clip) at its last "
-                 "committed step.", labels, r.grad_norm());
-      sink.Gauge("spikeguard_run_max_attention_logit",
-                 "The largest max attention logit over layers at the run's last committed step.",
-                 labels, max_logit);
+      row.has_record = true;
+      row.loss = r.loss();
+      row.grad_norm = r.grad_norm();
+      for (const v1::LayerStats& l : r.layers()) row.max_logit = std::max(row.max_logit, l.max_attn_logit());
     }
+    snap->runs.push_back(std::move(row));
   }
-  sink.Counter("spikeguard_rewinds_total", "Rewinds: generations started after the first.", {},
-               rewinds);
-  sink.Gauge("spikeguard_commands_pending", "Commands not yet acknowledged by a worker.", {},
-             commands_pending);
 
   absl::StatusOr<std::vector<v1::Incident>> incidents =
       state->catalog->ListIncidents(storage::IncidentFilter{});
-  if (!incidents.ok()) return;
-  double open = 0, steps = 0;
-  std::map<std::string, double> closed, probes;
+  snap->incidents_ok = incidents.ok();
+  if (!incidents.ok()) return snap;
   for (const std::string& v : {"transient", "data", "fragility", "numerics", "inconclusive"}) {
-    closed[v] = 0;
+    snap->closed[v] = 0;
   }
   for (const v1::Incident& inc : *incidents) {
     if (inc.state() == v1::CLOSED || inc.state() == v1::ABORTED) {
-      closed[inc.state() == v1::ABORTED ? "aborted" : VerdictLabel(inc.verdict())] += 1;
+      snap->closed[inc.state() == v1::ABORTED ? "aborted" : VerdictLabel(inc.verdict())] += 1;
     } else {
-      open += 1;
+      snap->open += 1;
     }
-    for (const v1::Probe& p : inc.probes()) probes[p.kind().empty() ? "unknown" : p.kind()] += 1;
-    steps += static_cast<double>(inc.cost().steps_reexecuted());
+    for (const v1::Probe& p : inc.probes()) snap->probes[p.kind().empty() ? "unknown" : p.kind()] += 1;
+    snap->steps += static_cast<double>(inc.cost().steps_reexecuted());
   }
-  sink.Counter("spikeguard_incidents_opened_total", "Incidents opened.", {},
-               static_cast<double>(incidents->size()));
-  for (const auto& [verdict, n] : closed) {
-    sink.Counter("spikeguard_incidents_closed_total",
-                 "Incidents closed, by verdict (\"aborted\": aborted by an operator).",
-                 {{"verdict", verdict}}, n);
+  snap->opened = static_cast<double>(incidents->size());
+  for (const std::string& kind : {"replay", "skip", "bisect", "transplant", "fix"}) {
+    snap->probes.try_emplace(kind, 0);
   }
-  sink.Gauge("spikeguard_incidents_open", "Incidents not closed or aborted.", {}, open);
-  for (const std::string& kind : {"replay", "skip", "bisect", "transplant", "fix"}) probes.try_emplace(kind, 0);
-  for (const auto& [kind, n] : probes) {
-    sink.Counter("spikeguard_probes_total", "Probes run by incidents, by kind.", {{"kind", kind}}, n);
-  }
-  sink.Counter("spikeguard_steps_reexecuted_total", "Training steps re-executed by probes.", {}, steps);
+  return snap;
 }
+
+class StateCollector {
+ public:
+  StateCollector(daemon::DaemonState* state, const StateCollectorOptions& options)
+      : state_(state),
+        options_(options),
+        reads_(state->metrics_registry.GetCounter(
+            "spikeguard_metrics_catalog_reads_total",
+            "Catalog snapshots read to answer /metrics scrapes (at most one per refresh interval).")) {}
+
+  void Collect(Sink& sink) {
+    const daemon::Counters& c = state_->counters;
+    sink.Counter("spikeguard_reports_ingested_total", "Step reports accepted and committed.", {},
+                 static_cast<double>(c.reports_accepted.load()));
+    sink.Counter("spikeguard_reports_duplicate_total",
+                 "Step reports at a step the rank had already delivered (ignored).", {},
+                 static_cast<double>(c.reports_duplicate.load()));
+    sink.Counter("spikeguard_reports_rejected_total", "Step reports refused as invalid.", {},
+                 static_cast<double>(c.reports_rejected.load()));
+    sink.Counter("spikeguard_reports_dropped_total", "Step reports dropped under overload.", {},
+                 static_cast<double>(c.reports_dropped.load()));
+    sink.Gauge("spikeguard_uptime_seconds", "Seconds since the daemon started.", {},
+               absl::ToDoubleSeconds(state_->clock->Now() - state_->started));
+    double catalog_bytes = 0;  // a stat, not a query: live
+    for (const char* suffix : {"", "-wal", "-shm"}) {
+      catalog_bytes += FileBytes(state_->catalog_path + suffix);
+    }
+    sink.Gauge("spikeguard_catalog_size_bytes", "Size of the SQLite catalog with its WAL, in bytes.",
+               {}, catalog_bytes);
+
+    const std::shared_ptr<const CatalogSnapshot> snap = Snapshot();
+    sink.Gauge("spikeguard_catalog_up", "1 when the catalog answered the last read, else 0.", {},
+               snap->runs_ok ? 1 : 0);
+    if (!snap->runs_ok) return;
+    for (const CatalogSnapshot::RunRow& run : snap->runs) {
+      const Labels labels = {{"run", run.name}};
+      int connected = 0;  // the live rank registry, not the catalog
+      for (const v1::RankState& r : state_->registry.Ranks(run.name)) connected += r.connected();
+      sink.Gauge("spikeguard_connected_ranks", "Ranks with an open stream, by run.", labels, connected);
+      sink.Gauge("spikeguard_run_last_step", "Last step the run reported.", labels,
+                 static_cast<double>(run.last_step));
+      sink.Gauge("spikeguard_run_generation", "The run's current generation.", labels,
+                 static_cast<double>(run.generation));
+      if (run.has_record) {
+        sink.Gauge("spikeguard_run_loss", "The run's loss at its last committed step.", labels, run.loss);
+        sink.Gauge("spikeguard_run_grad_norm", "The run's global gradient norm (pre-clip) at its last "
+                   "committed step.", labels, run.grad_norm);
+        sink.Gauge("spikeguard_run_max_attention_logit",
+                   "The largest max attention logit over layers at the run's last committed step.",
+                   labels, run.max_logit);
+      }
+    }
+    sink.Counter("spikeguard_rewinds_total", "Rewinds: generations started after the first.", {},
+                 snap->rewinds);
+    sink.Gauge("spikeguard_commands_pending", "Commands not yet acknowledged by a worker.", {},
+               snap->commands_pending);
+    if (!snap->incidents_ok) return;
+    sink.Counter("spikeguard_incidents_opened_total", "Incidents opened.", {}, snap->opened);
+    for (const auto& [verdict, n] : snap->closed) {
+      sink.Counter("spikeguard_incidents_closed_total",
+                   "Incidents closed, by verdict (\"aborted\": aborted by an operator).",
+                   {{"verdict", verdict}}, n);
+    }
+    sink.Gauge("spikeguard_incidents_open", "Incidents not closed or aborted.", {}, snap->open);
+    for (const auto& [kind, n] : snap->probes) {
+      sink.Counter("spikeguard_probes_total", "Probes run by incidents, by kind.", {{"kind", kind}}, n);
+    }
+    sink.Counter("spikeguard_steps_reexecuted_total", "Training steps re-executed by probes.", {},
+                 snap->steps);
+  }
+
+ private:
+  // The current snapshot, read again once it is older than the refresh
+  // interval. Scrapes that arrive while one reads wait for it and share it.
+  std::shared_ptr<const CatalogSnapshot> Snapshot() {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = state_->clock->Now();
+    // A clock that went back (a test's, or a stepped wall clock) also reads.
+    if (snapshot_ == nullptr || now - read_at_ >= options_.catalog_refresh || now < read_at_) {
+      snapshot_ = ReadCatalog(state_);
+      read_at_ = now;
+      reads_->Inc();
+    }
+    return snapshot_;
+  }
+
+  daemon::DaemonState* const state_;
+  const StateCollectorOptions options_;
+  Counter* const reads_;
+  absl::Mutex mu_;
+  std::shared_ptr<const CatalogSnapshot> snapshot_ ABSL_GUARDED_BY(mu_);
+  absl::Time read_at_ ABSL_GUARDED_BY(mu_);
+};
 
 }  // namespace
 
-void RegisterStateCollector(daemon::DaemonState* state) {
-  state->metrics_registry.AddCollector([state](Sink& sink) { Collect(state, sink); });
+void RegisterStateCollector(daemon::DaemonState* state, const StateCollectorOptions& options) {
+  // Lives as long as the registry (the state's), which holds the collector.
+  auto collector = std::make_shared<StateCollector>(state, options);
+  state->metrics_registry.AddCollector([collector](Sink& sink) { collector->Collect(sink); });
 }
 
 }  // namespace spikeguard::metrics

@@ -7,10 +7,21 @@
 //
 //   metrics::RegisterStateCollector(state);   // before serving /metrics
 //
+// The catalog-derived values (runs, their last step, generation and last
+// record, rewinds, commands pending, incidents and probes) come from a
+// snapshot read at most once per `catalog_refresh` (on the state's clock):
+// a scrape storm (many Prometheus replicas, a dashboard on auto-refresh)
+// reads SQLite once a second, not once per scrape. The report counters,
+// uptime, connected ranks, catalog file size and every instrument of
+// daemon/metrics (counters, histograms) stay live. Each snapshot read counts
+// in spikeguard_metrics_catalog_reads_total.
+//
 // Names follow Prometheus conventions: prefix spikeguard_, base units,
 // counters end in _total, labels name runs, verdicts and kinds (never a step
 // or a document).
 #pragma once
+
+#include "absl/time/time.h"
 
 namespace spikeguard::daemon {
 struct DaemonState;
@@ -18,6 +29,12 @@ struct DaemonState;
 
 namespace spikeguard::metrics {
 
-void RegisterStateCollector(spikeguard::daemon::DaemonState* state);
+struct StateCollectorOptions {
+  // How long a catalog snapshot answers scrapes; zero: every scrape reads.
+  absl::Duration catalog_refresh = absl::Seconds(1);
+};
+
+void RegisterStateCollector(spikeguard::daemon::DaemonState* state,
+                            const StateCollectorOptions& options = {});
 
 }  // namespace spikeguard::metrics
