@@ -32,7 +32,7 @@ TEST(HttpFlagsTest, OffByDefault) {
 
 TEST(HttpFlagsTest, BadAddressesAreRefusedNamingTheFlag) {
   storage::testing::TempDir dir;
-  for (const std::string& listen : {"nonsense", "127.0.0.1:99999", "0.0.0.0:0"}) {
+  for (const std::string listen : {"nonsense", "127.0.0.1:99999", "0.0.0.0:0"}) {
     daemon::Daemon::Options options = Base(dir.File("data"));
     options.http_listen = listen;
     auto d = daemon::Daemon::Start(options);
