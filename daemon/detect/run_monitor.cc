@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string_view>
+
+#include "daemon/detect/robust_stats.h"
 
 namespace spikeguard::detect {
 
@@ -48,11 +51,17 @@ void RunMonitor::Reset() {
   loss_state_ = LossState::kIdle;
   pending_peak_ = 0;
   blips_.clear();
+  domains_.clear();
+  domain_corroborates_.clear();
 }
 
 size_t RunMonitor::footprint() const {
   return loss_.window_size() + grad_.window_size() + grad_corroborates_.size() + blips_.size() + divergence_.footprint() +
-         precursor_.footprint() + recent_.size();
+         precursor_.footprint() + recent_.size() + domain_corroborates_.size() + [this] {
+           size_t n = 0;
+           for (const DomainSeries& d : domains_) n += d.window.size();
+           return n;
+         }();
 }
 
 Localization RunMonitor::LocalizeNow(int64_t up_to_step) const {
@@ -99,19 +108,87 @@ void RunMonitor::Enrich(MonitorEvent* e, int64_t onset) const {
   e->localization = LocalizeNow(onset - 1);
 }
 
-bool RunMonitor::Corroborated(int64_t onset, int64_t now) const {
-  if (grad_.in_event()) return true;
+const char* RunMonitor::Corroboration(int64_t onset, int64_t now) const {
+  if (grad_.in_event()) return "grad_norm";
   for (int64_t g : grad_corroborates_) {
-    if (g >= onset - options_.corroborate_lookback && g <= now) return true;
+    if (g >= onset - options_.corroborate_lookback && g <= now) return "grad_norm";
+  }
+  for (const auto& [g, name] : domain_corroborates_) {
+    if (g >= onset && g <= now) return "domain_loss";
   }
   for (const PrecursorWarning& w : recent_) {
     // A warning whose growth began before the last incident ended is that
     // incident's (a blow-up's own warnings): it does not vouch for a later
     // excursion.
     if (last_incident_end_ && w.start_step <= *last_incident_end_) continue;
-    if (w.step <= now && onset - w.step <= options_.precursor_horizon) return true;
+    if (w.step <= now && onset - w.step <= options_.precursor_horizon) return "precursor";
   }
-  return false;
+  return nullptr;
+}
+
+bool RunMonitor::ObserveDomains(const StepSample& s, std::string* domain) {
+  const RunMonitor::Options& o = options_;
+  if (!(o.domain_z > 0) || s.domains.empty()) return false;
+  // Robust z of each reported domain against its own window (before this
+  // step's value enters it); NaN while a domain warms up.
+  // (index into domains_, index into s.domains, z)
+  struct Seen {
+    size_t series;
+    size_t sample;
+    double z;
+  };
+  std::vector<Seen> seen;
+  seen.reserve(s.domains.size());
+  for (size_t k = 0; k < s.domains.size(); ++k) {
+    const DomainSample& d = s.domains[k];
+    if (!std::isfinite(d.loss)) continue;
+    auto it = std::find_if(domains_.begin(), domains_.end(),
+                           [&](const DomainSeries& x) { return x.name == d.domain; });
+    if (it == domains_.end()) {
+      if (domains_.size() >= static_cast<size_t>(std::max(0, o.max_domains))) continue;
+      domains_.push_back(DomainSeries{d.domain, {}, 0});
+      it = domains_.end() - 1;
+    }
+    double z = NAN;
+    if (it->window.size() >= static_cast<size_t>(std::max(2, o.domain_min_samples))) {
+      const RobustStats rs = ComputeRobustStats(it->window.begin(), it->window.end(), &scratch_);
+      const double sigma = std::max(rs.sigma, 1e-12 * std::max(1.0, std::abs(rs.median)));
+      z = (d.loss - rs.median) / sigma;
+      // Under the relative floor a domain is not an outlier, however flat its window.
+      if (d.loss - rs.median < std::abs(rs.median) * o.domain_relative_floor) z = std::min(z, o.domain_calm_z);
+    }
+    seen.push_back(Seen{static_cast<size_t>(it - domains_.begin()), k, z});
+  }
+  // Concentrated: one domain far out, every other warm domain calm.
+  bool concentrated = false;
+  int warm = 0, far = 0, loud = 0;
+  size_t top = 0;
+  for (const Seen& x : seen) {
+    if (std::isnan(x.z)) continue;
+    ++warm;
+    if (x.z >= o.domain_z) {
+      ++far;
+      top = x.series;
+    }
+    if (x.z > o.domain_calm_z) ++loud;
+  }
+  if (warm >= 2 && far == 1 && loud == 1) {
+    concentrated = true;
+    *domain = domains_[top].name;
+  }
+  // The windows: outliers stay out, unless they stay (a new level).
+  const size_t cap = static_cast<size_t>(std::max(2, o.domain_window));
+  for (const Seen& x : seen) {
+    DomainSeries& series = domains_[x.series];
+    if (!std::isnan(x.z) && x.z >= o.domain_z) {
+      if (++series.outlier_run <= static_cast<int>(cap / 4)) continue;
+      series.window.clear();
+    }
+    series.outlier_run = 0;
+    series.window.push_back(s.domains[x.sample].loss);
+    while (series.window.size() > cap) series.window.pop_front();
+  }
+  return concentrated;
 }
 
 void RunMonitor::ObserveLoss(const StepSample& s, std::vector<MonitorEvent>* out) {
@@ -131,10 +208,24 @@ void RunMonitor::ObserveLoss(const StepSample& s, std::vector<MonitorEvent>* out
     if (kind == MonitorEvent::kSpikeOnset) Enrich(&e, ev.onset_step);
     out->push_back(std::move(e));
   };
+  auto mark = [&](const char* why) {
+    MonitorEvent& e = out->back();
+    e.corroborated_by = why;
+    if (std::string_view(why) == "domain_loss") {
+      for (const auto& [g, name] : domain_corroborates_) {
+        if (g >= e.onset_step && g <= s.step) {
+          e.domain = name;
+          break;
+        }
+      }
+    }
+  };
   if (se && se->state == SpikeEvent::kOnset) {
-    if (lo.blip_steps <= 0 || Corroborated(se->onset_step, s.step)) {
+    const char* why = lo.blip_steps <= 0 ? nullptr : Corroboration(se->onset_step, s.step);
+    if (lo.blip_steps <= 0 || why) {
       loss_state_ = LossState::kOpened;
       emit(MonitorEvent::kSpikeOnset, *se);
+      if (why) mark(why);
     } else {
       loss_state_ = LossState::kPending;
       pending_ = *se;
@@ -196,10 +287,11 @@ void RunMonitor::ObserveLoss(const StepSample& s, std::vector<MonitorEvent>* out
   // Still over the hold level.
   if (std::isfinite(s.loss)) pending_peak_ = std::max(pending_peak_, s.loss);
   if (loss_.last_z() >= loss_.threshold()) ++pending_full_;
-  if (Corroborated(pending_.onset_step, s.step)) {
+  if (const char* why = Corroboration(pending_.onset_step, s.step)) {
     loss_state_ = LossState::kOpened;
     pending_.peak_value = pending_peak_;
     emit(MonitorEvent::kSpikeOnset, pending_);
+    mark(why);
     return;
   }
   if (s.step - pending_.onset_step < lo.blip_steps) return;
@@ -286,6 +378,15 @@ std::vector<MonitorEvent> RunMonitor::Observe(const StepSample& s) {
            grad_corroborates_.front() <
                s.step - options_.corroborate_lookback - std::max(0, options_.loss.blip_steps) - 1) {
       grad_corroborates_.pop_front();
+    }
+  }
+  {
+    std::string domain;
+    if (ObserveDomains(s, &domain)) domain_corroborates_.emplace_back(s.step, std::move(domain));
+    while (!domain_corroborates_.empty() &&
+           domain_corroborates_.front().first <
+               s.step - options_.corroborate_lookback - std::max(0, options_.loss.blip_steps) - 1) {
+      domain_corroborates_.pop_front();
     }
   }
   ObserveLoss(s, &out);

@@ -21,7 +21,8 @@
 //     median and over its own threshold within `corroborate_lookback` steps
 //     before the onset (a blow-up leads the loss by 0–8 steps), a grad-norm
 //     event open, or a precursor warning within `precursor_horizon` (one
-//     whose growth began before the last incident ended is spent) → the
+//     whose growth began before the last incident ended is spent), or the
+//     step's excess loss concentrated in one data domain (below) → the
 //     onset opens at once;
 //   - otherwise it is held `loss.blip_steps` steps: back under by then → a
 //     blip (kBlip, recorded); still up and at least `loss.shift_tolerance`
@@ -34,6 +35,18 @@
 //     (kLevelShift; the window restarts at the new level);
 //   - `loss.blip_escalate_count` blips within `loss.blip_window` steps open
 //     an incident dated at the first of them.
+// Per-domain corroboration. When the steps carry per-domain losses, each
+// domain's loss keeps its own trailing window (`domain_window`, current value
+// excluded). A step is data-like when one domain stands at least `domain_z`
+// robust z above its own median (and `domain_relative_floor` above it) while
+// every other domain stays within `domain_calm_z`: the excess sits in one
+// domain's part of the batch, the signature of bad data, which a replay and
+// a bisection can find. The same excursion spread evenly over the domains
+// (all move together) corroborates nothing. At least two domains must be
+// warm. A domain's outlying values stay out of its window; one that stays an
+// outlier for `domain_window` / 4 steps restarts its window at the new level.
+// `domain_z` 0 switches the rule off.
+//
 // The loss threshold follows the run's own tails (SpikeDetector's
 // tail_factor), so heavy-tailed noise does not page anyone either.
 //
@@ -118,6 +131,10 @@ struct MonitorEvent {
   }
   // Escalated from repeated blips (kSpikeOnset only).
   bool escalated = false;
+  // Loss spike onsets opened by corroboration: "grad_norm", "precursor" or
+  // "domain_loss" (then `domain` names the domain); empty otherwise.
+  std::string corroborated_by;
+  std::string domain;
 };
 
 const char* MonitorEventKindName(MonitorEvent::Kind kind);
@@ -140,6 +157,14 @@ class RunMonitor {
     double corroborate_grad_ratio = 2.5;
     int corroborate_lookback = 8;
     double shift_noise_scales = 5.0;
+    // Per-domain corroboration (see above). domain_z 0: off.
+    double domain_z = 8.0;
+    double domain_calm_z = 3.0;
+    double domain_relative_floor = 0.05;
+    int domain_window = 128;
+    int domain_min_samples = 32;
+    // Domains tracked per run (the rest are ignored).
+    int max_domains = 64;
 
     static SpikeDetector::Options LossDefaults() {
       SpikeDetector::Options o;
@@ -176,7 +201,12 @@ class RunMonitor {
 
  private:
   void Enrich(MonitorEvent* e, int64_t onset) const;
-  bool Corroborated(int64_t onset, int64_t now) const;
+  // What corroborates a loss excursion that started at `onset`: "grad_norm",
+  // "precursor", "domain_loss", or nullptr.
+  const char* Corroboration(int64_t onset, int64_t now) const;
+  // Updates the per-domain windows with `s`; true when the step's excess is
+  // concentrated in one domain (its name in *domain).
+  bool ObserveDomains(const StepSample& s, std::string* domain);
   void ObserveLoss(const StepSample& s, std::vector<MonitorEvent>* out);
 
   enum class LossState { kIdle, kPending, kOpened };
@@ -206,6 +236,16 @@ class RunMonitor {
     double z;
   };
   std::deque<Blip> blips_;
+  // Per-domain loss windows (at most max_domains).
+  struct DomainSeries {
+    std::string name;
+    std::deque<double> window;
+    int outlier_run = 0;
+  };
+  std::vector<DomainSeries> domains_;
+  // Steps at which one domain held the excess, with the domain's name.
+  std::deque<std::pair<int64_t, std::string>> domain_corroborates_;
+  mutable std::vector<double> scratch_;
 };
 
 }  // namespace spikeguard::detect

@@ -1,7 +1,7 @@
 // step_message.h
 // -----------------------------------------------------------------------------
 // The daemon's adapter from a telemetry message to what the detectors read:
-// any message with StepReport's scalar and per-layer fields (StepReport, the
+// any message with StepReport's scalar, per-layer and per-domain fields (StepReport, the
 // daemon's merged StepRecord) becomes a StepSample. A template, so the live
 // detector library needs no proto headers or proto target; trace files
 // (eval/trace_io.h) use the same conversion.
@@ -36,6 +36,10 @@ StepSample FromStepMessage(const StepMessage& r) {
     x.update_ratio = l.update_ratio();
     x.act_rms = l.act_rms();
     x.param_norm = l.param_norm();
+  }
+  s.domains.reserve(static_cast<size_t>(r.domain_losses_size()));
+  for (const auto& d : r.domain_losses()) {
+    s.domains.push_back(DomainSample{d.domain(), d.loss(), d.tokens()});
   }
   return s;
 }

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace spikeguard::detect {
@@ -33,6 +34,14 @@ struct LayerSample {
   double param_norm = 0;
 };
 
+// The loss on one data domain's part of the batch (telemetry.proto
+// DomainLoss).
+struct DomainSample {
+  std::string domain;
+  double loss = 0;
+  int64_t tokens = 0;
+};
+
 struct StepSample {
   int64_t step = 0;
   double loss = 0;
@@ -46,6 +55,10 @@ struct StepSample {
   int64_t nonfinite = 0;
   // Indexed by global layer index; empty when the trainer reports none.
   std::vector<LayerSample> layers;
+  // Per-domain losses, as reported; empty when the trainer reports none.
+  // RunMonitor reads them to tell a data-like excursion (the excess in one
+  // domain) from one spread over the whole batch.
+  std::vector<DomainSample> domains;
 };
 
 }  // namespace spikeguard::detect

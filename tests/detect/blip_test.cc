@@ -114,6 +114,103 @@ TEST(BlipTest, OneStepExcursionIsABlipUnlessTheGradNormCorroboratesIt) {
   EXPECT_TRUE(seen.blips.empty());
 }
 
+// NoisyRun with three domains ("web", "code", "math"): each domain's loss
+// is the run's (common noise) at its own level with a little noise of its
+// own, and the run loss is their token-weighted mean.
+std::vector<StepSample> DomainRun(int64_t n, uint64_t seed) {
+  auto steps = NoisyRun(n, 0.01, 0, seed);
+  std::mt19937_64 rng(seed + 100);
+  std::normal_distribution<double> z(0, 1);
+  const char* names[] = {"web", "code", "math"};
+  const double level[] = {0.9, 1.0, 1.1};
+  for (StepSample& s : steps) {
+    for (int d = 0; d < 3; ++d) {
+      s.domains.push_back(DomainSample{names[d], s.loss * level[d] * (1 + 0.004 * z(rng)), 1000});
+    }
+  }
+  return steps;
+}
+
+// Sets the run loss to the token-weighted mean of the domain losses.
+void Remix(StepSample* s) {
+  double sum = 0;
+  int64_t tokens = 0;
+  for (const DomainSample& d : s->domains) {
+    sum += d.loss * static_cast<double>(d.tokens);
+    tokens += d.tokens;
+  }
+  s->loss = sum / static_cast<double>(tokens);
+}
+
+TEST(BlipTest, OneStepExcursionConcentratedInOneDomainOpensAnIncident) {
+  // A bad batch: the "code" domain's loss more than doubles for one step,
+  // the other domains and the grad norm stay calm. The run loss rises
+  // ~40 %, exactly as much as in the blip test above.
+  auto steps = DomainRun(4000, 21);
+  steps[3000].domains[1].loss *= 2.2;
+  Remix(&steps[3000]);
+  Seen seen = Watch(steps);
+  ASSERT_EQ(seen.incidents.size(), 1u);
+  EXPECT_EQ(seen.incidents[0].kind, MonitorEvent::kSpikeOnset);
+  EXPECT_EQ(seen.incidents[0].signal, "loss");
+  EXPECT_EQ(seen.incidents[0].onset_step, 3000);
+  EXPECT_EQ(seen.incidents[0].step, 3000);  // at once, not held
+  EXPECT_EQ(seen.incidents[0].corroborated_by, "domain_loss");
+  EXPECT_EQ(seen.incidents[0].domain, "code");
+  EXPECT_TRUE(seen.blips.empty());
+
+  // The per-domain rule is what opens it: switched off, it is a blip.
+  RunMonitor::Options no_domains;
+  no_domains.domain_z = 0;
+  const Seen off = Watch(steps, no_domains);
+  EXPECT_TRUE(off.incidents.empty());
+  ASSERT_EQ(off.blips.size(), 1u);
+  EXPECT_EQ(off.blips[0].onset_step, 3000);
+
+  // The same run rise spread evenly over the domains (every domain +40 %),
+  // nothing else corroborating: a blip, no incident.
+  auto spread = DomainRun(4000, 21);
+  for (DomainSample& d : spread[3000].domains) d.loss *= 1.4;
+  Remix(&spread[3000]);
+  EXPECT_NEAR(spread[3000].loss, steps[3000].loss, 0.01 * steps[3000].loss);
+  seen = Watch(spread);
+  EXPECT_TRUE(seen.incidents.empty()) << seen.incidents[0].corroborated_by;
+  ASSERT_EQ(seen.blips.size(), 1u);
+  EXPECT_EQ(seen.blips[0].onset_step, 3000);
+
+  // Two domains out of three carrying it is not one domain: a blip too.
+  auto two = DomainRun(4000, 21);
+  two[3000].domains[0].loss *= 1.6;
+  two[3000].domains[1].loss *= 1.6;
+  Remix(&two[3000]);
+  seen = Watch(two);
+  EXPECT_TRUE(seen.incidents.empty());
+  EXPECT_EQ(seen.blips.size(), 1u);
+}
+
+TEST(BlipTest, DomainSpikeFamilyIsCaughtOnlyWithPerDomainLosses) {
+  // The wild corpus's domain_spikes family (held-out seeds): its labeled
+  // bad batches are one-step excursions that only the per-domain losses
+  // corroborate; the same-sized even ones are unlabeled blips.
+  ScoreCounts on, off;
+  RunMonitor::Options no_domains;
+  no_domains.domain_z = 0;
+  for (uint64_t seed = 900000; seed < 900006; ++seed) {
+    const LabeledTrace t = GenerateWildTrace({WildFamily::kDomainSpikes, seed, 6000, 4});
+    ASSERT_FALSE(t.steps.empty());
+    ASSERT_GE(t.steps[100].domains.size(), 3u);
+    for (const auto& [o, c] : {std::pair{RunMonitor::Options{}, &on}, std::pair{no_domains, &off}}) {
+      auto alarms = RunDetector("spikeguard", t.steps, o);
+      ASSERT_TRUE(alarms.ok());
+      c->Add(ScoreTrace(*alarms, t.labels, static_cast<int64_t>(t.steps.size())));
+    }
+  }
+  ASSERT_GT(on.labels, 10);
+  EXPECT_GE(on.detected, on.labels * 9 / 10) << on.detected << "/" << on.labels;
+  EXPECT_LE(on.false_alarms, 1);
+  EXPECT_LE(off.detected, off.labels / 4) << off.detected << "/" << off.labels;
+}
+
 TEST(BlipTest, RepeatedBlipsEscalateToAnIncidentDatedAtTheFirst) {
   auto steps = NoisyRun(4000, 0.01, 0, 12);
   for (int64_t s : {3000, 3020, 3040}) steps[s].loss *= 1.4;

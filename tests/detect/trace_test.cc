@@ -141,6 +141,39 @@ TEST(TraceIoTest, JsonlRoundTripKeepsNonFiniteValuesAndLayers) {
   std::remove(path.c_str());
 }
 
+TEST(TraceIoTest, JsonlRoundTripKeepsPerDomainLosses) {
+  // The domain_spikes family carries per-domain losses; a trace file keeps
+  // them (domain_losses in proto JSON), so spikeguard-detect sees them too.
+  const auto t = GenerateWildTrace({WildFamily::kDomainSpikes, 900001, 1500, 2});
+  ASSERT_GE(t.steps[10].domains.size(), 3u);
+  const std::string path = TempPath("domains.jsonl");
+  ASSERT_TRUE(WriteTraceJsonl(path, t.steps).ok());
+  auto back = ReadTraceJsonl(path);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->size(), t.steps.size());
+  for (size_t i = 0; i < t.steps.size(); ++i) {
+    const auto& a = t.steps[i].domains;
+    const auto& b = (*back)[i].domains;
+    ASSERT_EQ(a.size(), b.size()) << i;
+    for (size_t d = 0; d < a.size(); ++d) {
+      EXPECT_EQ(a[d].domain, b[d].domain);
+      EXPECT_EQ(a[d].loss, b[d].loss);
+      EXPECT_EQ(a[d].tokens, b[d].tokens);
+    }
+  }
+  // The run loss is the token-weighted mean of the domains'.
+  double sum = 0;
+  int64_t tokens = 0;
+  for (const DomainSample& d : t.steps[10].domains) {
+    sum += d.loss * static_cast<double>(d.tokens);
+    tokens += d.tokens;
+  }
+  EXPECT_NEAR(sum / static_cast<double>(tokens), t.steps[10].loss, 1e-3 * t.steps[10].loss);
+  // Families without per-domain losses write none.
+  EXPECT_TRUE(GenerateWildTrace({WildFamily::kNoisyHealthy, 1000, 200, 2}).steps[5].domains.empty());
+  std::remove(path.c_str());
+}
+
 TEST(TraceIoTest, ReadsWorkerStyleLinesAndLetsALaterTimelineWin) {
   // What spikeguard-worker --telemetry-out writes (proto field names, all
   // fields), including a resumed run appended to the same file.

@@ -59,6 +59,12 @@ v1::StepReport ToStepReport(const StepSample& s) {
     l->set_act_rms(s.layers[i].act_rms);
     l->set_param_norm(s.layers[i].param_norm);
   }
+  for (const DomainSample& d : s.domains) {
+    v1::DomainLoss* dl = r.add_domain_losses();
+    dl->set_domain(d.domain);
+    dl->set_loss(d.loss);
+    dl->set_tokens(d.tokens);
+  }
   return r;
 }
 

@@ -116,6 +116,7 @@ const char* WildFamilyName(WildFamily f) {
     case WildFamily::kAttnGrowth: return "attn_growth";
     case WildFamily::kLseDrift: return "lse_drift";
     case WildFamily::kNanBursts: return "nan_bursts";
+    case WildFamily::kDomainSpikes: return "domain_spikes";
   }
   return "?";
 }
@@ -123,7 +124,8 @@ const char* WildFamilyName(WildFamily f) {
 std::vector<WildFamily> AllWildFamilies() {
   return {WildFamily::kNoisyHealthy,    WildFamily::kLevelShifts,     WildFamily::kBatchRamp,
           WildFamily::kIrregularSpikes, WildFamily::kGradDivergence,  WildFamily::kRatioDivergence,
-          WildFamily::kAttnGrowth,      WildFamily::kLseDrift,        WildFamily::kNanBursts};
+          WildFamily::kAttnGrowth,      WildFamily::kLseDrift,        WildFamily::kNanBursts,
+          WildFamily::kDomainSpikes};
 }
 
 absl::StatusOr<WildFamily> ParseWildFamily(std::string_view name) {
@@ -167,6 +169,10 @@ LabeledTrace GenerateWildTrace(const WildOptions& o) {
   }
 
   Mods m(n, layers);
+  // domain_spikes: one-step excursions, by step: the domain that holds the
+  // excess (-1: all alike) and the run loss's relative rise.
+  std::vector<int> dom_at(n, -2);
+  std::vector<double> dom_rise(n, 0.0);
   const int64_t lo = std::max<int64_t>(1200, warm + 600);
   auto pick_layers = [&](int k) {
     std::vector<int> out;
@@ -277,6 +283,20 @@ LabeledTrace GenerateWildTrace(const WildOptions& o) {
       Spike(rng, p, amp, rng.Int(5, 40), rng.Int(0, 8), &m, &t.labels);
       break;
     }
+    case WildFamily::kDomainSpikes: {
+      for (int64_t p : Place(rng, static_cast<int>(std::max<int64_t>(3, n / 800)), lo, n - 150, 300)) {
+        const bool data = rng.U() < 0.6;
+        dom_at[p] = data ? 0 : -1;  // the domain is drawn with the domains below
+        dom_rise[p] = rng.LogU(std::max(0.2, 10 * sigma), 1.0);
+        if (data) {
+          m.grad[p] *= rng.U(1.0, 2.0);
+          t.labels.push_back(Label{Label::kSpike, p, p, std::min(n - 1, p + 1), "loss", -1});
+        } else {
+          m.loss_add[p] += dom_rise[p];
+        }
+      }
+      break;
+    }
     case WildFamily::kNanBursts: {
       for (int64_t p : Place(rng, static_cast<int>(rng.Int(1, 3)), lo, n - 100, 800)) {
         const int64_t len = rng.Int(1, 4);
@@ -330,6 +350,37 @@ LabeledTrace GenerateWildTrace(const WildOptions& o) {
       for (int l = 0; l < layers; ++l) x.layers[l].grad_norm = NAN;
     }
   }
+  if (o.family == WildFamily::kDomainSpikes) {
+    // Per-domain losses from a stream of their own (the run's draws above
+    // are those of every family).
+    Rng drng(o.seed * 0x9E3779B97F4A7C15ULL + 0xD0);
+    static constexpr const char* kNames[] = {"web", "code", "books", "math", "wiki"};
+    const int nd = static_cast<int>(drng.Int(3, 5));
+    std::vector<double> share(nd), level(nd);
+    double ssum = 0, lsum = 0;
+    for (int d = 0; d < nd; ++d) ssum += share[d] = drng.U(0.5, 2.0);
+    for (int d = 0; d < nd; ++d) {
+      share[d] /= ssum;
+      lsum += share[d] * (level[d] = drng.U(0.7, 1.3));
+    }
+    for (int d = 0; d < nd; ++d) level[d] /= lsum;  // Σ share·level = 1
+    const double own = drng.U(0.2, 0.5) * sigma;    // each domain's own noise
+    for (int64_t i = 0; i < n; ++i) {
+      StepSample& x = t.steps[i];
+      if (!std::isfinite(x.loss)) continue;
+      const int hit = dom_at[i] == 0 ? static_cast<int>(drng.Int(0, nd - 1)) : -1;
+      x.domains.resize(nd);
+      double total = 0;
+      for (int d = 0; d < nd; ++d) {
+        double v = x.loss * level[d] * (1 + own * drng.N());
+        // The whole rise in one domain's share of the batch.
+        if (d == hit) v *= 1 + dom_rise[i] / (share[d] * level[d]);
+        x.domains[d] = DomainSample{kNames[d], v, static_cast<int64_t>(std::lround(4096 * share[d]))};
+        total += share[d] * v;
+      }
+      x.loss = total;
+    }
+  }
   std::sort(t.labels.begin(), t.labels.end(),
             [](const Label& a, const Label& b) { return a.onset < b.onset; });
   return t;
@@ -346,7 +397,7 @@ std::vector<LabeledTrace> WildCorpus(CorpusSplit split, double scale) {
       {WildFamily::kBatchRamp, 4, 10000},      {WildFamily::kIrregularSpikes, 8, 6000},
       {WildFamily::kGradDivergence, 6, 4000},  {WildFamily::kRatioDivergence, 6, 4000},
       {WildFamily::kAttnGrowth, 6, 6000},      {WildFamily::kLseDrift, 6, 5000},
-      {WildFamily::kNanBursts, 5, 5000},
+      {WildFamily::kNanBursts, 5, 5000},       {WildFamily::kDomainSpikes, 6, 6000},
   };
   const uint64_t base = split == CorpusSplit::kTuning ? 1000 : 900000;
   std::vector<LabeledTrace> out;

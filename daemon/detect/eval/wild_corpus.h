@@ -33,6 +33,17 @@
 //   lse_drift         the output log-sum-exp drifts up by 3–10 over 300–1500
 //                     steps, then a sharp spike
 //   nan_bursts        1–3 bursts of 1–4 non-finite steps
+//   domain_spikes     per-domain losses (3–5 domains, token shares and loss
+//                     levels of their own, a little independent noise beside
+//                     the run's common noise; the run loss is their
+//                     token-weighted mean) with one-step excursions every
+//                     300+ steps: bad batches (≈60 %, labeled) lift one
+//                     domain's loss so that the run loss rises by
+//                     max(20 %, 10 noise scales) … 100 % for one step, the
+//                     grad norm at most ×2; the rest (unlabeled) lift every
+//                     domain alike by the same amounts — an eval or logging
+//                     glitch, a blip. Only the per-domain losses tell them
+//                     apart. The other families carry no per-domain losses.
 // Precursor labels (signal, layer, onset = where the build starts, peak = the
 // event it announces) sit beside the event labels of the slow-build families
 // (grad_divergence, ratio_divergence, attn_growth, lse_drift).
@@ -64,6 +75,7 @@ enum class WildFamily {
   kAttnGrowth,
   kLseDrift,
   kNanBursts,
+  kDomainSpikes,
 };
 
 const char* WildFamilyName(WildFamily f);

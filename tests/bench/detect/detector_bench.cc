@@ -237,6 +237,11 @@ std::string Ablation(const std::string& name, const std::vector<LabeledTrace>& c
     o.precursor.slow_window = 0;
     variants.push_back({"all but the slow-build precursor rule", o});
   }
+  {
+    RunMonitor::Options o;
+    o.domain_z = 0;
+    variants.push_back({"all but per-domain corroboration", o});
+  }
   variants.push_back({"all (default)", RunMonitor::Options{}});
   std::string md = absl::StrFormat(
       "\n#### Ablation (%s): spikeguard with rules switched off\n\n| variant | F1 | false alarms / "
