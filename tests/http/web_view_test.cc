@@ -148,6 +148,8 @@ TEST_F(WebViewE2E, IncidentPagesInABrowserAndMetricsWithTlsAndTokens) {
   EXPECT_THAT(text, Not(HasSubstr("spikeguard_rewinds_total 0\n")));
   EXPECT_THAT(text, Not(HasSubstr("spikeguard_reports_ingested_total 0\n")));
   EXPECT_THAT(text, Not(HasSubstr("step=")));
+  // The catalog-derived values come from a snapshot read once a second.
+  EXPECT_THAT(text, ::testing::ContainsRegex("\nspikeguard_metrics_catalog_reads_total [1-9]"));
   // Every metric the Grafana dashboard queries is exposed.
   std::set<std::string> exposed;
   const std::regex type_line("# TYPE (spikeguard_[a-z_]+) (counter|gauge|histogram)");
@@ -185,6 +187,11 @@ TEST_F(WebViewE2E, IncidentPagesInABrowserAndMetricsWithTlsAndTokens) {
   EXPECT_THAT(page, HasSubstr("data-name=\"skip (gen "));
   EXPECT_THAT(page, HasSubstr("data-name=\"replay (gen "));
   EXPECT_THAT(page, HasSubstr(absl::StrCat("culprit batch (step ")));
+  // Per-layer plots: every probe on one layer (the one that moved first, or
+  // the original's largest), not a max over layers.
+  EXPECT_EQ(Count(page, "<title>max attention logit per layer — probes on layer "), 1);
+  EXPECT_THAT(page, ::testing::ContainsRegex("data-name=\"skip \\(gen [0-9]+\\), layer [0-9]+\""));
+  EXPECT_THAT(page, Not(HasSubstr("max over layers")));
   EXPECT_THAT(page, HasSubstr(absl::StrCat("position ", incident.culprit_positions(0), ")")));
   EXPECT_THAT(page, HasSubstr("id=\"culprit-positions\">" + absl::StrCat(incident.culprit_positions(0))));
   ASSERT_GT(incident.documents_size(), 0);
