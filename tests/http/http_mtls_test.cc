@@ -28,16 +28,19 @@ const char kViewer[] = "viewer-token-mtls-00000000000000000000000000000000000000
 
 class HttpMtlsTest : public ::testing::Test {
  protected:
-  void SetUp() override {
+  void SetUp() override { Start(/*mutual=*/true); }
+
+  void Start(bool mutual) {
+    daemon_.reset();
     ASSERT_FALSE(certs_.dir.empty());
     std::ofstream(dir_.File("tokens")) << "carol viewer * " << HashToken(kViewer) << "\n";
     daemon::Daemon::Options options;
     options.listen = "127.0.0.1:0";
-    options.data_dir = dir_.File("data");
+    options.data_dir = dir_.File(mutual ? "data" : "data-tls");
     options.tokens_file = dir_.File("tokens");
     options.tls_cert_file = certs_.Path("server.pem");
     options.tls_key_file = certs_.Path("server.key");
-    options.tls_client_ca_file = certs_.Path("ca.pem");
+    if (mutual) options.tls_client_ca_file = certs_.Path("ca.pem");
     options.http_listen = "127.0.0.1:0";
     auto d = daemon::Daemon::Start(options);
     ASSERT_TRUE(d.ok()) << d.status();
@@ -138,6 +141,20 @@ TEST_F(HttpMtlsTest, ACertificateAnotherCaSignedIsRefused) {
   auto ok = Client(certs_.Path("client.pem"), certs_.Path("client.key"))->Get("/healthz");
   ASSERT_TRUE(ok) << httplib::to_string(ok.error());
   EXPECT_EQ(ok->status, 200);
+}
+
+// The control: the same clients against plain TLS (no client CA) get their
+// answers, so the refusals above come from mutual TLS, not from the clients.
+TEST_F(HttpMtlsTest, WithoutAClientCaTheSameClientsAreServed) {
+  MakeRogueCertificates();
+  Start(/*mutual=*/false);
+  ASSERT_NE(daemon_, nullptr);
+  for (const std::string name : {"", "rogue"}) {
+    auto client = name.empty() ? Client() : Client(dir_.File(name + ".pem"), dir_.File(name + ".key"));
+    auto res = client->Get("/healthz");
+    ASSERT_TRUE(res) << name << ": " << httplib::to_string(res.error());
+    EXPECT_EQ(res->status, 200);
+  }
 }
 
 }  // namespace
