@@ -19,8 +19,13 @@
 #include "base/logging.h"
 #include "daemon/daemon.h"
 #include "daemon/incident/policy.h"
+#include "daemon/launch/launcher.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070", "HOST:PORT to serve on (port 0: pick one)");
+ABSL_FLAG(std::string, advertise_address, "",
+          "HOST[:PORT] the workers the daemon launches dial ({addr}, SPIKEGUARD_ADDR): this "
+          "node's name or address as other nodes reach it (port: --listen's). Default: "
+          "127.0.0.1 and the bound port, which only works when every rank runs on this node");
 ABSL_FLAG(std::string, data_dir, "./spikeguard-data", "directory of the catalog and daemon files");
 ABSL_FLAG(std::string, catalog, "", "catalog path (default DATA_DIR/catalog.db)");
 ABSL_FLAG(std::string, port_file, "", "write the bound port to this file once serving");
@@ -82,6 +87,15 @@ int main(int argc, char** argv) {
   spikeguard::daemon::Daemon::Options options;
   options.listen = absl::GetFlag(FLAGS_listen);
   options.data_dir = absl::GetFlag(FLAGS_data_dir);
+  {
+    auto advertised = spikeguard::daemon::ResolveAdvertiseAddress(
+        absl::GetFlag(FLAGS_advertise_address), options.listen);
+    if (!advertised.ok()) {
+      std::cerr << "spikeguardd: " << advertised.status().message() << "\n";
+      return 2;
+    }
+    options.advertise_address = *advertised;
+  }
   options.catalog_path = absl::GetFlag(FLAGS_catalog);
   options.launch_profiles_file = absl::GetFlag(FLAGS_launch_profiles);
   options.limits.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);

@@ -5,6 +5,7 @@
 #include <sstream>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -20,6 +21,95 @@
 namespace spikeguard::daemon {
 
 namespace v1 = spikeguard::v1;
+
+namespace {
+
+// "HOST:PORT" / "[V6]:PORT" / "HOST" / "[V6]" split; port "" when absent.
+// False when the brackets are unbalanced or an unbracketed host has a ':'
+// left (a bare IPv6 address, where the port would be ambiguous).
+bool SplitHostPort(const std::string& text, std::string* host, std::string* port) {
+  if (!text.empty() && text[0] == '[') {
+    const size_t close = text.find(']');
+    if (close == std::string::npos) return false;
+    *host = text.substr(0, close + 1);
+    const std::string rest = text.substr(close + 1);
+    if (rest.empty()) {
+      port->clear();
+      return true;
+    }
+    if (rest[0] != ':') return false;
+    *port = rest.substr(1);
+    return true;
+  }
+  const size_t colon = text.rfind(':');
+  if (colon == std::string::npos) {
+    *host = text;
+    port->clear();
+    return true;
+  }
+  *host = text.substr(0, colon);
+  *port = text.substr(colon + 1);
+  return host->find(':') == std::string::npos;
+}
+
+bool HostnameOk(const std::string& host) {
+  if (host.empty() || host.size() > 253 || host.front() == '-' || host.front() == '.') return false;
+  for (char c : host) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '.' && c != '_') {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool BracketedV6Ok(const std::string& host) {
+  if (host.size() < 4 || host.front() != '[' || host.back() != ']') return false;
+  for (size_t i = 1; i + 1 < host.size(); ++i) {
+    const char c = host[i];
+    if (!absl::ascii_isxdigit(static_cast<unsigned char>(c)) && c != ':' && c != '.') return false;
+  }
+  return host.find(':') != std::string::npos;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ResolveAdvertiseAddress(const std::string& flag,
+                                                    const std::string& listen) {
+  if (flag.empty()) return std::string();
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat("--advertise-address '", flag, "': ", why));
+  };
+  std::string host;
+  std::string port;
+  if (!SplitHostPort(flag, &host, &port)) {
+    return bad("not HOST or HOST:PORT (write an IPv6 address in brackets: [fd00::1]:7070)");
+  }
+  const bool v6 = !host.empty() && host[0] == '[';
+  if (v6 ? !BracketedV6Ok(host) : !HostnameOk(host)) {
+    return bad("the host must be a host name, an IPv4 address or a bracketed IPv6 address");
+  }
+  if (host == "0.0.0.0" || host == "[::]" || host == "[::0]" || host == "[0::0]") {
+    return bad("an unspecified address is where the daemon listens, not one a worker can dial; "
+               "give this node's name or address");
+  }
+  if (port.empty() && flag.back() != ':') {
+    std::string listen_host;
+    if (!SplitHostPort(listen, &listen_host, &port) || port.empty()) {
+      return bad(absl::StrCat("no port given, and --listen '", listen, "' names none"));
+    }
+    int listen_port = 0;
+    if (!absl::SimpleAtoi(port, &listen_port) || listen_port == 0) {
+      return bad(absl::StrCat("no port given, and --listen '", listen,
+                              "' picks one at startup: give the port (HOST:PORT)"));
+    }
+  }
+  int p = 0;
+  if (!absl::SimpleAtoi(port, &p) || p < 1 || p > 65535 ||
+      port.find_first_not_of("0123456789") != std::string::npos) {
+    return bad(absl::StrCat("port '", port, "' is not 1-65535"));
+  }
+  return absl::StrCat(host, ":", p);
+}
 
 absl::StatusOr<ResumePoint> ChooseResumePoint(storage::Catalog* catalog,
                                               CheckpointGuard* checkpoints, const std::string& run,

@@ -76,6 +76,16 @@ class ProfileLauncher : public Launcher {
   Launcher* const slurm_;
 };
 
+// spikeguardd --advertise-address: the address workers on other nodes dial
+// ({addr} in a profile's argv, SPIKEGUARD_ADDR). `flag` is HOST or HOST:PORT
+// (an IPv6 address in brackets: [fd00::1]:7070); without a port, the port of
+// `listen` (HOST:PORT), which must then be fixed (not 0). Returns "HOST:PORT",
+// or "" for an empty flag (the default: 127.0.0.1 and the bound port, one
+// node only). INVALID_ARGUMENT naming the flag when it is not an address a
+// worker can dial (empty host, bad port, 0.0.0.0 or [::], a bare IPv6).
+absl::StatusOr<std::string> ResolveAdvertiseAddress(const std::string& flag,
+                                                    const std::string& listen);
+
 // Field 22 of /proc/PID/stat (the start time in clock ticks since boot), or
 // NOT_FOUND when there is no such process. A pid reused by another process
 // has another start time.

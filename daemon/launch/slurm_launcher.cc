@@ -1,7 +1,11 @@
 #include "daemon/launch/slurm_launcher.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <filesystem>
 #include <fstream>
@@ -30,6 +34,34 @@ std::string BesideThisProgram(const std::string& name) {
 }
 
 bool RunOver(const std::string& state) { return state == "finished" || state == "failed"; }
+
+// Writes `token` to `path`, readable by this user only (0600 whatever the
+// umask), atomically (a task reading it sees the old or the new file).
+absl::Status WriteTokenFile(const std::string& path, const std::string& token) {
+  const std::string tmp = path + ".tmp";
+  unlink(tmp.c_str());
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) {
+    return absl::UnavailableError(absl::StrCat("cannot create ", tmp, ": ", std::strerror(errno)));
+  }
+  const std::string text = token + "\n";
+  bool ok = fchmod(fd, 0600) == 0;
+  size_t done = 0;
+  while (ok && done < text.size()) {
+    const ssize_t n = write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    ok = n > 0;
+    if (ok) done += static_cast<size_t>(n);
+  }
+  ok = ok && fsync(fd) == 0;
+  ok = (close(fd) == 0) && ok;
+  if (!ok || rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    unlink(tmp.c_str());
+    return absl::UnavailableError(absl::StrCat("cannot write the worker token file ", path, ": ", why));
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -61,6 +93,10 @@ void SlurmLauncher::SetDaemonAddress(const std::string& address) {
 void SlurmLauncher::StopAll(absl::Duration) {
   absl::MutexLock lock(&mu_);
   stopping_ = true;
+}
+
+std::string SlurmLauncher::TokenFile(const std::string& run) const {
+  return (std::filesystem::path(options_.data_dir) / "runs" / run / "worker.token").string();
 }
 
 std::optional<SlurmLauncher::JobView> SlurmLauncher::View(const std::string& run) {
@@ -176,12 +212,20 @@ absl::Status SlurmLauncher::Submit(const std::string& run, Run& r, bool restart)
       {"SPIKEGUARD_RUN", run},
       {"SPIKEGUARD_GENERATION", absl::StrCat(point.generation)}};
   for (const auto& [k, v] : options_.daemon_env) ours[k] = v;
-  if (options_.worker_token) {
-    if (std::string token = options_.worker_token(run); !token.empty()) {
-      ours["SPIKEGUARD_TOKEN"] = token;
-    }
+  // The token never travels in the job's environment (Slurm keeps that in
+  // its job record and state files, and `scontrol show job` users may see
+  // it): the tasks read it from a file only this user can read.
+  const std::string token_file = TokenFile(run);
+  std::string token = options_.worker_token ? options_.worker_token(run) : "";
+  if (!token.empty()) {
+    SG_RETURN_IF_ERROR(WriteTokenFile(token_file, token));
+    ours["SPIKEGUARD_TOKEN_FILE"] = token_file;
+  } else {
+    unlink(token_file.c_str());
   }
   sub.env = command.env;
+  // SPIKEGUARD_TOKEN would win over the file in the worker.
+  sub.env.erase("SPIKEGUARD_TOKEN");
   for (const auto& [k, v] : ours) sub.env[k] = v;
 
   auto id = slurm_.Submit(sub);
@@ -256,6 +300,8 @@ void SlurmLauncher::Finish(const std::string& run, Run& r, const std::string& st
   r.finished = true;
   (void)catalog_->SetRunState(run, state);
   (void)catalog_->DeleteLaunches(run, kSlot);
+  // No job of the run runs any more: its token file goes.
+  unlink(TokenFile(run).c_str());
   if (state == "failed") {
     SG_LOG(ERROR) << "run " << run << " failed: " << reason;
     (void)catalog_->AppendAudit("launcher", "run-failed", run, reason);

@@ -14,8 +14,16 @@
 // DATA_DIR/runs/RUN/slurm-N.sbatch and submits it with `sbatch --parsable`:
 // --nodes/--ntasks-per-node/--partition/--account/--time from the profile,
 // its allow-listed extra options, --export of exactly the run's environment
-// (the profile's plus SPIKEGUARD_ADDR/RUN/GENERATION/TOKEN and the TLS
-// variables), output in DATA_DIR/runs/RUN/slurm-JOBID.out. Every task runs
+// (the profile's plus SPIKEGUARD_ADDR/RUN/GENERATION/TOKEN_FILE and the TLS
+// variables), output in DATA_DIR/runs/RUN/slurm-JOBID.out. The worker token
+// itself is never in the job's environment (Slurm stores that in its job
+// record): it is written to DATA_DIR/runs/RUN/worker.token, mode 0600 (the
+// job runs as the daemon's user), named by SPIKEGUARD_TOKEN_FILE, and removed
+// when the run finishes or fails. With several nodes DATA_DIR/runs must be on
+// a file system the nodes share (the job's output is written there too).
+// SPIKEGUARD_ADDR and {addr} are the daemon's advertised address
+// (spikeguardd --advertise-address; default 127.0.0.1:PORT, one node only).
+// Every task runs
 // the profile's argv with {resume} {plan} {generation} {addr} filled in by
 // the daemon and {rank} {local_rank} {world_size} by the task from Slurm's
 // environment (with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR = the first
@@ -104,6 +112,10 @@ class SlurmLauncher : public Launcher {
   absl::StatusOr<int> AdoptRecorded();
 
   std::optional<JobView> View(const std::string& run);
+
+  // Where the run's worker token is written for its tasks
+  // (DATA_DIR/runs/RUN/worker.token, mode 0600; SPIKEGUARD_TOKEN_FILE).
+  std::string TokenFile(const std::string& run) const;
 
  private:
   struct Run {

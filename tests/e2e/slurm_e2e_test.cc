@@ -10,10 +10,14 @@
 // Prints the time from scancel to the restarted job's first report and the
 // time to verdict.
 #include <stdlib.h>
+#include <sys/stat.h>
+
+#include <filesystem>
 
 #include <fstream>
 #include <regex>
 
+#include "absl/strings/ascii.h"
 #include "tests/e2e/incident_fixture.h"
 #include "tests/slurm/slurm_cluster.h"
 
@@ -21,6 +25,19 @@ namespace spikeguard::testing {
 namespace {
 
 using ::testing::HasSubstr;
+
+// Every regular file under `root` whose bytes contain `needle`.
+std::vector<std::string> FilesUnder(const std::string& root, const std::string& needle) {
+  std::vector<std::string> found;
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(root, ec);
+       !ec && it != std::filesystem::end(it); it.increment(ec)) {
+    if (it->is_regular_file(ec) && ReadFile(it->path().string()).find(needle) != std::string::npos) {
+      found.push_back(it->path().string());
+    }
+  }
+  return found;
+}
 
 class SlurmE2E : public IncidentE2E {
  protected:
@@ -158,6 +175,20 @@ TEST_F(SlurmE2E, ScancelMidRunRestartsTheJobFromItsNewestCheckpoint) {
   ASSERT_GE(run.last_step(), 250);
   const std::string first = RunningJob();
   ASSERT_FALSE(first.empty());
+  // The worker authenticated (its reports were accepted) with the token from
+  // its 0600 file; the token is nowhere in Slurm's job record or state.
+  const std::string token_file = absl::StrCat(cluster_.data_dir(), "/runs/relaunch/worker.token");
+  struct stat st {};
+  ASSERT_EQ(stat(token_file.c_str(), &st), 0) << token_file;
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  const std::string token(absl::StripAsciiWhitespace(ReadFile(token_file)));
+  ASSERT_GE(token.size(), 16u);
+  EXPECT_THAT(FilesUnder(slurm_->root(), "SPIKEGUARD_TOKEN_FILE=" + token_file),
+              ::testing::Not(::testing::IsEmpty()))
+      << "Slurm's state keeps the job's environment";
+  EXPECT_THAT(FilesUnder(slurm_->root(), token), ::testing::IsEmpty());
+  EXPECT_THAT(slurm_->Run({"/usr/bin/scontrol", "show", "job", "-dd", first})->out,
+              ::testing::Not(HasSubstr(token)));
   const absl::Time cancelled = absl::Now();
   ASSERT_EQ(slurm_->Run({"/usr/bin/scancel", first})->exit_code, 0);
   // Once the first job has ended, any report comes from the next one.
@@ -189,6 +220,7 @@ TEST_F(SlurmE2E, ScancelMidRunRestartsTheJobFromItsNewestCheckpoint) {
   ASSERT_TRUE(cluster_.SpikectlJson({"telemetry", "--run", "relaunch", "--limit", "1000"}, "t",
                                     &telemetry));
   EXPECT_EQ(telemetry.records_size(), 600);
+  EXPECT_FALSE(std::filesystem::exists(token_file)) << "removed when the run finished";
   std::printf("[measure] scancel -> restarted job's first report: %.2f s\n",
               absl::ToDoubleSeconds(to_first_report));
 }

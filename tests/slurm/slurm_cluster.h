@@ -143,6 +143,8 @@ class SlurmCluster {
   const std::string& error() const { return error_; }
   std::map<std::string, std::string> env() const { return {{"SLURM_CONF", conf_}}; }
   std::string log(const std::string& name) const { return ReadFile(root_ + "/log/" + name); }
+  // The cluster's directory (state, spool, logs).
+  const std::string& root() const { return root_; }
 
   absl::StatusOr<SubprocessResult> Run(std::vector<std::string> argv) const {
     SubprocessOptions o;

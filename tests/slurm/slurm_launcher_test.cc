@@ -6,6 +6,7 @@
 // argv and torch.distributed's variables to OUT/task-JOB-RANK, then waits
 // while OUT/mode says "sleep" and exits with the number it says otherwise.
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "base/clock.h"
+#include "base/subprocess.h"
 #include "daemon/ingest/run_registry.h"
 #include "daemon/launch/checkpoint_guard.h"
 #include "daemon/launch/launch_profiles.h"
@@ -46,8 +48,11 @@ name = "task-%s-%s" % (os.environ.get("SLURM_JOB_ID", "local%d" % os.getpid()), 
 with open(os.path.join(out, name + ".tmp"), "w") as f:
     f.write("\n".join(sys.argv[2:]) + "\n")
     for k in ["RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
-              "SPIKEGUARD_RUN", "SPIKEGUARD_GENERATION", "SPIKEGUARD_ADDR", "FROM_PROFILE"]:
+              "SPIKEGUARD_RUN", "SPIKEGUARD_GENERATION", "SPIKEGUARD_ADDR", "FROM_PROFILE",
+              "SPIKEGUARD_TOKEN", "SPIKEGUARD_TOKEN_FILE"]:
         f.write("%s=%s\n" % (k, os.environ.get(k, "")))
+    if os.environ.get("SPIKEGUARD_TOKEN_FILE"):
+        f.write("TOKEN_FROM_FILE=%s\n" % open(os.environ["SPIKEGUARD_TOKEN_FILE"]).read().strip())
 os.rename(os.path.join(out, name + ".tmp"), os.path.join(out, name))
 while True:
     mode = open(os.path.join(out, "mode")).read().strip()
@@ -102,6 +107,7 @@ class LauncherFixture : public ::testing::Test {
         argv: "/usr/bin/python3" argv: ")pb", dir_.File("task.py"), R"pb(" argv: ")pb", out_, R"pb("
         argv: "rank={rank}" argv: "local={local_rank}" argv: "world={world_size}"
         argv: "gen={generation}" argv: "plan={plan}" argv: "--resume={resume}"
+        argv: "addr={addr}"
         env { key: "FROM_PROFILE" value: "yes" }
         checkpoint_root: ")pb", dir_.File("ckpt"), R"pb(/{run}"
         max_restarts: )pb", max_restarts, "\n", slurm_block, "\n}\n");
@@ -218,6 +224,53 @@ TEST(SlurmCliErrors, AMissingScontrolIsUnreachableNotAForgottenJob) {
   EXPECT_THAT(job.status().message(), HasSubstr("cannot ask Slurm about job 42"));
 }
 
+// --- spikeguardd --advertise-address --------------------------------------------
+
+TEST(AdvertiseAddress, HostAndPortAreResolvedAndTheDefaultStaysLoopback) {
+  EXPECT_EQ(*ResolveAdvertiseAddress("", "0.0.0.0:7070"), "") << "default: 127.0.0.1:PORT";
+  EXPECT_EQ(*ResolveAdvertiseAddress("node07.cluster:7443", "0.0.0.0:7070"), "node07.cluster:7443");
+  EXPECT_EQ(*ResolveAdvertiseAddress("10.1.2.3", "0.0.0.0:7070"), "10.1.2.3:7070")
+      << "no port: --listen's";
+  EXPECT_EQ(*ResolveAdvertiseAddress("[fd00::1]", "[::]:7071"), "[fd00::1]:7071");
+  EXPECT_EQ(*ResolveAdvertiseAddress("[fd00::1]:9000", "[::]:7071"), "[fd00::1]:9000");
+}
+
+TEST(AdvertiseAddress, WhatAWorkerCannotDialIsRefusedNamingTheFlag) {
+  auto refused = [](const std::string& flag, const std::string& listen, const std::string& why) {
+    auto r = ResolveAdvertiseAddress(flag, listen);
+    ASSERT_FALSE(r.ok()) << flag << " -> " << *r;
+    EXPECT_TRUE(absl::IsInvalidArgument(r.status()));
+    EXPECT_THAT(r.status().message(), HasSubstr("--advertise-address '" + flag + "'"));
+    EXPECT_THAT(r.status().message(), HasSubstr(why)) << flag;
+  };
+  refused("node1:0", "0.0.0.0:7070", "port '0' is not 1-65535");
+  refused("node1:70000", "0.0.0.0:7070", "is not 1-65535");
+  refused("node1:http", "0.0.0.0:7070", "port 'http'");
+  refused("node1:", "0.0.0.0:7070", "is not 1-65535");
+  refused(":7070", "0.0.0.0:7070", "must be a host name");
+  refused("no de", "0.0.0.0:7070", "must be a host name");
+  refused("node;rm", "0.0.0.0:7070", "must be a host name");
+  refused("fd00::1", "0.0.0.0:7070", "in brackets");
+  refused("[fd00::1", "0.0.0.0:7070", "in brackets");
+  refused("[zz::1]:7070", "0.0.0.0:7070", "bracketed IPv6");
+  refused("0.0.0.0:7070", "0.0.0.0:7070", "unspecified address");
+  refused("[::]", "[::]:7070", "unspecified address");
+  refused("node1", "0.0.0.0:0", "picks one at startup: give the port");
+}
+
+TEST(AdvertiseAddress, SpikeguarddRefusesABadFlagAtStartup) {
+  TempDir dir;
+  SubprocessOptions o;
+  o.timeout = absl::Seconds(20);
+  auto r = RunSubprocess({SPIKEGUARDD, "--listen=127.0.0.1:0", "--data-dir=" + dir.File("d"),
+                          "--advertise-address=node1"},
+                         o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->exit_code, 2) << r->err;
+  EXPECT_THAT(r->err, HasSubstr("spikeguardd: --advertise-address 'node1': no port given"));
+  EXPECT_FALSE(fs::exists(dir.File("d/catalog.db"))) << "refused before anything starts";
+}
+
 // --- Against a real Slurm -----------------------------------------------------
 
 class SlurmLauncherTest : public LauncherFixture {
@@ -233,10 +286,14 @@ class SlurmLauncherTest : public LauncherFixture {
     if (cluster_) cluster_->Stop();
   }
 
-  std::unique_ptr<SlurmLauncher> NewLauncher() {
+  std::unique_ptr<SlurmLauncher> NewLauncher(const std::string& address = "127.0.0.1:1",
+                                            const std::string& token = "") {
     SlurmLauncher::Options o;
     o.data_dir = dir_.path();
-    o.daemon_address = "127.0.0.1:1";
+    o.daemon_address = address;
+    if (!token.empty()) {
+      o.worker_token = [token](const std::string&) { return token; };
+    }
     o.poll = absl::Milliseconds(200);
     o.profiles = profiles_.get();
     o.checkpoints = guard_.get();
@@ -305,6 +362,60 @@ TEST_F(SlurmLauncherTest, AJobRunsEveryTaskWithItsRankAndTheRunsPlaceholdersAndF
       << RunState("r1");
   EXPECT_EQ(launcher_->View("r1")->state, "COMPLETED");
   EXPECT_TRUE(catalog_->ListLaunches()->empty()) << "a finished run leaves nothing to adopt";
+}
+
+// Every regular file under `root` whose bytes contain `needle`.
+std::vector<std::string> FilesHolding(const std::string& root, const std::string& needle) {
+  std::vector<std::string> found;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(root, ec); !ec && it != fs::end(it);
+       it.increment(ec)) {
+    if (!it->is_regular_file(ec)) continue;
+    if (ReadFile(it->path().string()).find(needle) != std::string::npos) {
+      found.push_back(it->path().string());
+    }
+  }
+  return found;
+}
+
+TEST_F(SlurmLauncherTest, TasksDialTheAdvertisedAddressAndReadTheTokenFromAFileNotTheJobEnv) {
+  LoadProfiles(Profile("slurm2", R"pb(slurm { tasks_per_node: 2 })pb", 2));
+  CreateRun("r5", "slurm2", 2);
+  const std::string token = "sgw1:r5:0123456789abcdef-not-for-slurm";
+  launcher_ = NewLauncher("head-node.example:7443", token);
+  ASSERT_TRUE(launcher_->Launch("r5").ok());
+  const int64_t job = JobOf("r5");
+  ASSERT_TRUE(TasksStarted(job, 2)) << ReadFile(dir_.File(absl::StrCat("runs/r5/slurm-", job, ".out")));
+  const std::string token_file = launcher_->TokenFile("r5");
+  EXPECT_EQ(token_file, dir_.File("runs/r5/worker.token"));
+  for (const auto& [rank, f] : TaskFiles(out_, job)) {
+    // {addr} and SPIKEGUARD_ADDR are the advertised address, not loopback.
+    EXPECT_THAT(f, HasSubstr("\naddr=head-node.example:7443\n")) << "rank " << rank;
+    EXPECT_THAT(f, HasSubstr("SPIKEGUARD_ADDR=head-node.example:7443\n")) << "rank " << rank;
+    // The token reaches the task through the file only.
+    EXPECT_THAT(f, HasSubstr("\nSPIKEGUARD_TOKEN=\n")) << "rank " << rank;
+    EXPECT_THAT(f, HasSubstr("SPIKEGUARD_TOKEN_FILE=" + token_file + "\n")) << "rank " << rank;
+    EXPECT_THAT(f, HasSubstr("TOKEN_FROM_FILE=" + token + "\n")) << "rank " << rank;
+  }
+  struct stat st {};
+  ASSERT_EQ(stat(token_file.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  EXPECT_EQ(st.st_uid, geteuid());
+  EXPECT_EQ(ReadFile(token_file), token + "\n");
+  // Nowhere in what the daemon wrote for Slurm, nor in Slurm's own state
+  // (the job record keeps the job's environment: SPIKEGUARD_TOKEN_FILE is
+  // there, the token is not).
+  EXPECT_THAT(ReadFile(dir_.File("runs/r5/slurm-0.sbatch")), ::testing::Not(HasSubstr(token)));
+  EXPECT_THAT(FilesHolding(cluster_->root(), "SPIKEGUARD_TOKEN_FILE=" + token_file),
+              ::testing::Not(::testing::IsEmpty()))
+      << "Slurm's state holds the job's environment (else this test proves nothing)";
+  EXPECT_THAT(FilesHolding(cluster_->root(), token), ::testing::IsEmpty());
+  EXPECT_THAT(FilesHolding(cluster_->root(), "SPIKEGUARD_TOKEN="), ::testing::IsEmpty());
+  // The run ends: its token file goes.
+  Write(out_ + "/mode", "0");
+  ASSERT_TRUE(SlurmCluster::WaitFor([&] { return RunState("r5") == "finished"; }, absl::Seconds(60)))
+      << RunState("r5");
+  EXPECT_FALSE(fs::exists(token_file));
 }
 
 TEST_F(SlurmLauncherTest, ScancelRestartsFromTheNewestCheckpointThenTheBudgetEndsTheRun) {
