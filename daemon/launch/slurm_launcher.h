@@ -48,6 +48,15 @@
 // the heartbeat timeout gets its job cancelled and restarted the same way.
 // A new job is submitted only once the previous one has left RUNNING and
 // COMPLETING, so two starts of a run never overlap.
+//
+// A job that fails while an incident's probe runs is restarted like any
+// other failure (from the newest verified checkpoint of the probe's
+// generation, within the budget), exactly as LocalLauncher restarts a probe's
+// crashed rank: no launcher tells the incident engine about a crash. The
+// engine learns of a probe's end only from its workers (OnGenerationEnded,
+// OnCommandFailed) or, when the restarts are spent, from its probe timeout
+// (EngineOptions::probe_timeout, 10 min: the probe fails and the incident
+// becomes INCONCLUSIVE).
 #pragma once
 
 #include <cstdint>
