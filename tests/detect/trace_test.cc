@@ -225,6 +225,34 @@ TEST(TraceIoTest, ReadsPythonJsonDumpsBareNonFiniteTokens) {
   EXPECT_FALSE(ParseTraceJsonl("{\"step\": 0, \"loss\": NaNa}\n").ok());
 }
 
+TEST(TraceIoTest, ReadsThePyTorchTrainersTelemetryLines) {
+  // worker/examples/torch_gpt/train.py --telemetry-out writes each
+  // StepReport with three annotations beside it (its rank, its generation,
+  // how max_attn_logit was measured); they used to reject the whole file.
+  const std::string text =
+      "{\"step\": \"0\", \"loss\": 5.5, \"grad_norm\": 2.6, \"domain_losses\": [{\"domain\": "
+      "\"code\", \"loss\": 5.4, \"tokens\": \"256\"}], \"layers\": [{\"layer\": 0, "
+      "\"max_attn_logit\": 0.13}], \"max_attn_logit_kind\": \"explicit\", \"rank\": 0, "
+      "\"generation\": 0}\n";
+  auto steps = ParseTraceJsonl(text);
+  ASSERT_TRUE(steps.ok()) << steps.status();
+  ASSERT_EQ(steps->size(), 1u);
+  EXPECT_EQ((*steps)[0].loss, 5.5);
+  ASSERT_EQ((*steps)[0].domains.size(), 1u);
+  EXPECT_EQ((*steps)[0].domains[0].domain, "code");
+  EXPECT_EQ((*steps)[0].domains[0].tokens, 256);
+  EXPECT_EQ((*steps)[0].layers[0].max_attn_logit, 0.13);
+  // Only at the top level, and only those three names.
+  auto nested = ParseTraceJsonl(
+      "{\"step\": 0, \"loss\": 1, \"layers\": [{\"layer\": 0, \"rank\": 1}]}\n");
+  ASSERT_FALSE(nested.ok());
+  EXPECT_NE(nested.status().message().find("layers[0].rank"), std::string::npos)
+      << nested.status();
+  auto other = ParseTraceJsonl("{\"step\": 0, \"loss\": 1, \"rank_id\": 0}\n");
+  ASSERT_FALSE(other.ok());
+  EXPECT_NE(other.status().message().find("rank_id"), std::string::npos);
+}
+
 TEST(TraceIoTest, UnknownFieldAndIndexlessLayerAreErrorsNamingLineAndField) {
   auto unknown = ParseTraceJsonl(
       "{\"step\":0,\"loss\":1}\n{\"step\":1,\"loss\":1,\"train_loss\":2}\n");

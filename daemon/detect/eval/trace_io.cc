@@ -111,8 +111,16 @@ std::string QuoteNonFiniteTokens(absl::string_view line) {
 // Every key of `obj` must be a field of `d` (proto or JSON name), checked
 // down into the repeated messages (layers, domain_losses); a LayerStats
 // without its "layer" index is refused (it would land on layer 0).
+// Keys spikeguard's PyTorch trainer (worker/examples/torch_gpt, through
+// spikeguard.torch.report_json) writes beside the StepReport fields of each
+// line: annotations, not telemetry.
+bool TrainerAnnotation(const std::string& key) {
+  return key == "rank" || key == "generation" || key == "max_attn_logit_kind";
+}
+
 absl::Status CheckFields(const pb::Struct& obj, const pb::Descriptor* d, const std::string& path) {
   for (const auto& [key, value] : obj.fields()) {
+    if (path.empty() && TrainerAnnotation(key)) continue;
     const pb::FieldDescriptor* f = d->FindFieldByName(key);
     for (int i = 0; f == nullptr && i < d->field_count(); ++i) {
       if (d->field(i)->json_name() == key) f = d->field(i);
@@ -155,7 +163,9 @@ void AppendStep(std::vector<StepSample>* out, StepSample s) {
 absl::StatusOr<std::vector<StepSample>> ParseTraceJsonl(std::string_view text) {
   std::vector<StepSample> out;
   pb::util::JsonParseOptions opts;
-  opts.ignore_unknown_fields = false;
+  // CheckFields below refuses every unknown key but the trainer's
+  // annotations, which the typed parse then skips.
+  opts.ignore_unknown_fields = true;
   int line_no = 0;
   for (absl::string_view line : absl::StrSplit(absl::string_view(text.data(), text.size()), '\n')) {
     ++line_no;

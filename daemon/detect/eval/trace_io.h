@@ -17,7 +17,8 @@
 // tokens Python's json.dumps writes) are kept — they are data. A key that is
 // not a StepReport field, and a layers[] entry without its "layer" index, are
 // errors naming the line and the field (not silently dropped or read as
-// layer 0).
+// layer 0) — except the annotations spikeguard's PyTorch trainer writes on
+// each line ("rank", "generation", "max_attn_logit_kind"), which are skipped.
 //
 // CSV exports (W&B, TensorBoard) are read too: a header row naming a step
 // column (step, _step, Step, global_step) and metric columns — loss,
