@@ -3,12 +3,21 @@
 // labeled synthetic traces (issue 5 §1–2).
 //
 //   detector_bench --out DIR [--seed N] [--scale X] [--lead-window N]
-//                  [--post-peak N] [--write-traces DIR] [--split both|tuning|held-out]
+//                  [--post-peak N] [--write-traces DIR]
+//                  [--split all|both|tuning|held-out|workers]
+//                  [--worker-traces DIR | --no-worker-traces] [--extra-traces DIR]
 //                  [--ablate]   (spikeguard again with issue 12's rules switched off)
 //
-// Two splits (issue 12): "tuning" (the original families and the wild
-// families' tuning seeds, wild_corpus.h) and "held-out" (seeds nothing was
-// tuned on). For each it prints one table — precision, recall, F1, false alarms per 10,000 steps,
+// Three splits (issue 12): "tuning" (the original families and the wild
+// families' tuning seeds, wild_corpus.h), "held-out" (seeds nothing was
+// tuned on) and "workers": real trainers' telemetry with real spikes — the
+// C++ reference worker and the PyTorch trainer (worker/examples/torch_gpt)
+// — read from labeled trace files (NAME.jsonl + NAME.labels.json). By
+// default those are the fixtures committed in tests/testdata/detect_traces
+// (make_traces.sh there regenerates them); --extra-traces DIR adds more (a
+// file named like a fixture replaces it), --no-worker-traces leaves the
+// split out. "both" is tuning and held-out; "all" (the default) adds
+// workers. For each split it prints one table — precision, recall, F1, false alarms per 10,000 steps,
 // median lead time before the loss peak — plus a per-scenario breakdown and
 // the precursor figures, and writes them to DIR/detector_bench.json and
 // DIR/detector_bench.md. The matching rule is in daemon/detect/eval/scoring.h.
@@ -269,8 +278,34 @@ std::string Ablation(const std::string& name, const std::vector<LabeledTrace>& c
 
 }  // namespace
 
+#ifndef SPIKEGUARD_WORKER_TRACES_DIR
+#define SPIKEGUARD_WORKER_TRACES_DIR ""
+#endif
+
+// Labeled trace files (NAME.jsonl + NAME.labels.json) in `dir`, by name.
+absl::Status ReadLabeledDir(const std::string& dir, std::map<std::string, LabeledTrace>* out) {
+  std::vector<std::string> names;
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return absl::NotFoundError(absl::StrCat(dir, ": cannot open the directory"));
+  while (dirent* e = readdir(d)) {
+    const std::string f = e->d_name;
+    if (f.size() > 6 && f.substr(f.size() - 6) == ".jsonl") names.push_back(f.substr(0, f.size() - 6));
+  }
+  closedir(d);
+  for (const std::string& n : names) {
+    const std::string prefix = absl::StrCat(dir, "/", n);
+    auto steps = ReadTrace(prefix + ".jsonl");
+    if (!steps.ok()) return absl::Status(steps.status().code(), absl::StrCat(prefix, ": ", steps.status().message()));
+    auto labels = ReadLabels(prefix + ".labels.json");
+    if (!labels.ok()) return absl::Status(labels.status().code(), absl::StrCat(prefix, ": ", labels.status().message()));
+    (*out)[n] = LabeledTrace{n, std::move(*steps), std::move(*labels)};
+  }
+  return absl::OkStatus();
+}
+
 int main(int argc, char** argv) {
-  std::string out_dir, traces_dir, extra_dir, split = "both";
+  std::string out_dir, traces_dir, extra_dir, split = "all";
+  std::string worker_dir = SPIKEGUARD_WORKER_TRACES_DIR;
   bool ablate = false;
   uint64_t seed = 1;
   double scale = 1.0;
@@ -291,7 +326,12 @@ int main(int argc, char** argv) {
       ablate = true;
     } else if (a == "--split") {
       split = value("--split");
-      ok = split == "both" || split == "tuning" || split == "held-out";
+      ok = split == "all" || split == "both" || split == "tuning" || split == "held-out" ||
+           split == "workers";
+    } else if (a == "--worker-traces") {
+      worker_dir = value("--worker-traces");
+    } else if (a == "--no-worker-traces") {
+      worker_dir.clear();
     } else if (a == "--extra-traces") {
       extra_dir = value("--extra-traces");
     } else if (a == "--write-traces") {
@@ -309,51 +349,48 @@ int main(int argc, char** argv) {
     }
     if (!ok) {
       std::cerr << "usage: detector_bench --out DIR [--seed N] [--scale X] [--lead-window N] "
-                   "[--post-peak N] [--write-traces DIR] [--extra-traces DIR] "
-                   "[--split both|tuning|held-out] [--ablate]\n";
+                   "[--post-peak N] [--write-traces DIR] [--worker-traces DIR | "
+                   "--no-worker-traces] [--extra-traces DIR] "
+                   "[--split all|both|tuning|held-out|workers] [--ablate]\n";
       return 2;
     }
   }
 
   const auto t0 = std::chrono::steady_clock::now();
-  // Labeled traces from files (NAME.jsonl + NAME.labels.json), e.g. the
-  // reference worker's real spikes written by worker_traces.sh; they join
-  // the tuning split.
-  std::vector<LabeledTrace> extra_traces;
-  if (!extra_dir.empty()) {
-    std::vector<std::string> names;
-    if (DIR* d = opendir(extra_dir.c_str())) {
-      while (dirent* e = readdir(d)) {
-        const std::string f = e->d_name;
-        if (f.size() > 6 && f.substr(f.size() - 6) == ".jsonl") names.push_back(f.substr(0, f.size() - 6));
-      }
-      closedir(d);
+  // The workers split: labeled traces from files — the committed fixtures,
+  // then --extra-traces (e.g. run_all.sh's fresh worker_traces.sh output;
+  // a trace of the same name replaces the fixture).
+  std::map<std::string, LabeledTrace> from_files;
+  for (const std::string& dir : {worker_dir, extra_dir}) {
+    if (dir.empty()) continue;
+    if (dir == SPIKEGUARD_WORKER_TRACES_DIR && opendir(dir.c_str()) == nullptr) {
+      std::cerr << "detector_bench: no worker traces at " << dir << " (the source tree); "
+                << "the workers split is left out\n";
+      continue;
     }
-    std::sort(names.begin(), names.end());
-    for (const std::string& n : names) {
-      const std::string prefix = absl::StrCat(extra_dir, "/", n);
-      auto steps = ReadTrace(prefix + ".jsonl");
-      auto labels = ReadLabels(prefix + ".labels.json");
-      if (!steps.ok() || !labels.ok()) {
-        std::cerr << "detector_bench: " << prefix << ": "
-                  << (steps.ok() ? labels.status() : steps.status()) << "\n";
-        return 1;
-      }
-      extra_traces.push_back(LabeledTrace{n, std::move(*steps), std::move(*labels)});
+    if (absl::Status st = ReadLabeledDir(dir, &from_files); !st.ok()) {
+      std::cerr << "detector_bench: " << st << "\n";
+      return 1;
     }
   }
+  std::vector<LabeledTrace> extra_traces;
+  for (auto& [n, t] : from_files) extra_traces.push_back(std::move(t));
 
   // The tuning split: the original families (seed N) and the wild families'
   // tuning seeds. The held-out split: the wild families' held-out seeds and
   // the original families at seed N + 900 — never looked at while tuning.
   std::vector<SplitResult> results;
-  for (const std::string& which : {std::string("tuning"), std::string("held-out")}) {
-    if (split != "both" && split != which) continue;
+  for (const std::string& which :
+       {std::string("tuning"), std::string("held-out"), std::string("workers")}) {
+    const bool wanted = split == which || split == "all" || (split == "both" && which != "workers");
+    if (!wanted) continue;
+    if (which == "workers" && extra_traces.empty()) continue;
     std::vector<LabeledTrace> corpus;
     if (which == "tuning") {
       corpus = BenchmarkCorpus(seed, scale);
       for (auto& t : WildCorpus(CorpusSplit::kTuning, scale)) corpus.push_back(std::move(t));
-      for (auto& t : extra_traces) corpus.push_back(std::move(t));
+    } else if (which == "workers") {
+      corpus = extra_traces;
     } else {
       corpus = WildCorpus(CorpusSplit::kHeldOut, scale);
       for (auto& t : BenchmarkCorpus(seed + 900, scale)) corpus.push_back(std::move(t));
@@ -372,7 +409,7 @@ int main(int argc, char** argv) {
         }
       }
     }
-    auto r = EvaluateSplit(which, corpus, rule, static_cast<int>(which == "tuning" ? extra_traces.size() : 0));
+    auto r = EvaluateSplit(which, corpus, rule, static_cast<int>(which == "workers" ? extra_traces.size() : 0));
     if (!r.ok()) {
       std::cerr << "detector_bench: " << r.status() << "\n";
       return 1;
