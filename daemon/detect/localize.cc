@@ -7,33 +7,6 @@
 #include "absl/strings/str_cat.h"
 
 namespace spikeguard::detect {
-namespace {
-
-// Solves the 3×3 system A·x = r (A symmetric); false when singular.
-bool Solve3(double A[3][3], double r[3], double x[3]) {
-  double m[3][4];
-  for (int i = 0; i < 3; ++i) {
-    for (int j = 0; j < 3; ++j) m[i][j] = A[i][j];
-    m[i][3] = r[i];
-  }
-  for (int c = 0; c < 3; ++c) {
-    int p = c;
-    for (int i = c + 1; i < 3; ++i) {
-      if (std::abs(m[i][c]) > std::abs(m[p][c])) p = i;
-    }
-    if (std::abs(m[p][c]) < 1e-12) return false;
-    for (int j = 0; j < 4; ++j) std::swap(m[c][j], m[p][j]);
-    for (int i = 0; i < 3; ++i) {
-      if (i == c) continue;
-      const double f = m[i][c] / m[c][c];
-      for (int j = c; j < 4; ++j) m[i][j] -= f * m[c][j];
-    }
-  }
-  for (int i = 0; i < 3; ++i) x[i] = m[i][3] / m[i][i];
-  return true;
-}
-
-}  // namespace
 
 std::optional<Departure> FindDeparture(const std::vector<int64_t>& steps,
                                        const std::vector<double>& values,
@@ -63,29 +36,42 @@ std::optional<Departure> FindDeparture(const std::vector<int64_t>& steps,
     SY[i] = SY[i + 1] + s[i] * y[i];
     Y2 += y[i] * y[i];
   }
-  double best_sse = std::numeric_limits<double>::infinity();
+  // The basis (1, s) is the same for every candidate k; only the hinge
+  // column h changes. Block elimination (the Schur complement of the (1, s)
+  // block) turns each candidate's 3x3 least-squares solve into a few
+  // multiply-adds: with B the (1, s) normal matrix, u = (Σh, Σs·h),
+  // w = Σh², e = Σh·y − uᵀB⁻¹r₁₂ and d = w − uᵀB⁻¹u, the hinge slope is e/d
+  // and the fit removes e²/d more squared error than the straight line.
+  const double b00 = static_cast<double>(n), b01 = S1[0], b11 = S2[0];
+  const double det = b00 * b11 - b01 * b01;
+  if (!(std::abs(det) > 1e-12 * std::max(1.0, b00 * b11))) return std::nullopt;
+  const double i00 = b11 / det, i01 = -b01 / det, i11 = b00 / det;  // B⁻¹
+  const double beta0 = i00 * Y1[0] + i01 * SY[0], beta1 = i01 * Y1[0] + i11 * SY[0];
+  const double line_sse = Y2 - (beta0 * Y1[0] + beta1 * SY[0]);
+  double best_gain = -std::numeric_limits<double>::infinity();
   int best_k = -1;
   double best_x[3] = {0, 0, 0};
   for (int k = pre; k <= n - m; ++k) {
     const double c = s[k];
     const double cnt = n - k;
-    // Basis (1, s, h) with h = max(0, s − c), nonzero for i >= k.
     const double sh = S1[k] - c * cnt;
     const double shh = S2[k] - 2 * c * S1[k] + c * c * cnt;
     const double ssh = S2[k] - c * S1[k];
     const double shy = SY[k] - c * Y1[k];
-    double A[3][3] = {{static_cast<double>(n), S1[0], sh}, {S1[0], S2[0], ssh}, {sh, ssh, shh}};
-    double r[3] = {Y1[0], SY[0], shy};
-    double x[3];
-    if (!Solve3(A, r, x)) continue;
-    // For the least-squares solution, SSE = Σy² − xᵀr.
-    const double sse = Y2 - (x[0] * r[0] + x[1] * r[1] + x[2] * r[2]);
-    if (sse < best_sse) {
-      best_sse = sse;
+    const double v0 = i00 * sh + i01 * ssh, v1 = i01 * sh + i11 * ssh;  // B⁻¹u
+    const double d = shh - (sh * v0 + ssh * v1);
+    if (!(d > 1e-12 * std::max(1.0, shh))) continue;  // h is (nearly) a line
+    const double e = shy - (sh * beta0 + ssh * beta1);
+    const double gain = e * e / d;
+    if (gain > best_gain) {
+      best_gain = gain;
       best_k = k;
-      std::copy(x, x + 3, best_x);
+      best_x[2] = e / d;
+      best_x[0] = beta0 - v0 * best_x[2];
+      best_x[1] = beta1 - v1 * best_x[2];
     }
   }
+  const double best_sse = line_sse - best_gain;
   if (best_k < 0 || best_x[2] <= 0) return std::nullopt;
   const double sigma = std::sqrt(std::max(best_sse, 0.0) / std::max(1, n - 4));
   Departure d;
