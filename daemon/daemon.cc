@@ -183,6 +183,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options) {
   d->supervisor_ = std::make_unique<Supervisor>(d->catalog_.get(), &d->state_->hub, options.clock);
   d->supervisor_->view()->set_checkpoint_guard(d->checkpoints_.get());
   d->supervisor_->SetMetrics(&d->state_->metrics);
+  if (options.detection_latency_observer) {
+    d->supervisor_->SetLatencyObserver(options.detection_latency_observer);
+  }
   if (absl::Status s = d->supervisor_->Start(); !s.ok()) return s;
   d->state_->supervisor = d->supervisor_.get();
   d->state_->authorizer = d->authorizer_.get();

@@ -21,6 +21,7 @@
 //   daemon->Shutdown(absl::Seconds(5));
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -106,6 +107,10 @@ class Daemon {
     // "": off. HOST:PORT, :PORT or PORT (host 127.0.0.1); port 0 picks one
     // (see http_port()). Uses the TLS files and tokens above.
     std::string http_listen;
+
+    // Benchmarks: each step record's exact detection latency (see
+    // Supervisor::SetLatencyObserver); called on the runs' pipelines.
+    std::function<void(absl::Duration latency, bool opened)> detection_latency_observer;
   };
 
   static absl::StatusOr<std::unique_ptr<Daemon>> Start(const Options& options);

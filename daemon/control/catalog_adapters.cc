@@ -33,7 +33,7 @@ v1::Policy EffectivePolicy(storage::Catalog* catalog, const std::string& run) {
   v1::Mode run_mode = v1::MODE_UNSPECIFIED;
   if (!run.empty()) {
     if (auto own = catalog->GetPolicy(run); own.ok()) policy = incident::MergePolicy(policy, *own);
-    if (auto r = catalog->GetRun(run); r.ok()) run_mode = r->mode();
+    if (auto r = catalog->GetRunWithoutRanks(run); r.ok()) run_mode = r->mode();
   }
   if (policy.mode() == v1::MODE_UNSPECIFIED) policy.set_mode(run_mode);
   if (policy.mode() == v1::MODE_UNSPECIFIED) policy.set_mode(daemon_mode);
@@ -308,7 +308,7 @@ absl::StatusOr<std::vector<v1::NearDuplicate>> CatalogRunView::NearDuplicates(
 }
 
 uint32_t CatalogRunView::WorldSize(const std::string& run) {
-  auto r = catalog_->GetRun(run);
+  auto r = catalog_->GetRunWithoutRanks(run);
   return r.ok() ? std::max<uint32_t>(1, r->world_size()) : 1;
 }
 
@@ -329,6 +329,21 @@ absl::StatusOr<int64_t> CatalogIncidentStore::AppendEvent(int64_t incident_id,
                                                           const std::string& kind,
                                                           const std::string& payload) {
   return catalog_->AppendIncidentEvent(incident_id, kind, payload);
+}
+
+absl::StatusOr<int64_t> CatalogIncidentStore::AppendAndSave(int64_t incident_id,
+                                                            const std::string& kind,
+                                                            const std::string& payload,
+                                                            const ApplyFn& apply) {
+  return catalog_->AppendIncidentEventAndUpdate(incident_id, kind, payload, apply);
+}
+
+absl::StatusOr<int64_t> CatalogIncidentStore::CreateWithEvent(const std::string& run,
+                                                              const v1::Incident& initial,
+                                                              const std::string& kind,
+                                                              const std::string& payload,
+                                                              const OpenFn& apply) {
+  return catalog_->CreateIncidentWithEvent(run, initial, kind, payload, apply);
 }
 
 absl::StatusOr<std::vector<incident::IncidentStore::StoredEvent>> CatalogIncidentStore::Events(

@@ -116,13 +116,24 @@ void Supervisor::TickLoop() {
   }
 }
 
-void Supervisor::Post(const std::string& run, int64_t records, std::function<void()> task) {
+void Supervisor::WaitForRoom() {
   absl::MutexLock lock(&exec_mu_);
-  if (exec_stopping_ || !exec_started_) return;
-  auto full = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_) {
+  auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_) {
     return exec_stopping_ || queued_records_ < kMaxQueuedRecords;
   };
-  exec_mu_.Await(absl::Condition(&full));
+  exec_mu_.Await(absl::Condition(&room));
+}
+
+void Supervisor::Post(const std::string& run, int64_t records, std::function<void()> task,
+                      bool wait) {
+  absl::MutexLock lock(&exec_mu_);
+  if (exec_stopping_ || !exec_started_) return;
+  if (wait) {
+    auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_) {
+      return exec_stopping_ || queued_records_ < kMaxQueuedRecords;
+    };
+    exec_mu_.Await(absl::Condition(&room));
+  }
   if (exec_stopping_) return;
   auto& slot = pipelines_[run];
   if (slot == nullptr) {
@@ -309,58 +320,62 @@ void Supervisor::OnCompleted(std::vector<storage::CompletedStep> completed, absl
         std::make_move_iterator(completed.begin() + begin),
         std::make_move_iterator(completed.begin() + end));
     const std::string run = slice->front().run;
-    Post(run, static_cast<int64_t>(slice->size()), [this, run, slice, arrived] {
-      Pipeline* p = nullptr;
-      {
-        absl::MutexLock lock(&exec_mu_);
-        p = pipelines_[run].get();
-      }
-      const size_t delivered = Deliver(p, std::move(*slice));
-      if (metrics_ != nullptr) {
-        // Arrival -> detectors and engine done (an incident, if any, opened).
-        const double seconds = absl::ToDoubleSeconds(absl::Now() - arrived);
-        for (size_t i = 0; i < delivered; ++i) {
-          metrics_->detection_latency_seconds->Observe(seconds);
-        }
-      }
-    });
+    Post(
+        run, static_cast<int64_t>(slice->size()),
+        [this, run, slice, arrived] {
+          Pipeline* p = nullptr;
+          {
+            absl::MutexLock lock(&exec_mu_);
+            p = pipelines_[run].get();
+          }
+          Deliver(p, std::move(*slice), arrived);
+        },
+        /*wait=*/false);
     begin = end;
   }
 }
 
-size_t Supervisor::Deliver(Pipeline* p, std::vector<storage::CompletedStep> records) {
+void Supervisor::Deliver(Pipeline* p, std::vector<storage::CompletedStep> records,
+                         absl::Time arrived) {
   Monitor& m = p->monitor;
-  // Detectors first, under no lock; then the engine, in step order, under
-  // mu_; the commands it issued go out after mu_ is released.
-  struct Step {
-    incident::StepObservation observation;
-    std::vector<incident::Detection> detections;
-  };
-  std::vector<Step> steps;
-  steps.reserve(records.size());
+  // Step by step: the detectors under no lock, then the engine under mu_;
+  // the commands it issued go out after the last step (the outbox is
+  // flushed when it goes out of scope, after mu_ is released).
+  RunControl::Outbox outbox(&control_);
   for (const storage::CompletedStep& c : records) {
     const v1::StepRecord& r = c.record;
     if (r.generation() < m.generation) continue;  // a stale timeline
     if (r.generation() > m.generation) ResetMonitor(p->run, r.generation(), r.step(), &m);
     if (r.step() < m.next_step) continue;  // delivered before
-    steps.push_back(Step{ToObservation(r), Detect(p->run, &m, r)});
+    const std::vector<incident::Detection> detections = Detect(p->run, &m, r);
     m.next_step = r.step() + 1;
-  }
-  if (steps.empty()) return 0;
-  RunControl::Outbox outbox(&control_);
-  absl::MutexLock lock(&mu_);
-  if (!engine_) return steps.size();
-  for (const Step& step : steps) {
-    if (absl::Status s = engine_->OnStep(p->run, step.observation); !s.ok()) {
-      SG_LOG(ERROR) << "run " << p->run << ": incident engine: " << s;
-    }
-    for (const incident::Detection& d : step.detections) {
-      if (absl::Status s = engine_->OnDetection(p->run, d); !s.ok()) {
-        SG_LOG(ERROR) << "run " << p->run << ": incident engine refused a detection: " << s;
+    int64_t opened_ns = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      opened_at_ns_.store(0);
+      if (engine_) {
+        if (absl::Status s = engine_->OnStep(p->run, ToObservation(r)); !s.ok()) {
+          SG_LOG(ERROR) << "run " << p->run << ": incident engine: " << s;
+        }
+        for (const incident::Detection& d : detections) {
+          if (absl::Status s = engine_->OnDetection(p->run, d); !s.ok()) {
+            SG_LOG(ERROR) << "run " << p->run << ": incident engine refused a detection: " << s;
+          }
+        }
       }
+      opened_ns = opened_at_ns_.load();
     }
+    // Arrival -> the decision: this record's detectors and engine done, or
+    // for a record that opened an incident, its "opened" event persisted
+    // and published (what the engine then does, a rewind or observe mode's
+    // close, is the incident's work, not detection).
+    const absl::Duration latency =
+        (opened_ns != 0 ? absl::FromUnixNanos(opened_ns) : absl::Now()) - arrived;
+    if (metrics_ != nullptr) {
+      metrics_->detection_latency_seconds->Observe(absl::ToDoubleSeconds(latency));
+    }
+    if (latency_observer_) latency_observer_(latency, opened_ns != 0);
   }
-  return steps.size();
 }
 
 void Supervisor::OnGenerationEnded(const std::string& run, int64_t generation, uint32_t rank,
@@ -445,6 +460,7 @@ void Supervisor::Publish(const v1::Incident& incident, const v1::IncidentEvent& 
   v1::IncidentUpdate update;
   *update.mutable_incident() = incident;
   *update.mutable_event() = event;
+  if (event.kind() == "opened") opened_at_ns_.store(absl::GetCurrentTimeNanos());
   SG_LOG(INFO) << "incident " << incident.id() << " (run " << incident.run() << "): " << event.kind()
                << (event.detail().empty() ? "" : ": ") << event.detail();
   absl::MutexLock lock(&watch_mu_);

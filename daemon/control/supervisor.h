@@ -16,6 +16,7 @@
 // pipeline of its own run.
 #pragma once
 
+#include <atomic>
 #include <deque>
 #include <functional>
 #include <map>
@@ -52,16 +53,26 @@ class Supervisor {
   RunControl* control() { return &control_; }
   CatalogRunView* view() { return &view_; }
 
-  // Records that became complete in a committed group, by (run,
-  // generation, step): queued on their runs' pipelines. Returns at once
-  // unless kMaxQueuedRecords are already waiting (then it waits: the ingest
-  // stage slows down rather than growing a queue without bound).
+  // Records that became complete in a group (merged, its commit under
+  // way), by (run, generation, step): queued on their runs' pipelines.
+  // Never waits (the ingest stage calls it with the catalog's lock held);
+  // the ingest stage calls WaitForRoom between groups instead.
   // `arrived`: when the reports that completed them arrived (detection
   // latency is recorded from there, when SetMetrics gave a place).
   void OnCompleted(std::vector<storage::CompletedStep> completed,
                    absl::Time arrived = absl::Now());
+  // Waits while kMaxQueuedRecords or more are waiting for the pipelines:
+  // the ingest stage slows down rather than growing a queue without bound.
+  void WaitForRoom();
   // Before any record arrives.
   void SetMetrics(metrics::DaemonMetrics* metrics) { metrics_ = metrics; }
+  // Before any record arrives. Called on a run's pipeline with each
+  // record's detection latency (arrival -> its detectors and the engine
+  // done; for a record that opened an incident, -> its "opened" event
+  // persisted and published) and whether it opened one: exact figures for
+  // benchmarks (the histogram has buckets).
+  using LatencyObserver = std::function<void(absl::Duration latency, bool opened)>;
+  void SetLatencyObserver(LatencyObserver observer) { latency_observer_ = std::move(observer); }
   static constexpr int64_t kMaxQueuedRecords = 65536;
   // Waits until every pipeline has processed what it was handed.
   void Drain();
@@ -118,12 +129,14 @@ class Supervisor {
     Monitor monitor;
   };
 
-  void Post(const std::string& run, int64_t records, std::function<void()> task);
+  // `wait`: first wait for room (WaitForRoom).
+  void Post(const std::string& run, int64_t records, std::function<void()> task,
+            bool wait = true);
   void PipelineLoop();
   // On the run's pipeline.
-  // Returns how many records reached the detectors (the others were stale
-  // or delivered before).
-  size_t Deliver(Pipeline* p, std::vector<storage::CompletedStep> records);
+  // Records each delivered record's latency from `arrived` (the others
+  // were stale or delivered before).
+  void Deliver(Pipeline* p, std::vector<storage::CompletedStep> records, absl::Time arrived);
   void ResetMonitor(const std::string& run, int64_t generation, int64_t first_step, Monitor* m);
   std::vector<incident::Detection> Detect(const std::string& run, Monitor* m,
                                           const spikeguard::v1::StepRecord& record);
@@ -140,6 +153,10 @@ class Supervisor {
   std::unique_ptr<incident::IncidentEngine> engine_ ABSL_GUARDED_BY(mu_);
   // Set before any record arrives (SetMetrics); null: not recorded.
   metrics::DaemonMetrics* metrics_ = nullptr;
+  LatencyObserver latency_observer_;
+  // When the last "opened" event was published (ns since the epoch; 0:
+  // none since Deliver reset it): a record's detection latency ends there.
+  std::atomic<int64_t> opened_at_ns_{0};
 
   absl::Mutex exec_mu_;
   std::map<std::string, std::unique_ptr<Pipeline>> pipelines_ ABSL_GUARDED_BY(exec_mu_);

@@ -88,10 +88,14 @@ v1::Mode IncidentEngine::State::ModeFor(const std::string& run) {
 absl::Status IncidentEngine::State::Emit(IncidentCase& s, EventKind kind,
                                          lg::EventPayload payload) {
   payload.set_unix_ms(clock->NowUnixMillis());
-  SG_ASSIGN_OR_RETURN(int64_t seq,
-                      store->AppendEvent(s.id(), EventKindName(kind), ToText(payload)));
-  Apply(s, seq, kind, payload);
-  SG_RETURN_IF_ERROR(store->SaveIncident(s.inc));
+  // The event and the record it leaves, in one transaction.
+  SG_RETURN_IF_ERROR(store
+                         ->AppendAndSave(s.id(), EventKindName(kind), ToText(payload),
+                                         [&](int64_t seq) -> const v1::Incident& {
+                                           Apply(s, seq, kind, payload);
+                                           return s.inc;
+                                         })
+                         .status());
   if (listener) listener(s.inc, s.inc.events(s.inc.events_size() - 1));
   return absl::OkStatus();
 }
@@ -256,7 +260,9 @@ absl::Status IncidentEngine::OnDetection(const std::string& run, const Detection
   if (st.IsProbeGeneration(run, d.generation)) return absl::OkStatus();
   // One event, one incident: another detector firing for the same onset of
   // the same generation is evidence of the incident already opened for it.
-  const v1::ProbePolicy probe = st.view->PolicyFor(run).probe();
+  // Read once: each read of the policy is a few catalog queries.
+  const v1::Policy policy = st.view->PolicyFor(run);
+  const v1::ProbePolicy& probe = policy.probe();
   const int64_t same_event = std::max<int64_t>(8, probe.skip_before() + probe.skip_after());
   for (const State::Past& past : st.Known(run)) {
     if (past.generation != d.generation || std::llabs(past.onset - d.onset_step) > same_event) {
@@ -281,12 +287,9 @@ absl::Status IncidentEngine::OnDetection(const std::string& run, const Detection
   initial.set_generation(d.generation);
   initial.set_onset_step(d.onset_step);
   initial.set_opened_unix_ms(st.clock->NowUnixMillis());
-  SG_ASSIGN_OR_RETURN(int64_t id, st.store->CreateIncident(run, initial));
   auto s = std::make_unique<IncidentCase>();
   s->inc = initial;
-  s->inc.set_id(id);
   IncidentCase& inc = *s;
-  st.incidents[id] = std::move(s);
 
   lg::EventPayload p;
   lg::Opened* o = p.mutable_opened();
@@ -303,7 +306,7 @@ absl::Status IncidentEngine::OnDetection(const std::string& run, const Detection
   o->set_localized_signal(d.localized_signal);
   o->set_localized_layer(d.localized_layer);
   for (const auto& x : d.localization_order) o->add_localization_order(x);
-  *o->mutable_policy() = st.view->PolicyFor(run);
+  *o->mutable_policy() = policy;
   o->set_world_size(st.view->WorldSize(run));
   p.set_detail(absl::StrFormat(
       "%s at step %d (peak %.4g at step %d, baseline %.4g) in generation %d%s%s",
@@ -312,7 +315,18 @@ absl::Status IncidentEngine::OnDetection(const std::string& run, const Detection
                                             *d.precursor_onset_step)
                              : std::string(),
       d.also.empty() ? std::string() : absl::StrCat("; also ", absl::StrJoin(d.also, ", "))));
-  SG_RETURN_IF_ERROR(st.Emit(inc, EventKind::kOpened, p));
+  // The incident and its "opened" event in one transaction: no incident
+  // is ever stored without the event that explains it.
+  p.set_unix_ms(st.clock->NowUnixMillis());
+  SG_ASSIGN_OR_RETURN(int64_t id, st.store->CreateWithEvent(
+                                      run, initial, EventKindName(EventKind::kOpened), ToText(p),
+                                      [&](int64_t new_id, int64_t seq) -> const v1::Incident& {
+                                        inc.inc.set_id(new_id);
+                                        Apply(inc, seq, EventKind::kOpened, p);
+                                        return inc.inc;
+                                      }));
+  st.incidents[id] = std::move(s);
+  if (st.listener) st.listener(inc.inc, inc.inc.events(inc.inc.events_size() - 1));
   return st.Advance(inc);
 }
 

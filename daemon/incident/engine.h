@@ -247,6 +247,32 @@ class IncidentStore {
   virtual absl::Status SaveIncident(const spikeguard::v1::Incident& incident) = 0;
   virtual absl::StatusOr<int64_t> AppendEvent(int64_t incident_id, const std::string& kind,
                                               const std::string& payload) = 0;
+  // What the engine does for each event: append it, then save the incident
+  // as `apply(seq)` leaves it (apply must not call the store). A store that
+  // can does both in one transaction (one fsync); this default does
+  // AppendEvent then SaveIncident. Returns the seq.
+  using ApplyFn = std::function<const spikeguard::v1::Incident&(int64_t seq)>;
+  virtual absl::StatusOr<int64_t> AppendAndSave(int64_t incident_id, const std::string& kind,
+                                                const std::string& payload, const ApplyFn& apply) {
+    absl::StatusOr<int64_t> seq = AppendEvent(incident_id, kind, payload);
+    if (!seq.ok()) return seq.status();
+    if (absl::Status s = SaveIncident(apply(*seq)); !s.ok()) return s;
+    return *seq;
+  }
+  // Opening: CreateIncident and its first event, saved as `apply(id, seq)`
+  // leaves it; one transaction where the store can. Returns the id.
+  using OpenFn = std::function<const spikeguard::v1::Incident&(int64_t id, int64_t seq)>;
+  virtual absl::StatusOr<int64_t> CreateWithEvent(const std::string& run,
+                                                  const spikeguard::v1::Incident& initial,
+                                                  const std::string& kind,
+                                                  const std::string& payload, const OpenFn& apply) {
+    absl::StatusOr<int64_t> id = CreateIncident(run, initial);
+    if (!id.ok()) return id.status();
+    absl::StatusOr<int64_t> seq = AppendEvent(*id, kind, payload);
+    if (!seq.ok()) return seq.status();
+    if (absl::Status s = SaveIncident(apply(*id, *seq)); !s.ok()) return s;
+    return *id;
+  }
   struct StoredEvent {
     int64_t seq = 0;
     int64_t unix_ms = 0;

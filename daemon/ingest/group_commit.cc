@@ -10,8 +10,11 @@
 namespace spikeguard::daemon {
 
 GroupCommitter::GroupCommitter(storage::Catalog* catalog, Options options,
-                               CompletedFn on_completed)
-    : catalog_(catalog), options_(options), on_completed_(std::move(on_completed)) {
+                               CompletedFn on_completed, std::function<void()> wait_for_room)
+    : catalog_(catalog),
+      options_(options),
+      on_completed_(std::move(on_completed)),
+      wait_for_room_(std::move(wait_for_room)) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -66,6 +69,9 @@ int64_t GroupCommitter::batches() const {
 void GroupCommitter::Loop() {
   const size_t max_batches = static_cast<size_t>(std::max(1, options_.max_batches));
   while (true) {
+    // The consumer of completed records is full: slow the ingest down
+    // rather than growing its queue without bound.
+    if (wait_for_room_) wait_for_room_();
     std::vector<Pending*> group;
     {
       absl::MutexLock lock(&mu_);
@@ -89,7 +95,14 @@ void GroupCommitter::Loop() {
     std::vector<storage::IngestBatch> batches;
     batches.reserve(group.size());
     for (Pending* p : group) batches.push_back(std::move(p->batch));
-    absl::StatusOr<storage::IngestGroupResult> result = catalog_->IngestGroup(batches);
+    const absl::Time arrived = group.front()->queued;
+    storage::Catalog::CompletedSink sink;
+    if (on_completed_) {
+      sink = [this, arrived](std::vector<storage::CompletedStep> done) {
+        on_completed_(std::move(done), arrived);
+      };
+    }
+    absl::StatusOr<storage::IngestGroupResult> result = catalog_->IngestGroup(batches, sink);
     int64_t committed_groups = 0;
     {
       absl::MutexLock lock(&mu_);
@@ -111,9 +124,6 @@ void GroupCommitter::Loop() {
       options_.metrics->batches_committed->Inc(static_cast<double>(group.size()));
       options_.metrics->commit_latency_seconds->Observe(
           absl::ToDoubleSeconds(absl::Now() - group.front()->queued));
-    }
-    if (result.ok() && !result->completed.empty() && on_completed_) {
-      on_completed_(std::move(result->completed), group.front()->queued);
     }
     for (size_t i = 0; i < group.size(); ++i) {
       if (result.ok()) {

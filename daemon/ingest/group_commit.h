@@ -7,12 +7,19 @@
 // (Catalog::IngestGroup). The group is what was queued while the previous
 // commit ran, plus whatever arrives within `window` of the group's first
 // batch, at most `max_batches`. Step records that became complete are handed
-// to `on_completed` in memory, on the commit thread, before any batch of the
-// group is answered: it must only enqueue.
+// to `on_completed` in memory, on the commit thread, once merged and before
+// the group's transaction commits (Catalog::IngestGroup's `before_commit`),
+// so detection runs beside the commit's fsync; no batch is answered before
+// the group is durable. `on_completed` runs with the catalog's lock held: it
+// must only enqueue, never call the catalog nor wait. Backpressure from the
+// consumer goes in `wait_for_room`, called on the commit thread before each
+// group with no lock held.
 //
-//   GroupCommitter ingest(catalog, {}, [&](std::vector<storage::CompletedStep> done) {
-//     supervisor->OnCompleted(std::move(done));
-//   });
+//   GroupCommitter ingest(catalog, {},
+//       [&](std::vector<storage::CompletedStep> done, absl::Time arrived) {
+//         supervisor->OnCompleted(std::move(done), arrived);
+//       },
+//       [&] { supervisor->WaitForRoom(); });
 //   storage::BatchOutcome outcome = ingest.Commit(std::move(batch));
 //   if (outcome.status.ok()) ack(outcome.result);
 //
@@ -54,7 +61,8 @@ class GroupCommitter {
   using CompletedFn =
       std::function<void(std::vector<storage::CompletedStep>, absl::Time arrived)>;
 
-  GroupCommitter(storage::Catalog* catalog, Options options, CompletedFn on_completed);
+  GroupCommitter(storage::Catalog* catalog, Options options, CompletedFn on_completed,
+                 std::function<void()> wait_for_room = nullptr);
   // Commits what is queued, then stops.
   ~GroupCommitter();
 
@@ -85,6 +93,7 @@ class GroupCommitter {
   storage::Catalog* const catalog_;
   const Options options_;
   const CompletedFn on_completed_;
+  const std::function<void()> wait_for_room_;
 
   mutable absl::Mutex mu_;
   std::deque<Pending*> queue_ ABSL_GUARDED_BY(mu_);

@@ -987,6 +987,9 @@ WorkerServiceImpl::WorkerServiceImpl(DaemonState* state)
         if (state->supervisor != nullptr) {
           state->supervisor->OnCompleted(std::move(completed), arrived);
         }
+      },
+      [state] {
+        if (state->supervisor != nullptr) state->supervisor->WaitForRoom();
       });
   // Message handling does SQLite reads (hello, checkpoint notices): a few
   // threads, so one slow statement does not hold every stream.

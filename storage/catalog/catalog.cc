@@ -677,9 +677,10 @@ void Catalog::ForgetOlderTimelinesLocked(int64_t run_id, int64_t generation) {
   }
 }
 
-absl::StatusOr<IngestGroupResult> Catalog::IngestGroup(std::span<const IngestBatch> batches) {
+absl::StatusOr<IngestGroupResult> Catalog::IngestGroup(std::span<const IngestBatch> batches,
+                                                       const CompletedSink& before_commit) {
   absl::MutexLock lock(&mu_);
-  absl::StatusOr<IngestGroupResult> result = IngestGroupLocked(batches);
+  absl::StatusOr<IngestGroupResult> result = IngestGroupLocked(batches, before_commit);
   if (!result.ok()) {
     // Rolled back: the in-memory merges may hold uncommitted reports.
     open_steps_.clear();
@@ -688,7 +689,8 @@ absl::StatusOr<IngestGroupResult> Catalog::IngestGroup(std::span<const IngestBat
   return result;
 }
 
-absl::StatusOr<IngestGroupResult> Catalog::IngestGroupLocked(std::span<const IngestBatch> batches) {
+absl::StatusOr<IngestGroupResult> Catalog::IngestGroupLocked(std::span<const IngestBatch> batches,
+                                                             const CompletedSink& before_commit) {
     IngestGroupResult out;
     out.batches.resize(batches.size());
     SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
@@ -783,6 +785,28 @@ absl::StatusOr<IngestGroupResult> Catalog::IngestGroupLocked(std::span<const Ing
       committed->second = r.committed_step;
       if (!batch.reports.empty()) progress[rank_key] = r.committed_step;
     }
+    // Records the group completes: handed over before anything is written
+    // when the caller takes them early (`before_commit`: detection runs
+    // beside the writes and the commit's fsync), else after the commit.
+    std::set<TimelineKey> timelines;
+    std::vector<std::tuple<int64_t, int64_t, int64_t>> complete;
+    for (const auto& [key, who] : touched) {
+      const auto& [run_id, generation, step] = key;
+      timelines.insert({run_id, generation});
+      const v1::StepRecord& record = open_steps_[{run_id, generation}][step];
+      if (who.second > 0 && record.ranks_reported() >= static_cast<int64_t>(who.second)) {
+        complete.push_back(key);
+        out.completed.push_back(CompletedStep{who.first, who.second, {}});
+      }
+    }
+    if (before_commit && !complete.empty()) {
+      for (size_t i = 0; i < complete.size(); ++i) {
+        const auto& [run_id, generation, step] = complete[i];
+        out.completed[i].record = open_steps_[{run_id, generation}][step];
+      }
+      before_commit(std::move(out.completed));
+      out.completed.clear();
+    }
     // Each touched record and each rank's high-water mark is written once.
     for (const auto& [key, who] : touched) {
       const auto& [run_id, generation, step] = key;
@@ -808,18 +832,15 @@ absl::StatusOr<IngestGroupResult> Catalog::IngestGroupLocked(std::span<const Ing
       SG_RETURN_IF_ERROR(upsert.Run());
     }
     SG_RETURN_IF_ERROR(txn.Commit());
-    // Durable: complete records are handed back and leave the cache; the
-    // cache keeps at most kMaxOpenStepsPerGeneration steps per timeline.
-    std::set<TimelineKey> timelines;
-    for (const auto& [key, who] : touched) {
-      const auto& [run_id, generation, step] = key;
+    // Durable: complete records leave the cache (handed back now unless they
+    // were handed over early); it keeps at most kMaxOpenStepsPerGeneration
+    // steps per timeline.
+    for (size_t i = 0; i < complete.size(); ++i) {
+      const auto& [run_id, generation, step] = complete[i];
       auto& open = open_steps_[{run_id, generation}];
       auto it = open.find(step);
-      timelines.insert({run_id, generation});
-      if (who.second > 0 && it->second.ranks_reported() >= static_cast<int64_t>(who.second)) {
-        out.completed.push_back(CompletedStep{who.first, who.second, std::move(it->second)});
-        open.erase(it);
-      }
+      if (!before_commit) out.completed[i].record = std::move(it->second);
+      open.erase(it);
     }
     for (const TimelineKey& key : timelines) {
       auto& open = open_steps_[key];
@@ -871,6 +892,11 @@ absl::StatusOr<std::vector<v1::RankState>> Catalog::ListRankProgress(std::string
 
 absl::StatusOr<int64_t> Catalog::CreateIncident(std::string_view run, const v1::Incident& inc) {
   absl::MutexLock lock(&mu_);
+  return InsertIncidentLocked(run, inc);
+}
+
+absl::StatusOr<int64_t> Catalog::InsertIncidentLocked(std::string_view run,
+                                                      const v1::Incident& inc) {
   SG_ASSIGN_OR_RETURN(int64_t run_id, RunIdLocked(run));
   v1::Incident record = inc;
   record.set_id(0);
@@ -893,6 +919,11 @@ absl::StatusOr<int64_t> Catalog::CreateIncident(std::string_view run, const v1::
 absl::Status Catalog::UpdateIncident(const v1::Incident& inc) {
   absl::MutexLock lock(&mu_);
   SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
+  SG_RETURN_IF_ERROR(UpdateIncidentLocked(inc));
+  return txn.Commit();
+}
+
+absl::Status Catalog::UpdateIncidentLocked(const v1::Incident& inc) {
   SG_ASSIGN_OR_RETURN(v1::Incident stored, GetIncidentLocked(inc.id()));
   if (!inc.run().empty() && inc.run() != stored.run()) {
     return absl::InvalidArgumentError(absl::StrCat("incident ", inc.id(), " belongs to run '",
@@ -900,20 +931,55 @@ absl::Status Catalog::UpdateIncident(const v1::Incident& inc) {
   }
   v1::Incident record = inc;
   record.set_run(stored.run());
-  {
-    SG_ASSIGN_OR_RETURN(Statement update, db_->Prepare(kUpdateIncidentSql));
-    update.BindInt64(1, record.state())
-        .BindInt64(2, record.verdict())
-        .BindText(3, record.trigger())
-        .BindInt64(4, record.generation())
-        .BindInt64(5, record.onset_step())
-        .BindInt64(6, record.opened_unix_ms())
-        .BindInt64(7, record.closed_unix_ms())
-        .BindBlob(8, Serialize(record))
-        .BindInt64(9, record.id());
-    SG_RETURN_IF_ERROR(update.Run());
+  SG_ASSIGN_OR_RETURN(Statement update, db_->Prepare(kUpdateIncidentSql));
+  update.BindInt64(1, record.state())
+      .BindInt64(2, record.verdict())
+      .BindText(3, record.trigger())
+      .BindInt64(4, record.generation())
+      .BindInt64(5, record.onset_step())
+      .BindInt64(6, record.opened_unix_ms())
+      .BindInt64(7, record.closed_unix_ms())
+      .BindBlob(8, Serialize(record))
+      .BindInt64(9, record.id());
+  return update.Run();
+}
+
+absl::StatusOr<int64_t> Catalog::AppendIncidentEventAndUpdate(int64_t incident_id,
+                                                              std::string_view kind,
+                                                              std::string_view payload,
+                                                              const IncidentUpdateFn& updated) {
+  if (kind.empty()) return absl::InvalidArgumentError("incident event kind is empty");
+  absl::MutexLock lock(&mu_);
+  SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
+  SG_ASSIGN_OR_RETURN(int64_t seq, InsertIncidentEventLocked(incident_id, kind, payload));
+  const v1::Incident& record = updated(seq);
+  if (record.id() != incident_id) {
+    return absl::InvalidArgumentError(absl::StrCat("event of incident ", incident_id,
+                                                   " updates incident ", record.id()));
   }
-  return txn.Commit();
+  SG_RETURN_IF_ERROR(UpdateIncidentLocked(record));
+  SG_RETURN_IF_ERROR(txn.Commit());
+  return seq;
+}
+
+absl::StatusOr<int64_t> Catalog::CreateIncidentWithEvent(std::string_view run,
+                                                         const v1::Incident& inc,
+                                                         std::string_view kind,
+                                                         std::string_view payload,
+                                                         const NewIncidentFn& updated) {
+  if (kind.empty()) return absl::InvalidArgumentError("incident event kind is empty");
+  absl::MutexLock lock(&mu_);
+  SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
+  SG_ASSIGN_OR_RETURN(int64_t id, InsertIncidentLocked(run, inc));
+  SG_ASSIGN_OR_RETURN(int64_t seq, InsertIncidentEventLocked(id, kind, payload));
+  const v1::Incident& record = updated(id, seq);
+  if (record.id() != id) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("new incident ", id, " stored as incident ", record.id()));
+  }
+  SG_RETURN_IF_ERROR(UpdateIncidentLocked(record));
+  SG_RETURN_IF_ERROR(txn.Commit());
+  return id;
 }
 
 absl::StatusOr<v1::Incident> Catalog::GetIncident(int64_t id) {
@@ -943,23 +1009,27 @@ absl::StatusOr<int64_t> Catalog::AppendIncidentEvent(int64_t incident_id, std::s
   if (kind.empty()) return absl::InvalidArgumentError("incident event kind is empty");
   absl::MutexLock lock(&mu_);
   SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
+  SG_ASSIGN_OR_RETURN(int64_t seq, InsertIncidentEventLocked(incident_id, kind, payload));
+  SG_RETURN_IF_ERROR(txn.Commit());
+  return seq;
+}
+
+absl::StatusOr<int64_t> Catalog::InsertIncidentEventLocked(int64_t incident_id,
+                                                           std::string_view kind,
+                                                           std::string_view payload) {
   {
     SG_ASSIGN_OR_RETURN(Statement exists, db_->Prepare(kIncidentExistsSql));
     exists.BindInt64(1, incident_id);
     SG_ASSIGN_OR_RETURN(bool row, exists.Step());
     if (!row) return absl::NotFoundError(absl::StrCat("incident ", incident_id, " not found"));
   }
-  {
-    SG_ASSIGN_OR_RETURN(Statement insert, db_->Prepare(kInsertEventSql));
-    insert.BindInt64(1, incident_id)
-        .BindInt64(2, clock_->NowUnixMillis())
-        .BindText(3, kind)
-        .BindBlob(4, payload);
-    SG_RETURN_IF_ERROR(insert.Run());
-  }
-  const int64_t seq = db_->LastInsertRowId();
-  SG_RETURN_IF_ERROR(txn.Commit());
-  return seq;
+  SG_ASSIGN_OR_RETURN(Statement insert, db_->Prepare(kInsertEventSql));
+  insert.BindInt64(1, incident_id)
+      .BindInt64(2, clock_->NowUnixMillis())
+      .BindText(3, kind)
+      .BindBlob(4, payload);
+  SG_RETURN_IF_ERROR(insert.Run());
+  return db_->LastInsertRowId();
 }
 
 absl::StatusOr<std::vector<StoredEvent>> Catalog::ListIncidentEvents(int64_t incident_id) {

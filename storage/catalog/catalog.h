@@ -38,6 +38,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -248,7 +249,20 @@ class Catalog {
   // group, each rank's high-water mark once per group. Deduplication is the
   // same as IngestReports'. An error status means the transaction failed and
   // nothing of the group is stored.
-  absl::StatusOr<IngestGroupResult> IngestGroup(std::span<const IngestBatch> batches);
+  //
+  // `before_commit`, when given, receives the records the group completes
+  // as soon as they are merged in memory, before the group's writes and its
+  // commit, on the calling thread and with the catalog's lock held:
+  // detection then runs beside the writes and the commit's fsync instead of
+  // after them (acknowledgements still wait for durability). It must only enqueue: any call into the
+  // catalog waits for the commit, and it must not wait for anything that
+  // does. The result's `completed` is then empty. If the commit then fails,
+  // those records were handed over but not stored; the ranks resend them
+  // (their batches were not acknowledged) and they complete again, so a
+  // consumer skips steps it has seen.
+  using CompletedSink = std::function<void(std::vector<CompletedStep>)>;
+  absl::StatusOr<IngestGroupResult> IngestGroup(std::span<const IngestBatch> batches,
+                                                const CompletedSink& before_commit = nullptr);
   // The most open (incomplete) step records kept per (run, generation).
   static constexpr size_t kMaxOpenStepsPerGeneration = 4096;
   // The rank's high-water mark in the generation, -1 if none.
@@ -275,6 +289,19 @@ class Catalog {
   // Append-only; returns the event's seq.
   absl::StatusOr<int64_t> AppendIncidentEvent(int64_t incident_id, std::string_view kind,
                                               std::string_view payload);
+  // One transaction (one fsync) for what an incident's step records: the
+  // event, then the record as `updated(seq)` returns it (called with the
+  // catalog's lock held: it must not call the catalog). Returns the seq.
+  using IncidentUpdateFn = std::function<const v1::Incident&(int64_t seq)>;
+  absl::StatusOr<int64_t> AppendIncidentEventAndUpdate(int64_t incident_id, std::string_view kind,
+                                                       std::string_view payload,
+                                                       const IncidentUpdateFn& updated);
+  // CreateIncident and its first event in one transaction: `updated(id,
+  // seq)` returns the record to store. Returns the id.
+  using NewIncidentFn = std::function<const v1::Incident&(int64_t id, int64_t seq)>;
+  absl::StatusOr<int64_t> CreateIncidentWithEvent(std::string_view run, const v1::Incident& inc,
+                                                  std::string_view kind, std::string_view payload,
+                                                  const NewIncidentFn& updated);
   // In append order.
   absl::StatusOr<std::vector<StoredEvent>> ListIncidentEvents(int64_t incident_id);
 
@@ -352,6 +379,12 @@ class Catalog {
       int64_t run_id, std::string_view run, std::optional<int64_t> step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<v1::Incident> GetIncidentLocked(int64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<int64_t> InsertIncidentLocked(std::string_view run, const v1::Incident& inc)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status UpdateIncidentLocked(const v1::Incident& inc) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<int64_t> InsertIncidentEventLocked(int64_t incident_id, std::string_view kind,
+                                                    std::string_view payload)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<StoredCommand> GetCommandLocked(std::string_view id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<int64_t> CommittedStepLocked(int64_t run_id, int64_t generation, uint32_t rank)
@@ -360,7 +393,8 @@ class Catalog {
   // Open steps and high-water marks mirror what is committed: both are
   // cleared when a group's transaction fails.
   using TimelineKey = std::pair<int64_t, int64_t>;  // (run id, generation)
-  absl::StatusOr<IngestGroupResult> IngestGroupLocked(std::span<const IngestBatch> batches)
+  absl::StatusOr<IngestGroupResult> IngestGroupLocked(std::span<const IngestBatch> batches,
+                                                      const CompletedSink& before_commit)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ForgetOlderTimelinesLocked(int64_t run_id, int64_t generation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

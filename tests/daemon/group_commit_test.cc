@@ -88,11 +88,15 @@ TEST_F(GroupCommitTest, ConcurrentStreamsShareTransactionsAndEachStepCompletesOn
   EXPECT_EQ(duplicates.load(), static_cast<int>(kRanks * (kSteps / 40) * kPerBatch));
   // Batches of different streams shared transactions.
   EXPECT_LT(ingest.groups(), ingest.batches());
-  absl::MutexLock lock(&mu);
-  ASSERT_EQ(completed.size(), static_cast<size_t>(kSteps));
-  for (const auto& [step, times] : completed) {
-    EXPECT_EQ(times, 1) << "step " << step;
-    EXPECT_EQ(ranks_at_completion[step], kRanks) << "step " << step;
+  {
+    // The callback runs with the catalog's lock held: never call the
+    // catalog while holding `mu`.
+    absl::MutexLock lock(&mu);
+    ASSERT_EQ(completed.size(), static_cast<size_t>(kSteps));
+    for (const auto& [step, times] : completed) {
+      EXPECT_EQ(times, 1) << "step " << step;
+      EXPECT_EQ(ranks_at_completion[step], kRanks) << "step " << step;
+    }
   }
   auto stored = catalog_->QueryTelemetry("r", 0, 0, std::nullopt, 0);
   ASSERT_TRUE(stored.ok());

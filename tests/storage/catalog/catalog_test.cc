@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
 #include "storage/catalog/merge.h"
@@ -505,6 +506,113 @@ TEST_F(CatalogTest, GroupCommitMergesRanksOnceAndHandsBackCompletedSteps) {
   EXPECT_EQ(g3->batches[0].status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(g3->batches[0].run_generation, catalog_->GetRun("r")->current_generation());
   EXPECT_EQ(catalog_->QueryTelemetry("r", 0, 2, 3, 0)->at(0).ranks_reported(), 1u);
+}
+
+TEST_F(CatalogTest, GroupCommitHandsCompletedStepsOverBeforeItsCommit) {
+  MakeRun("r", 2);
+  auto batch = [](uint32_t rank, int64_t from, int64_t to) {
+    IngestBatch b;
+    b.run = "r";
+    b.rank = rank;
+    b.world_size = 2;
+    b.reports = Batch(from, to, rank);
+    return b;
+  };
+  std::vector<IngestBatch> first = {batch(0, 0, 2)};
+  std::vector<CompletedStep> early;
+  int calls = 0;
+  auto take = [&](std::vector<CompletedStep> done) {
+    ++calls;
+    early = std::move(done);
+  };
+  auto g1 = catalog_->IngestGroup(first, take);
+  ASSERT_TRUE(g1.ok()) << g1.status();
+  EXPECT_EQ(calls, 0);  // nothing complete: not called
+  std::vector<IngestBatch> second = {batch(1, 0, 1)};
+  auto g2 = catalog_->IngestGroup(second, take);
+  ASSERT_TRUE(g2.ok()) << g2.status();
+  // Steps 0 and 1 were handed over once, early, and not again in the result.
+  EXPECT_EQ(calls, 1);
+  EXPECT_TRUE(g2->completed.empty());
+  ASSERT_EQ(early.size(), 2u);
+  EXPECT_EQ(early[0].record.step(), 0);
+  EXPECT_EQ(early[1].record.step(), 1);
+  EXPECT_EQ(early[1].record.ranks_reported(), 2u);
+  // What was handed over is what the commit stored.
+  auto stored = catalog_->QueryTelemetry("r", 0, 0, 1, 0);
+  ASSERT_TRUE(stored.ok());
+  ASSERT_EQ(stored->size(), 2u);
+  EXPECT_EQ((*stored)[1].SerializeAsString(), early[1].record.SerializeAsString());
+  // Step 2 completes later, once.
+  early.clear();
+  std::vector<IngestBatch> third = {batch(1, 2, 2)};
+  ASSERT_TRUE(catalog_->IngestGroup(third, take).ok());
+  EXPECT_EQ(calls, 2);
+  ASSERT_EQ(early.size(), 1u);
+  EXPECT_EQ(early[0].record.step(), 2);
+}
+
+TEST_F(CatalogTest, AnIncidentEventAndTheRecordItLeavesAreOneTransaction) {
+  MakeRun("r");
+  v1::Incident initial;
+  initial.set_state(v1::DETECTED);
+  initial.set_onset_step(40);
+  v1::Incident held;
+  const auto id = catalog_->CreateIncidentWithEvent(
+      "r", initial, "opened", "payload-1", [&](int64_t new_id, int64_t seq) -> const v1::Incident& {
+        held = initial;
+        held.set_id(new_id);
+        held.set_trigger(absl::StrCat("seq ", seq));
+        return held;
+      });
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto stored = catalog_->GetIncident(*id);
+  ASSERT_TRUE(stored.ok());
+  EXPECT_EQ(stored->run(), "r");
+  EXPECT_EQ(stored->onset_step(), 40);
+  auto events = catalog_->ListIncidentEvents(*id);
+  ASSERT_TRUE(events.ok());
+  ASSERT_EQ(events->size(), 1u);
+  EXPECT_EQ((*events)[0].kind, "opened");
+  // The record saved is the one built from the event's seq.
+  EXPECT_EQ(stored->trigger(), absl::StrCat("seq ", (*events)[0].seq));
+
+  // A later event and the record it leaves.
+  const auto seq = catalog_->AppendIncidentEventAndUpdate(
+      *id, "verdict", "payload-2", [&](int64_t s) -> const v1::Incident& {
+        held.set_state(v1::CLOSED);
+        held.set_trigger(absl::StrCat("seq ", s));
+        return held;
+      });
+  ASSERT_TRUE(seq.ok()) << seq.status();
+  EXPECT_EQ(catalog_->GetIncident(*id)->state(), v1::CLOSED);
+  EXPECT_EQ(catalog_->ListIncidentEvents(*id)->size(), 2u);
+
+  // When the record cannot be saved, the event is not stored either.
+  const auto bad = catalog_->AppendIncidentEventAndUpdate(
+      *id, "note", "never", [&](int64_t) -> const v1::Incident& {
+        held.set_id(*id + 100);  // another incident: refused
+        return held;
+      });
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(catalog_->ListIncidentEvents(*id)->size(), 2u);
+  EXPECT_EQ(catalog_->GetIncident(*id)->state(), v1::CLOSED);
+  // An unknown incident: NOT_FOUND, nothing stored.
+  EXPECT_EQ(catalog_
+                ->AppendIncidentEventAndUpdate(12345, "x", "",
+                                               [&](int64_t) -> const v1::Incident& { return held; })
+                .status()
+                .code(),
+            absl::StatusCode::kNotFound);
+  // A new incident whose record cannot be saved leaves no incident behind.
+  const size_t before = catalog_->ListIncidents({})->size();
+  const auto none = catalog_->CreateIncidentWithEvent(
+      "r", initial, "opened", "p", [&](int64_t new_id, int64_t) -> const v1::Incident& {
+        held.set_id(new_id + 7);
+        return held;
+      });
+  EXPECT_FALSE(none.ok());
+  EXPECT_EQ(catalog_->ListIncidents({})->size(), before);
 }
 
 TEST(CatalogFile, GroupCommitMergesWithRecordsStoredBeforeAReopen) {
