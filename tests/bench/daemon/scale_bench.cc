@@ -3,7 +3,7 @@
 //
 //   scale_bench --daemon PATH/spikeguardd --out DIR [--ranks 10000]
 //               [--minutes 10] [--step-seconds 3] [--layers 8] [--channels 16]
-//               [--small-ranks 10]
+//               [--small-ranks 10] [--runs 500]
 //
 // Starts spikeguardd as a child process (its own RSS and threads are read
 // from /proc), creates one run of --ranks ranks, and simulates every rank
@@ -16,7 +16,10 @@
 // batch's age, the daemon's RSS and threads, catalog bytes and run-level
 // steps completed. At the end: catalog bytes per completed step at --ranks
 // and, from a second daemon, at --small-ranks, for the same number of steps
-// (growth per step independent of rank count means the two match).
+// (growth per step independent of rank count means the two match). RSS per
+// connected rank is (RSS at the end - RSS before any rank attached) / ranks;
+// RSS per run comes from a third daemon holding --runs runs of one rank each
+// (each attached and 200 steps reported), against its RSS before them.
 //
 // A benchmark prints figures (DIR/scale_bench.md); it fails (exit 1) only
 // when it cannot run.
@@ -305,6 +308,8 @@ struct Options {
   int layers = 8;
   int channels = 16;
   int small_ranks = 10;
+  // Runs of one rank each for the per-run RSS figure (0: skipped).
+  int runs = 500;
 };
 
 struct PhaseResult {
@@ -339,12 +344,74 @@ void ReadCatalogRows(const std::string& db, PhaseResult* out) {
   sqlite3_close(conn);
 }
 
+// RSS per run: `runs` runs of one rank each, every rank attached and
+// reporting `steps` steps (so each run has its detectors, pipeline, cache
+// and stream), against the same daemon before the first run was created.
+std::string RunsPhase(const Options& opt, const std::string& dir, int runs, int steps) {
+  DaemonProcess daemon(opt.daemon, dir, runs);
+  const int64_t rss_idle = ProcStatus(daemon.pid, "VmRSS");
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  std::vector<std::unique_ptr<v1::WorkerService::Stub>> stubs;
+  for (int c = 0; c < opt.channels; ++c) {
+    grpc::ChannelArguments args;
+    args.SetInt("spikeguard_bench_channel", c);
+    channels.push_back(
+        grpc::CreateCustomChannel(daemon.address(), grpc::InsecureChannelCredentials(), args));
+    stubs.push_back(v1::WorkerService::NewStub(channels.back()));
+  }
+  Totals totals;
+  std::vector<std::unique_ptr<RankStream>> streams;
+  for (int i = 0; i < runs; ++i) {
+    const std::string run = absl::StrCat("run-", i);
+    CreateRun(daemon.address(), run, 1);
+    streams.push_back(std::make_unique<RankStream>(stubs[i % opt.channels].get(), run, 0, 1,
+                                                   &totals));
+  }
+  const auto start = Clock::now();
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(totals.mu);
+      if (totals.welcomed == runs) break;
+      if (totals.ended > 0) Die("a stream ended before its welcome: " + totals.last_error);
+    }
+    if (Clock::now() - start > std::chrono::seconds(300)) Die("runs not welcomed in 300 s");
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  TraceSpec spec;
+  spec.layers = opt.layers;
+  spec.seed = 4;
+  TraceModel model(spec);
+  for (int k = 0; k < steps; ++k) {
+    for (auto& st : streams) st->Report(model.Report(0, k));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  while (true) {
+    double oldest = 0;
+    const auto now = Clock::now();
+    for (auto& st : streams) oldest = std::max(oldest, st->OldestUnackedMs(now));
+    if (oldest == 0) break;
+    if (now - start > std::chrono::seconds(600)) Die("run batches unacknowledged after 600 s");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(2));  // pipelines drained
+  const int64_t rss = ProcStatus(daemon.pid, "VmRSS");
+  for (auto& st : streams) st->Cancel();
+  for (auto& st : streams) st->WaitDone();
+  return absl::StrFormat(
+      "%d runs of one rank each, %d steps each, %d layers: daemon RSS %.1f -> %.1f MiB, %.1f KiB "
+      "per run (with its one connected rank)",
+      runs, steps, opt.layers, static_cast<double>(rss_idle) / 1024,
+      static_cast<double>(rss) / 1024, static_cast<double>(rss - rss_idle) / runs);
+}
+
 // Holds `ranks` ranks for `seconds`; prints the 10 s samples when `verbose`.
 PhaseResult RunPhase(const Options& opt, const std::string& dir, int ranks, double seconds,
                      double step_seconds, bool verbose, std::string* md) {
   DaemonProcess daemon(opt.daemon, dir, ranks);
   const std::string run = "scale";
   CreateRun(daemon.address(), run, static_cast<uint32_t>(ranks));
+  // The daemon before any rank attached: the base of the per-rank figure.
+  const int64_t rss_idle = ProcStatus(daemon.pid, "VmRSS");
   std::vector<std::shared_ptr<grpc::Channel>> channels;
   std::vector<std::unique_ptr<v1::WorkerService::Stub>> stubs;
   for (int c = 0; c < opt.channels; ++c) {
@@ -464,11 +531,13 @@ PhaseResult RunPhase(const Options& opt, const std::string& dir, int ranks, doub
     }
     const std::string summary = absl::StrFormat(
         "%d ranks, %.0f s, one step every %.1f s per rank, %d layers: %d acks, ack max %.1f ms, "
-        "oldest unacknowledged batch at any sample %.0f ms; daemon RSS %.1f -> %.1f MiB "
-        "(%.1f KiB per rank at the end), threads %d..%d",
+        "oldest unacknowledged batch at any sample %.0f ms; daemon RSS %.1f -> %.1f MiB, "
+        "%.1f MiB before any rank attached: %.1f KiB per connected rank at the end "
+        "((RSS - idle RSS) / ranks), threads %d..%d",
         ranks, seconds, step_seconds, opt.layers, totals.acks, max_ack, worst_unacked,
         static_cast<double>(rss_first) / 1024, static_cast<double>(rss_last) / 1024,
-        static_cast<double>(rss_last) / ranks, threads_min, threads_max);
+        static_cast<double>(rss_idle) / 1024,
+        static_cast<double>(rss_last - rss_idle) / ranks, threads_min, threads_max);
     std::cout << summary << "\n";
     *md += "\n" + summary + ".\n\n";
   }
@@ -517,9 +586,12 @@ int main(int argc, char** argv) {
     } else if (a == "--small-ranks") {
       number(&d);
       opt.small_ranks = static_cast<int>(d);
+    } else if (a == "--runs") {
+      number(&d);
+      opt.runs = static_cast<int>(d);
     } else {
       Die("usage: scale_bench --daemon PATH --out DIR [--ranks N] [--minutes M] "
-          "[--step-seconds S] [--layers L] [--channels C] [--small-ranks N]");
+          "[--step-seconds S] [--layers L] [--channels C] [--small-ranks N] [--runs N]");
     }
   }
   if (opt.daemon.empty() || opt.out.empty()) Die("--daemon and --out are required");
@@ -551,6 +623,11 @@ int main(int argc, char** argv) {
       per(small.step_record_bytes, small.step_rows), small.rank_rows, small.catalog_bytes);
   std::cout << growth << "\n";
   md += growth + ".\n";
+  if (opt.runs > 0) {
+    const std::string per_run = RunsPhase(opt, scratch + "/runs", opt.runs, 200);
+    std::cout << per_run << "\n";
+    md += "\n" + per_run + ".\n";
+  }
   std::ofstream(opt.out + "/scale_bench.md") << md;
   std::cout << "wrote " << opt.out << "/scale_bench.md\n";
   std::error_code ec;
