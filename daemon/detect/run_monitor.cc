@@ -53,6 +53,7 @@ void RunMonitor::Reset() {
   blips_.clear();
   domains_.clear();
   domain_corroborates_.clear();
+  localized_.reset();
 }
 
 size_t RunMonitor::footprint() const {
@@ -65,6 +66,12 @@ size_t RunMonitor::footprint() const {
 }
 
 Localization RunMonitor::LocalizeNow(int64_t up_to_step) const {
+  // Several events of one step (a loss and a grad-norm onset) localize the
+  // same onset: the fit over every per-layer series runs once.
+  if (localized_ && localized_->up_to_step == up_to_step && localized_->at_step == last_step_ &&
+      localized_->warnings == recent_.size()) {
+    return localized_->loc;
+  }
   Localization loc = Localize(precursor_.Histories(), up_to_step, options_.localization);
   // Per-layer warnings in the horizon replace their series' lookback dating.
   for (const PrecursorWarning& w : recent_) {
@@ -93,6 +100,7 @@ Localization RunMonitor::LocalizeNow(int64_t up_to_step) const {
                      }
                      return a.departure.significance > b.departure.significance;
                    });
+  localized_ = LocalizedAt{up_to_step, last_step_, recent_.size(), loc};
   return loc;
 }
 

@@ -246,6 +246,15 @@ class RunMonitor {
   // Steps at which one domain held the excess, with the domain's name.
   std::deque<std::pair<int64_t, std::string>> domain_corroborates_;
   mutable std::vector<double> scratch_;
+  // The last localization (LocalizeNow), valid for the same onset while no
+  // new step or warning arrived.
+  struct LocalizedAt {
+    int64_t up_to_step = 0;
+    std::optional<int64_t> at_step;
+    size_t warnings = 0;
+    Localization loc;
+  };
+  mutable std::optional<LocalizedAt> localized_;
 };
 
 }  // namespace spikeguard::detect
