@@ -1,7 +1,7 @@
 // spikeguardd: the spikeguard daemon.
 //
 //   spikeguardd --listen=127.0.0.1:7070 --data-dir=/var/lib/spikeguard
-//   spikeguardd --listen=0.0.0.0:7070 --tls-cert=server.pem --tls-key=server.key \
+//   spikeguardd --listen=0.0.0.0:7070 --tls-cert=server.pem --tls-key=server.key
 //               --tls-client-ca=clients-ca.pem --tokens=/etc/spikeguard/tokens
 //
 // SIGHUP re-reads the tokens file; SIGTERM/SIGINT shut down.
