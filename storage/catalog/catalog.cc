@@ -951,13 +951,7 @@ absl::StatusOr<int64_t> Catalog::AppendIncidentEventAndUpdate(int64_t incident_i
   if (kind.empty()) return absl::InvalidArgumentError("incident event kind is empty");
   absl::MutexLock lock(&mu_);
   SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
-  SG_ASSIGN_OR_RETURN(int64_t seq, InsertIncidentEventLocked(incident_id, kind, payload));
-  const v1::Incident& record = updated(seq);
-  if (record.id() != incident_id) {
-    return absl::InvalidArgumentError(absl::StrCat("event of incident ", incident_id,
-                                                   " updates incident ", record.id()));
-  }
-  SG_RETURN_IF_ERROR(UpdateIncidentLocked(record));
+  SG_ASSIGN_OR_RETURN(int64_t seq, RecordIncidentEventLocked(incident_id, kind, payload, updated));
   SG_RETURN_IF_ERROR(txn.Commit());
   return seq;
 }
@@ -971,15 +965,27 @@ absl::StatusOr<int64_t> Catalog::CreateIncidentWithEvent(std::string_view run,
   absl::MutexLock lock(&mu_);
   SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
   SG_ASSIGN_OR_RETURN(int64_t id, InsertIncidentLocked(run, inc));
-  SG_ASSIGN_OR_RETURN(int64_t seq, InsertIncidentEventLocked(id, kind, payload));
-  const v1::Incident& record = updated(id, seq);
-  if (record.id() != id) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("new incident ", id, " stored as incident ", record.id()));
-  }
-  SG_RETURN_IF_ERROR(UpdateIncidentLocked(record));
+  SG_RETURN_IF_ERROR(RecordIncidentEventLocked(id, kind, payload,
+                                               [&](int64_t seq) -> const v1::Incident& {
+                                                 return updated(id, seq);
+                                               })
+                         .status());
   SG_RETURN_IF_ERROR(txn.Commit());
   return id;
+}
+
+absl::StatusOr<int64_t> Catalog::RecordIncidentEventLocked(int64_t incident_id,
+                                                           std::string_view kind,
+                                                           std::string_view payload,
+                                                           const IncidentUpdateFn& updated) {
+  SG_ASSIGN_OR_RETURN(int64_t seq, InsertIncidentEventLocked(incident_id, kind, payload));
+  const v1::Incident& record = updated(seq);
+  if (record.id() != incident_id) {
+    return absl::InvalidArgumentError(absl::StrCat("event of incident ", incident_id,
+                                                   " would store incident ", record.id()));
+  }
+  SG_RETURN_IF_ERROR(UpdateIncidentLocked(record));
+  return seq;
 }
 
 absl::StatusOr<v1::Incident> Catalog::GetIncident(int64_t id) {

@@ -385,6 +385,12 @@ class Catalog {
   absl::StatusOr<int64_t> InsertIncidentEventLocked(int64_t incident_id, std::string_view kind,
                                                     std::string_view payload)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The event, then the record `updated(seq)` returns (its id must be
+  // `incident_id`), inside the caller's transaction.
+  absl::StatusOr<int64_t> RecordIncidentEventLocked(int64_t incident_id, std::string_view kind,
+                                                    std::string_view payload,
+                                                    const IncidentUpdateFn& updated)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<StoredCommand> GetCommandLocked(std::string_view id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<int64_t> CommittedStepLocked(int64_t run_id, int64_t generation, uint32_t rank)
