@@ -116,24 +116,23 @@ void Supervisor::TickLoop() {
   }
 }
 
-void Supervisor::WaitForRoom() {
-  absl::MutexLock lock(&exec_mu_);
+void Supervisor::AwaitRoomLocked() {
   auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_) {
     return exec_stopping_ || queued_records_ < kMaxQueuedRecords;
   };
   exec_mu_.Await(absl::Condition(&room));
 }
 
+void Supervisor::WaitForRoom() {
+  absl::MutexLock lock(&exec_mu_);
+  AwaitRoomLocked();
+}
+
 void Supervisor::Post(const std::string& run, int64_t records, std::function<void()> task,
                       bool wait) {
   absl::MutexLock lock(&exec_mu_);
   if (exec_stopping_ || !exec_started_) return;
-  if (wait) {
-    auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_) {
-      return exec_stopping_ || queued_records_ < kMaxQueuedRecords;
-    };
-    exec_mu_.Await(absl::Condition(&room));
-  }
+  if (wait) AwaitRoomLocked();
   if (exec_stopping_) return;
   auto& slot = pipelines_[run];
   if (slot == nullptr) {
@@ -348,13 +347,14 @@ void Supervisor::Deliver(Pipeline* p, std::vector<storage::CompletedStep> record
     if (r.generation() > m.generation) ResetMonitor(p->run, r.generation(), r.step(), &m);
     if (r.step() < m.next_step) continue;  // delivered before
     const std::vector<incident::Detection> detections = Detect(p->run, &m, r);
+    const incident::StepObservation observation = ToObservation(r);
     m.next_step = r.step() + 1;
     int64_t opened_ns = 0;
     {
       absl::MutexLock lock(&mu_);
       opened_at_ns_.store(0);
       if (engine_) {
-        if (absl::Status s = engine_->OnStep(p->run, ToObservation(r)); !s.ok()) {
+        if (absl::Status s = engine_->OnStep(p->run, observation); !s.ok()) {
           SG_LOG(ERROR) << "run " << p->run << ": incident engine: " << s;
         }
         for (const incident::Detection& d : detections) {

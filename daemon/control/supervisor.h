@@ -132,6 +132,7 @@ class Supervisor {
   // `wait`: first wait for room (WaitForRoom).
   void Post(const std::string& run, int64_t records, std::function<void()> task,
             bool wait = true);
+  void AwaitRoomLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_);
   void PipelineLoop();
   // On the run's pipeline.
   // Records each delivered record's latency from `arrived` (the others
