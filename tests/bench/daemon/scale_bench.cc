@@ -344,39 +344,73 @@ void ReadCatalogRows(const std::string& db, PhaseResult* out) {
   sqlite3_close(conn);
 }
 
+// --channels HTTP/2 connections to the daemon (distinct channel args keep
+// gRPC from sharing one), a WorkerService stub on each.
+struct Connections {
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  std::vector<std::unique_ptr<v1::WorkerService::Stub>> stubs;
+  v1::WorkerService::Stub* For(int i) { return stubs[i % stubs.size()].get(); }
+};
+
+Connections Connect(const std::string& address, int n) {
+  Connections c;
+  for (int i = 0; i < n; ++i) {
+    grpc::ChannelArguments args;
+    args.SetInt("spikeguard_bench_channel", i);  // distinct connections
+    c.channels.push_back(
+        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+    c.stubs.push_back(v1::WorkerService::NewStub(c.channels.back()));
+  }
+  return c;
+}
+
+// Until `n` streams were welcomed (dies after 300 s or when one ended).
+void AwaitWelcomes(Totals& totals, int n, const char* what) {
+  const auto start = Clock::now();
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(totals.mu);
+      if (totals.welcomed == n) return;
+      if (totals.ended > 0) Die("a stream ended before its welcome: " + totals.last_error);
+      if (Clock::now() - start > std::chrono::seconds(300)) {
+        Die(absl::StrCat("only ", totals.welcomed, " of ", n, " ", what, " welcomed in 300 s"));
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+// Until every batch handed to `streams` is acknowledged.
+void AwaitAllAcked(const std::vector<std::unique_ptr<RankStream>>& streams,
+                   std::chrono::seconds limit) {
+  const auto start = Clock::now();
+  while (true) {
+    double oldest = 0;
+    const auto now = Clock::now();
+    for (auto& st : streams) oldest = std::max(oldest, st->OldestUnackedMs(now));
+    if (oldest == 0) return;
+    if (now - start > limit) {
+      Die(absl::StrCat("batches unacknowledged after ", limit.count(), " s"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 // RSS per run: `runs` runs of one rank each, every rank attached and
 // reporting `steps` steps (so each run has its detectors, pipeline, cache
 // and stream), against the same daemon before the first run was created.
 std::string RunsPhase(const Options& opt, const std::string& dir, int runs, int steps) {
   DaemonProcess daemon(opt.daemon, dir, runs);
   const int64_t rss_idle = ProcStatus(daemon.pid, "VmRSS");
-  std::vector<std::shared_ptr<grpc::Channel>> channels;
-  std::vector<std::unique_ptr<v1::WorkerService::Stub>> stubs;
-  for (int c = 0; c < opt.channels; ++c) {
-    grpc::ChannelArguments args;
-    args.SetInt("spikeguard_bench_channel", c);
-    channels.push_back(
-        grpc::CreateCustomChannel(daemon.address(), grpc::InsecureChannelCredentials(), args));
-    stubs.push_back(v1::WorkerService::NewStub(channels.back()));
-  }
+  Connections conns = Connect(daemon.address(), opt.channels);
   Totals totals;
   std::vector<std::unique_ptr<RankStream>> streams;
   for (int i = 0; i < runs; ++i) {
     const std::string run = absl::StrCat("run-", i);
     CreateRun(daemon.address(), run, 1);
-    streams.push_back(std::make_unique<RankStream>(stubs[i % opt.channels].get(), run, 0, 1,
-                                                   &totals));
+    streams.push_back(std::make_unique<RankStream>(conns.For(i), run, 0, 1, &totals));
   }
-  const auto start = Clock::now();
-  while (true) {
-    {
-      std::lock_guard<std::mutex> lock(totals.mu);
-      if (totals.welcomed == runs) break;
-      if (totals.ended > 0) Die("a stream ended before its welcome: " + totals.last_error);
-    }
-    if (Clock::now() - start > std::chrono::seconds(300)) Die("runs not welcomed in 300 s");
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  AwaitWelcomes(totals, runs, "runs");
   TraceSpec spec;
   spec.layers = opt.layers;
   spec.seed = 4;
@@ -385,14 +419,7 @@ std::string RunsPhase(const Options& opt, const std::string& dir, int runs, int 
     for (auto& st : streams) st->Report(model.Report(0, k));
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  while (true) {
-    double oldest = 0;
-    const auto now = Clock::now();
-    for (auto& st : streams) oldest = std::max(oldest, st->OldestUnackedMs(now));
-    if (oldest == 0) break;
-    if (now - start > std::chrono::seconds(600)) Die("run batches unacknowledged after 600 s");
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  AwaitAllAcked(streams, std::chrono::seconds(600));
   std::this_thread::sleep_for(std::chrono::seconds(2));  // pipelines drained
   const int64_t rss = ProcStatus(daemon.pid, "VmRSS");
   for (auto& st : streams) st->Cancel();
@@ -412,34 +439,15 @@ PhaseResult RunPhase(const Options& opt, const std::string& dir, int ranks, doub
   CreateRun(daemon.address(), run, static_cast<uint32_t>(ranks));
   // The daemon before any rank attached: the base of the per-rank figure.
   const int64_t rss_idle = ProcStatus(daemon.pid, "VmRSS");
-  std::vector<std::shared_ptr<grpc::Channel>> channels;
-  std::vector<std::unique_ptr<v1::WorkerService::Stub>> stubs;
-  for (int c = 0; c < opt.channels; ++c) {
-    grpc::ChannelArguments args;
-    args.SetInt("spikeguard_bench_channel", c);  // distinct connections
-    channels.push_back(
-        grpc::CreateCustomChannel(daemon.address(), grpc::InsecureChannelCredentials(), args));
-    stubs.push_back(v1::WorkerService::NewStub(channels.back()));
-  }
+  Connections conns = Connect(daemon.address(), opt.channels);
   Totals totals;
   std::vector<std::unique_ptr<RankStream>> streams;
   const auto connect_start = Clock::now();
   for (int r = 0; r < ranks; ++r) {
-    streams.push_back(std::make_unique<RankStream>(stubs[r % opt.channels].get(), run,
-                                                   static_cast<uint32_t>(r),
+    streams.push_back(std::make_unique<RankStream>(conns.For(r), run, static_cast<uint32_t>(r),
                                                    static_cast<uint32_t>(ranks), &totals));
   }
-  while (true) {
-    {
-      std::lock_guard<std::mutex> lock(totals.mu);
-      if (totals.welcomed == ranks) break;
-      if (totals.ended > 0) Die("a stream ended before its welcome: " + totals.last_error);
-    }
-    if (Clock::now() - connect_start > std::chrono::seconds(300)) {
-      Die(absl::StrCat("only ", totals.welcomed, " of ", ranks, " ranks welcomed in 300 s"));
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  AwaitWelcomes(totals, ranks, "ranks");
   const double connect_s = Ms(Clock::now() - connect_start) / 1e3;
   if (verbose) {
     std::cout << absl::StrFormat("%d ranks attached in %.1f s over %d connections\n", ranks,
@@ -510,15 +518,7 @@ PhaseResult RunPhase(const Options& opt, const std::string& dir, int ranks, doub
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   // Drain: every batch acknowledged.
-  const auto drain_start = Clock::now();
-  while (true) {
-    double oldest = 0;
-    const auto now = Clock::now();
-    for (auto& s : streams) oldest = std::max(oldest, s->OldestUnackedMs(now));
-    if (oldest == 0) break;
-    if (now - drain_start > std::chrono::seconds(120)) Die("batches unacknowledged after 120 s");
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  AwaitAllAcked(streams, std::chrono::seconds(120));
   PhaseResult result;
   result.steps = StepsCompleted(daemon.address(), run);
   for (auto& s : streams) s->Cancel();
