@@ -86,7 +86,7 @@ std::shared_ptr<const CatalogSnapshot> ReadCatalog(daemon::DaemonState* state) {
       state->catalog->ListIncidents(storage::IncidentFilter{});
   snap->incidents_ok = incidents.ok();
   if (!incidents.ok()) return snap;
-  for (const std::string& v : {"transient", "data", "fragility", "numerics", "inconclusive"}) {
+  for (const char* v : {"transient", "data", "fragility", "numerics", "inconclusive"}) {
     snap->closed[v] = 0;
   }
   for (const v1::Incident& inc : *incidents) {
@@ -99,7 +99,7 @@ std::shared_ptr<const CatalogSnapshot> ReadCatalog(daemon::DaemonState* state) {
     snap->steps += static_cast<double>(inc.cost().steps_reexecuted());
   }
   snap->opened = static_cast<double>(incidents->size());
-  for (const std::string& kind : {"replay", "skip", "bisect", "transplant", "fix"}) {
+  for (const char* kind : {"replay", "skip", "bisect", "transplant", "fix"}) {
     snap->probes.try_emplace(kind, 0);
   }
   return snap;

@@ -218,7 +218,9 @@ TEST(SlurmProfile, TheDeployExampleLoadsAndAsksForSixteenTasks) {
 }
 
 TEST(SlurmCliErrors, AMissingScontrolIsUnreachableNotAForgottenJob) {
-  SlurmCli slurm({.bin_dir = "/nonexistent/slurm/bin"});
+  SlurmCli::Options options;
+  options.bin_dir = "/nonexistent/slurm/bin";
+  SlurmCli slurm(options);
   absl::StatusOr<SlurmJob> job = slurm.Query(42);
   EXPECT_TRUE(absl::IsUnavailable(job.status())) << job.status();
   EXPECT_THAT(job.status().message(), HasSubstr("cannot ask Slurm about job 42"));
