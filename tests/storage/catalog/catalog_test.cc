@@ -9,6 +9,8 @@
 #include <thread>
 #include <vector>
 
+#include <sqlite3.h>
+
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
@@ -508,8 +510,31 @@ TEST_F(CatalogTest, GroupCommitMergesRanksOnceAndHandsBackCompletedSteps) {
   EXPECT_EQ(catalog_->QueryTelemetry("r", 0, 2, 3, 0)->at(0).ranks_reported(), 1u);
 }
 
-TEST_F(CatalogTest, GroupCommitHandsCompletedStepsOverBeforeItsCommit) {
-  MakeRun("r", 2);
+// What another connection sees of a step: its ranks_reported, -1 if absent.
+int64_t StoredRanks(const std::string& path, int64_t step) {
+  sqlite3* db = nullptr;
+  EXPECT_EQ(sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
+  sqlite3_stmt* st = nullptr;
+  EXPECT_EQ(sqlite3_prepare_v2(db, "SELECT ranks_reported FROM step_telemetry WHERE step = ?",
+                               -1, &st, nullptr),
+            SQLITE_OK);
+  sqlite3_bind_int64(st, 1, step);
+  const int64_t out = sqlite3_step(st) == SQLITE_ROW ? sqlite3_column_int64(st, 0) : -1;
+  sqlite3_finalize(st);
+  sqlite3_close(db);
+  return out;
+}
+
+TEST(CatalogFile, GroupCommitHandsCompletedStepsOverBeforeItsCommit) {
+  TempDir dir;
+  const std::string path = dir.File("catalog.db");
+  auto opened = Catalog::Open({.path = path});
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  Catalog& catalog = **opened;
+  v1::Run run;
+  run.set_name("r");
+  run.set_world_size(2);
+  ASSERT_TRUE(catalog.CreateRun(run).ok());
   auto batch = [](uint32_t rank, int64_t from, int64_t to) {
     IngestBatch b;
     b.run = "r";
@@ -518,35 +543,41 @@ TEST_F(CatalogTest, GroupCommitHandsCompletedStepsOverBeforeItsCommit) {
     b.reports = Batch(from, to, rank);
     return b;
   };
-  std::vector<IngestBatch> first = {batch(0, 0, 2)};
   std::vector<CompletedStep> early;
+  std::vector<int64_t> seen_by_others;  // step 1's ranks_reported, read in the callback
   int calls = 0;
   auto take = [&](std::vector<CompletedStep> done) {
     ++calls;
+    seen_by_others.push_back(StoredRanks(path, 1));
     early = std::move(done);
   };
-  auto g1 = catalog_->IngestGroup(first, take);
-  ASSERT_TRUE(g1.ok()) << g1.status();
+  std::vector<IngestBatch> first = {batch(0, 0, 2)};
+  ASSERT_TRUE(catalog.IngestGroup(first, take).ok());
   EXPECT_EQ(calls, 0);  // nothing complete: not called
+  EXPECT_EQ(StoredRanks(path, 1), 1);
   std::vector<IngestBatch> second = {batch(1, 0, 1)};
-  auto g2 = catalog_->IngestGroup(second, take);
+  auto g2 = catalog.IngestGroup(second, take);
   ASSERT_TRUE(g2.ok()) << g2.status();
-  // Steps 0 and 1 were handed over once, early, and not again in the result.
+  // Steps 0 and 1 were handed over once, before the group that completes
+  // them was committed (another connection still saw rank 0 alone), and
+  // not again in the result.
   EXPECT_EQ(calls, 1);
+  EXPECT_EQ(seen_by_others, std::vector<int64_t>{1});
   EXPECT_TRUE(g2->completed.empty());
   ASSERT_EQ(early.size(), 2u);
   EXPECT_EQ(early[0].record.step(), 0);
   EXPECT_EQ(early[1].record.step(), 1);
   EXPECT_EQ(early[1].record.ranks_reported(), 2u);
-  // What was handed over is what the commit stored.
-  auto stored = catalog_->QueryTelemetry("r", 0, 0, 1, 0);
+  // Durable once IngestGroup returned, and equal to what was handed over.
+  EXPECT_EQ(StoredRanks(path, 1), 2);
+  auto stored = catalog.QueryTelemetry("r", 0, 0, 1, 0);
   ASSERT_TRUE(stored.ok());
   ASSERT_EQ(stored->size(), 2u);
   EXPECT_EQ((*stored)[1].SerializeAsString(), early[1].record.SerializeAsString());
   // Step 2 completes later, once.
   early.clear();
   std::vector<IngestBatch> third = {batch(1, 2, 2)};
-  ASSERT_TRUE(catalog_->IngestGroup(third, take).ok());
+  ASSERT_TRUE(catalog.IngestGroup(third, take).ok());
   EXPECT_EQ(calls, 2);
   ASSERT_EQ(early.size(), 1u);
   EXPECT_EQ(early[0].record.step(), 2);
