@@ -1,0 +1,1 @@
+// worker_session.h: placeholder, filled in by the issue 11 adapter work.
