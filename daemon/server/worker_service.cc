@@ -5,7 +5,6 @@
 #include <deque>
 #include <functional>
 #include <memory>
-#include <span>
 #include <map>
 #include <optional>
 #include <set>
@@ -13,122 +12,22 @@
 #include <thread>
 #include <vector>
 
-#include "absl/base/const_init.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/logging.h"
 #include "daemon/auth/authorizer.h"
 #include "daemon/control/supervisor.h"
-#include "daemon/launch/checkpoint_guard.h"
+#include "daemon/ingest/worker_session.h"
 #include "daemon/server/audit_interceptor.h"
 #include "daemon/server/parse_errors.h"
 #include "daemon/server/status_util.h"
 #include "grpc/grpc.h"
-#include "google/protobuf/map.h"
 
 namespace spikeguard::daemon {
-namespace {
 
 using spikeguard::v1::ControllerMessage;
-using spikeguard::v1::DataOrder;
 using spikeguard::v1::Reject;
 using spikeguard::v1::WorkerMessage;
-
-// Serializes the data-order check and its recording across attaching ranks.
-ABSL_CONST_INIT absl::Mutex data_order_mu(absl::kConstInit);
-
-std::string FormatBlend(const google::protobuf::Map<std::string, double>& blend) {
-  if (blend.empty()) return "{} (equal weights)";
-  std::map<std::string, double> sorted(blend.begin(), blend.end());
-  std::string out = "{";
-  for (const auto& [domain, weight] : sorted) {
-    absl::StrAppend(&out, out.size() > 1 ? ", " : "", domain, ": ", weight);
-  }
-  return out + "}";
-}
-
-bool SameBlend(const google::protobuf::Map<std::string, double>& a,
-               const google::protobuf::Map<std::string, double>& b) {
-  if (a.size() != b.size()) return false;
-  for (const auto& [domain, weight] : a) {
-    auto it = b.find(domain);
-    if (it == b.end() || it->second != weight) return false;
-  }
-  return true;
-}
-
-// The first field where the worker's order differs from what `manifest`
-// fixes (a field the manifest leaves unset fixes nothing); "" when none.
-std::string ManifestConflict(const spikeguard::v1::Manifest& manifest, const DataOrder& worker) {
-  if (!manifest.dataset_fingerprint().empty() &&
-      manifest.dataset_fingerprint() != worker.dataset_fingerprint()) {
-    return absl::StrCat("hello.data_order.dataset_fingerprint: the worker trains on '",
-                        worker.dataset_fingerprint(), "', the run's manifest says '",
-                        manifest.dataset_fingerprint(), "'");
-  }
-  if (manifest.seed() != 0 && manifest.seed() != worker.seed()) {
-    return absl::StrCat("hello.data_order.seed: the worker trains with seed ", worker.seed(),
-                        ", the run's manifest says ", manifest.seed());
-  }
-  if (manifest.global_batch_size() > 0 &&
-      manifest.global_batch_size() != worker.global_batch_size()) {
-    return absl::StrCat("hello.data_order.global_batch_size: the worker trains with ",
-                        worker.global_batch_size(), ", the run's manifest says ",
-                        manifest.global_batch_size());
-  }
-  if (manifest.sequence_length() > 0 && manifest.sequence_length() != worker.sequence_length()) {
-    return absl::StrCat("hello.data_order.sequence_length: the worker trains with ",
-                        worker.sequence_length(), ", the run's manifest says ",
-                        manifest.sequence_length());
-  }
-  if (!manifest.blend().empty() && !SameBlend(manifest.blend(), worker.blend())) {
-    return absl::StrCat("hello.data_order.blend: the worker trains with ",
-                        FormatBlend(worker.blend()), ", the run's manifest says ",
-                        FormatBlend(manifest.blend()));
-  }
-  return "";
-}
-
-// The first field where rank `rank`'s order differs from the one the run's
-// other ranks train with; "" when none.
-std::string RankConflict(const DataOrder& recorded, const DataOrder& worker, uint32_t rank) {
-  const std::string who = absl::StrCat("rank ", rank, " trains with ");
-  const std::string others = ", the run's other connected ranks with ";
-  if (recorded.dataset_fingerprint() != worker.dataset_fingerprint()) {
-    return absl::StrCat("hello.data_order.dataset_fingerprint: ", who, "'",
-                        worker.dataset_fingerprint(), "'", others, "'",
-                        recorded.dataset_fingerprint(), "'");
-  }
-  if (recorded.seed() != worker.seed()) {
-    return absl::StrCat("hello.data_order.seed: ", who, "seed ", worker.seed(), others, "seed ",
-                        recorded.seed());
-  }
-  if (recorded.global_batch_size() != worker.global_batch_size()) {
-    return absl::StrCat("hello.data_order.global_batch_size: ", who, worker.global_batch_size(),
-                        others, recorded.global_batch_size());
-  }
-  if (recorded.sequence_length() != worker.sequence_length()) {
-    return absl::StrCat("hello.data_order.sequence_length: ", who, worker.sequence_length(), others,
-                        recorded.sequence_length());
-  }
-  if (!SameBlend(recorded.blend(), worker.blend())) {
-    return absl::StrCat("hello.data_order.blend: ", who, FormatBlend(worker.blend()), others,
-                        FormatBlend(recorded.blend()));
-  }
-  return "";
-}
-
-ControllerMessage RejectMessage(Reject::Reason reason, const std::string& message,
-                                int64_t current_generation) {
-  ControllerMessage out;
-  Reject* reject = out.mutable_reject();
-  reject->set_reason(reason);
-  reject->set_message(message);
-  reject->set_current_generation(current_generation);
-  return out;
-}
-
-}  // namespace
 
 // One thread for every stream still waiting for its hello: at the deadline
 // the call is cancelled with DEADLINE_EXCEEDED and a message saying why
@@ -249,7 +148,10 @@ class WorkerServiceImpl::AttachReactor final
     : public grpc::ServerBidiReactor<WorkerMessage, ControllerMessage> {
  public:
   AttachReactor(WorkerServiceImpl* service, grpc::CallbackServerContext* context)
-      : service_(service), state_(service->state_), context_(context) {}
+      : service_(service),
+        state_(service->state_),
+        context_(context),
+        session_(state_, [this](const std::string& run) { return Authorize(run); }) {}
 
   void Start() {
     // The token is in the call's metadata: a stream without a valid one is
@@ -257,9 +159,8 @@ class WorkerServiceImpl::AttachReactor final
     if (state_->authorizer != nullptr) {
       auto principal = state_->authorizer->Authenticate(*context_);
       if (!principal.ok()) {
-        EndWith(grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                             std::string(principal.status().message())),
-                RejectMessage(Reject::BAD_TOKEN, std::string(principal.status().message()), 0));
+        EndWithError(Refusal(Reject::BAD_TOKEN, principal.status().message(), 0,
+                             absl::StatusCode::kUnauthenticated));
         Pump();
         return;
       }
@@ -318,7 +219,7 @@ class WorkerServiceImpl::AttachReactor final
                              : ParseErrorMessage(field, "the hello"),
                          ")"));
       } else if (!field.empty()) {
-        SG_LOG(WARNING) << "run " << run_name_ << " rank " << rank_
+        SG_LOG(WARNING) << "run " << session_.run() << " rank " << session_.rank()
                         << ": stream ended: " << ParseErrorMessage(field, "a message");
         status = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                               ParseErrorMessage(field, "a message"));
@@ -438,7 +339,7 @@ class WorkerServiceImpl::AttachReactor final
         Teardown();
         if (state_->catalog != nullptr) {
           AuditRefusedStream(state_->authorizer, state_->catalog, *context_, "Attach",
-                             hello_.run(), status);
+                             session_.hello().run(), status);
         }
         Finish(status);
         return;
@@ -458,7 +359,7 @@ class WorkerServiceImpl::AttachReactor final
       push_target_->reactor = nullptr;
     }
     if (hub_id_ != 0) state_->hub.Remove(hub_id_);
-    if (attached_) state_->registry.Disconnect(run_name_, rank_, stream_id_);
+    session_.Detach();
     // The hello's timer is disarmed by OnReadDone: a read still pending
     // completes (failed) after Finish.
     if (counted_pending_) service_->pending_hellos_.fetch_sub(1);
@@ -485,9 +386,21 @@ class WorkerServiceImpl::AttachReactor final
     if (HandleMessage(msg)) WantNextRead();
   }
 
-  void RejectAndEnd(Reject::Reason reason, const std::string& message,
-                    int64_t current_generation, grpc::StatusCode code) {
-    EndWith(grpc::Status(code, message), RejectMessage(reason, message, current_generation));
+  // The principal authenticated in Start may attach ranks of `run`.
+  absl::Status Authorize(const std::string& run) const {
+    if (state_->authorizer == nullptr) return absl::OkStatus();
+    return state_->authorizer->Authorize(who_, auth::Need::kWorker, "Attach", run);
+  }
+
+  // Ends the stream with a session's error, after its Reject when it
+  // carries one.
+  void EndWithError(const absl::Status& error) {
+    std::optional<ControllerMessage> last;
+    if (std::optional<Reject> reject = RejectOf(error); reject.has_value()) {
+      last.emplace();
+      *last->mutable_reject() = std::move(*reject);
+    }
+    EndWith(ToGrpcStatus(error), std::move(last));
   }
 
   // The hello: false when the stream ends (a Reject is queued).
@@ -497,144 +410,32 @@ class WorkerServiceImpl::AttachReactor final
       counted_pending_ = false;
     }
     if (!msg.has_hello()) {
-      RejectAndEnd(Reject::INVALID_HELLO, "the first message of a stream must be hello", 0,
-             grpc::StatusCode::INVALID_ARGUMENT);
+      EndWithError(Refusal(Reject::INVALID_HELLO, "the first message of a stream must be hello", 0,
+                           absl::StatusCode::kInvalidArgument));
       return false;
     }
-    hello_ = msg.hello();
-    const auto& hello = hello_;
-    if (absl::Status s = ValidateHello(hello, state_->limits); !s.ok()) {
-      RejectAndEnd(Reject::INVALID_HELLO, std::string(s.message()), 0,
-             grpc::StatusCode::INVALID_ARGUMENT);
+    absl::StatusOr<spikeguard::v1::Welcome> welcome = session_.Hello(msg.hello());
+    if (!welcome.ok()) {
+      EndWithError(welcome.status());
       return false;
     }
-    if (state_->authorizer != nullptr) {
-      if (absl::Status s =
-              state_->authorizer->Authorize(who_, auth::Need::kWorker, "Attach", hello.run());
-          !s.ok()) {
-        RejectAndEnd(Reject::BAD_TOKEN, std::string(s.message()), 0,
-               grpc::StatusCode::PERMISSION_DENIED);
-        return false;
-      }
-    }
-    auto run = state_->catalog->GetRunWithoutRanks(hello.run());
-    if (!run.ok()) {
-      if (absl::IsNotFound(run.status())) {
-        RejectAndEnd(Reject::UNKNOWN_RUN,
-               absl::StrCat("unknown run '", hello.run(), "': create it first (spikectl runs create ",
-                            hello.run(), ")"),
-               0, grpc::StatusCode::NOT_FOUND);
-      } else {
-        EndWith(ToGrpcStatus(run.status()));
-      }
-      return false;
-    }
-    if (run->world_size() != 0 && run->world_size() != hello.world_size()) {
-      RejectAndEnd(Reject::INVALID_HELLO,
-             absl::StrFormat("hello.world_size: %d does not match run '%s' (world size %d)",
-                             hello.world_size(), hello.run(), run->world_size()),
-             run->current_generation(), grpc::StatusCode::INVALID_ARGUMENT);
-      return false;
-    }
-    current_ = run->current_generation();
-    // A rank still in an older generation may attach only to receive the
-    // rewind that leads into the current one; its reports stay fenced.
-    catching_up_ = hello.generation() < current_ && state_->supervisor != nullptr &&
-                   state_->supervisor->control()->RewindPendingInto(hello.run(), current_);
-    generation_ = catching_up_ ? hello.generation() : current_;
-    if (hello.generation() != generation_) {
-      RejectAndEnd(Reject::STALE_GENERATION,
-             absl::StrFormat("stale generation: rank %d of run '%s' runs generation %d, the run "
-                             "is at generation %d; exit and restart from the run's current "
-                             "checkpoint",
-                             hello.rank(), hello.run(), hello.generation(), current_),
-             current_, grpc::StatusCode::FAILED_PRECONDITION);
-      return false;
-    }
-    if (hello.has_data_order()) {
-      // The data order is what the daemon names documents with: a rank that
-      // contradicts the run's manifest or the other ranks would make every
-      // resolved document wrong, so it does not attach.
-      absl::MutexLock lock(&data_order_mu);
-      auto latest = state_->catalog->GetRunWithoutRanks(hello.run());
-      if (!latest.ok()) {
-        EndWith(ToGrpcStatus(latest.status()));
-        return false;
-      }
-      std::string conflict = ManifestConflict(latest->spec().manifest(), hello.data_order());
-      if (conflict.empty() && latest->has_data_order()) {
-        // With no other rank live, a relaunch with a new order replaces it.
-        if (state_->registry.OtherRankConnected(hello.run(), hello.rank())) {
-          conflict = RankConflict(latest->data_order(), hello.data_order(), hello.rank());
-        }
-      }
-      if (!conflict.empty()) {
-        SG_LOG(WARNING) << "run " << hello.run() << " rank " << hello.rank()
-                        << " refused: " << LogText(conflict, state_->limits.max_logged_text);
-        RejectAndEnd(Reject::DATA_ORDER_MISMATCH, conflict, current_,
-               grpc::StatusCode::FAILED_PRECONDITION);
-        return false;
-      }
-      if (absl::Status s = state_->catalog->SetRunDataOrder(hello.run(), hello.data_order(),
-                                                            hello.total_steps());
-          !s.ok()) {
-        EndWith(ToGrpcStatus(s));
-        return false;
-      }
-    }
-    auto committed = state_->catalog->CommittedStep(hello.run(), generation_, hello.rank());
-    if (!committed.ok()) {
-      EndWith(ToGrpcStatus(committed.status()));
-      return false;
-    }
-    run_name_ = hello.run();
-    rank_ = hello.rank();
-    {
-      absl::MutexLock lock(&mu_);
-      rank_last_step_ = *committed;
-    }
-    stream_id_ = state_->registry.Connect(run_name_, rank_, generation_, hello.host());
     attached_ = true;
-    SG_LOG(INFO) << "attach: run " << run_name_ << " rank " << rank_ << "/" << hello.world_size()
-                 << " generation " << generation_ << " from " << context_->peer()
-                 << " (committed step " << *committed << ")";
-    ControllerMessage welcome;
-    welcome.mutable_welcome()->set_run(run_name_);
-    welcome.mutable_welcome()->set_generation(generation_);
-    welcome.mutable_welcome()->set_committed_step(*committed);
+    SG_LOG(INFO) << "attach: run " << session_.run() << " rank " << session_.rank() << "/"
+                 << msg.hello().world_size() << " generation " << session_.generation()
+                 << " from " << context_->peer() << " (committed step "
+                 << welcome->committed_step() << ")";
     {
+      ControllerMessage out;
+      *out.mutable_welcome() = std::move(*welcome);
       absl::MutexLock lock(&mu_);
-      SendLocked(std::move(welcome));
+      SendLocked(std::move(out));
       // Commands pushed through the hub from now on wait behind the backlog.
       replaying_ = true;
     }
-    push_target_ = std::make_shared<PushTarget>();
-    {
-      absl::MutexLock lock(&push_target_->mu);
-      push_target_->reactor = this;
-    }
-    // Commands pushed by a run's pipeline or an operator's call: queued on
-    // this stream (never written by the pusher), so a rank that stops
-    // reading stalls only its own stream.
-    hub_id_ = state_->hub.Add(
-        run_name_, rank_, generation_,
-        [target = push_target_](const ControllerMessage& m) {
-          AttachReactor* reactor = nullptr;
-          {
-            absl::MutexLock lock(&target->mu);
-            if (target->reactor == nullptr || !target->reactor->TryHold()) return false;
-            reactor = target->reactor;
-          }
-          reactor->Push(m);
-          reactor->Release();
-          return true;
-        });
+    SubscribeToPushes();
     // Whatever this rank has not acknowledged yet, in order (SQLite is read
     // outside every lock), then what was pushed meanwhile.
-    std::vector<spikeguard::v1::Command> backlog;
-    if (state_->supervisor != nullptr) {
-      backlog = state_->supervisor->control()->Unacknowledged(run_name_, generation_);
-    }
+    std::vector<spikeguard::v1::Command> backlog = session_.Unacknowledged();
     {
       absl::MutexLock lock(&mu_);
       for (auto& command : backlog) {
@@ -647,6 +448,30 @@ class WorkerServiceImpl::AttachReactor final
       replaying_ = false;
     }
     return true;
+  }
+
+  // Commands pushed by a run's pipeline or an operator's call: queued on
+  // this stream (never written by the pusher), so a rank that stops reading
+  // stalls only its own stream.
+  void SubscribeToPushes() {
+    push_target_ = std::make_shared<PushTarget>();
+    {
+      absl::MutexLock lock(&push_target_->mu);
+      push_target_->reactor = this;
+    }
+    hub_id_ = state_->hub.Add(
+        session_.run(), session_.rank(), session_.generation(),
+        [target = push_target_](const ControllerMessage& m) {
+          AttachReactor* reactor = nullptr;
+          {
+            absl::MutexLock lock(&target->mu);
+            if (target->reactor == nullptr || !target->reactor->TryHold()) return false;
+            reactor = target->reactor;
+          }
+          reactor->Push(m);
+          reactor->Release();
+          return true;
+        });
   }
 
   void Push(const ControllerMessage& m) {
@@ -666,206 +491,77 @@ class WorkerServiceImpl::AttachReactor final
     switch (msg.body_case()) {
       case WorkerMessage::kReports:
         return HandleReports(msg);
-      case WorkerMessage::kCheckpoint: {
-        const auto& c = msg.checkpoint();
-        if (absl::Status s = ValidateCheckpointSaved(c, state_->limits); !s.ok()) {
-          SG_LOG(WARNING) << "run " << run_name_ << " rank " << rank_
-                          << ": checkpoint refused: " << LogText(s.message());
-          // The worker is told why (an Ack naming no batch: seq 0).
-          ControllerMessage refused;
-          refused.mutable_ack()->set_rejected(1);
-          refused.mutable_ack()->set_message(absl::StrCat("checkpoint refused: ", s.message()));
-          Send(std::move(refused));
-          return true;
-        }
-        // Confined to the run's checkpoint root before anything is stored;
-        // the worker is told why (an Ack naming no batch).
-        if (state_->checkpoints != nullptr) {
-          if (auto confined = state_->checkpoints->Confine(run_name_, c.uri()); !confined.ok()) {
-            SG_LOG(WARNING) << "run " << run_name_ << " rank " << rank_
-                            << ": checkpoint refused: " << LogText(confined.status().message());
-            ControllerMessage refused;
-            refused.mutable_ack()->set_rejected(1);
-            refused.mutable_ack()->set_message(
-                absl::StrCat("checkpoint refused: ", confined.status().message()));
-            Send(std::move(refused));
-            return true;
-          }
-        }
-        spikeguard::v1::Checkpoint ckpt;
-        ckpt.set_run(run_name_);
-        ckpt.set_generation(generation_);
-        ckpt.set_step(c.step());
-        ckpt.set_data_position(c.data_position());
-        ckpt.set_uri(c.uri());
-        ckpt.set_bytes(c.bytes());
-        ckpt.set_checksum(c.checksum());
-        ckpt.set_complete(c.complete());
-        ckpt.set_has_rng_state(c.has_rng_state());
-        ckpt.set_has_data_loader_state(c.has_data_loader_state());
-        ckpt.set_created_unix_ms(state_->clock->NowUnixMillis());
-        if (auto s = state_->catalog->UpsertCheckpoint(ckpt); !s.ok()) {
-          SG_LOG(ERROR) << "run " << run_name_ << ": checkpoint not recorded: " << s.status();
-        }
+      case WorkerMessage::kCheckpoint:
+        AnswerNotice(session_.CheckpointSaved(msg.checkpoint()));
         return true;
-      }
-      case WorkerMessage::kCheckpointDeleted: {
-        const auto& d = msg.checkpoint_deleted();
-        if (absl::Status s = ValidateCheckpointDeleted(d, state_->limits); !s.ok()) {
-          SG_LOG(WARNING) << "run " << run_name_ << " rank " << rank_
-                          << ": checkpoint deletion notice refused: " << LogText(s.message());
-          ControllerMessage refused;
-          refused.mutable_ack()->set_rejected(1);
-          refused.mutable_ack()->set_message(
-              absl::StrCat("checkpoint deletion notice refused: ", s.message()));
-          Send(std::move(refused));
-          return true;
-        }
-        auto deleted = state_->catalog->DeleteCheckpoint(run_name_, d.step(), d.uri());
-        if (!deleted.ok()) {
-          SG_LOG(ERROR) << "run " << run_name_ << ": checkpoint deletion not recorded: "
-                        << deleted.status();
-        } else if (*deleted) {
-          SG_LOG(INFO) << "run " << run_name_ << " rank " << rank_ << " deleted checkpoint "
-                       << LogText(d.uri(), state_->limits.max_logged_text) << " (step "
-                       << d.step() << ")";
-        }
+      case WorkerMessage::kCheckpointDeleted:
+        AnswerNotice(session_.CheckpointDeleted(msg.checkpoint_deleted()));
         return true;
-      }
-      case WorkerMessage::kGenerationEnded: {
-        const auto& e = msg.generation_ended();
-        if (absl::Status s = ValidateGenerationEnded(e, state_->limits); !s.ok()) {
-          SG_LOG(WARNING) << "run " << run_name_ << " rank " << rank_
-                          << ": generation_ended refused: " << LogText(s.message());
-          return true;
-        }
-        if (catching_up_ || e.generation() != generation_) {
-          // Fenced like reports: only the stream's own generation counts.
-          SG_LOG(WARNING) << "run " << run_name_ << " rank " << rank_ << ": end of generation "
-                          << e.generation() << " ignored on a stream of generation "
-                          << generation_ << (catching_up_ ? " (catching up)" : "");
-          return true;
-        }
-        SG_LOG(INFO) << "run " << run_name_ << " rank " << rank_ << ": generation "
-                     << e.generation() << " ended at step " << e.last_step() << ": "
-                     << LogText(e.reason(), state_->limits.max_logged_text);
-        if (state_->supervisor != nullptr) {
-          state_->supervisor->OnGenerationEnded(run_name_, e.generation(), rank_, e.last_step(),
-                                                e.reason());
-        }
+      case WorkerMessage::kGenerationEnded:
+        session_.GenerationEnded(msg.generation_ended());
         return true;
-      }
-      case WorkerMessage::kHeartbeat: {
-        // A heartbeat's step moves the rank's last step only as far as a
-        // report could (it bounds the steps of later reports).
-        const int64_t step = msg.heartbeat().step();
-        int64_t base;
-        {
-          absl::MutexLock lock(&mu_);
-          base = std::max<int64_t>(rank_last_step_, 0);
-        }
-        const bool plausible =
-            step >= 0 && (step <= base || step - base <= state_->limits.max_step_ahead);
-        state_->registry.Touch(run_name_, rank_, plausible ? step : -1);
+      case WorkerMessage::kHeartbeat:
+        session_.Heartbeat(msg.heartbeat());
         return true;
-      }
-      case WorkerMessage::kCommandResult: {
-        const auto& r = msg.command_result();
-        SG_LOG(INFO) << "run " << run_name_ << " rank " << rank_ << ": command "
-                     << LogText(r.command_id(), 128) << " " << (r.ok() ? "ok" : "failed") << ": "
-                     << LogText(r.message(), state_->limits.max_logged_text);
-        if (state_->supervisor != nullptr) {
-          state_->supervisor->control()->OnCommandResult(run_name_, rank_, r);
-          if (!r.ok()) {
-            state_->supervisor->OnCommandFailed(run_name_, r.command_id(), rank_, r.message());
-          }
-        }
+      case WorkerMessage::kCommandResult:
+        session_.CommandResult(msg.command_result());
         return true;
-      }
       case WorkerMessage::kHello:
-        RejectAndEnd(Reject::INVALID_HELLO, "hello sent twice on one stream", generation_,
-               grpc::StatusCode::INVALID_ARGUMENT);
+        EndWithError(Refusal(Reject::INVALID_HELLO, "hello sent twice on one stream",
+                             session_.generation(), absl::StatusCode::kInvalidArgument));
         return false;
       case WorkerMessage::BODY_NOT_SET:
-        SG_LOG(WARNING) << "run " << run_name_ << " rank " << rank_
+        SG_LOG(WARNING) << "run " << session_.run() << " rank " << session_.rank()
                         << ": message with no body ignored";
         return true;
     }
     return true;
   }
 
+  // A refused notice is answered by an Ack naming no batch (seq 0).
+  void AnswerNotice(const absl::Status& refused) {
+    if (refused.ok()) return;
+    ControllerMessage out;
+    out.mutable_ack()->set_rejected(1);
+    out.mutable_ack()->set_message(std::string(refused.message()));
+    Send(std::move(out));
+  }
+
+  // A batch goes to the group committer and is acknowledged once durable;
+  // an invalid one is acknowledged as rejected at once.
   bool HandleReports(WorkerMessage& msg) {
     const absl::Time received = absl::Now();
-    const auto& batch = msg.reports();
-    ControllerMessage ack_msg;
-    auto* ack = ack_msg.mutable_ack();
-    ack->set_seq(batch.seq());
-    const int64_t batch_gen = batch.has_generation() ? batch.generation() : generation_;
-    if (catching_up_) {
-      ack->set_rejected(batch.reports_size());
-      ack->set_message(absl::StrFormat(
-          "stale generation: reports of generation %d refused; the run is at generation %d",
-          batch_gen, current_));
-      state_->counters.reports_rejected.fetch_add(batch.reports_size());
-      SendAck(std::move(ack_msg), received);
-      return true;
-    }
-    if (batch_gen != generation_) {
-      RejectAndEnd(Reject::STALE_GENERATION,
-             absl::StrFormat("stale generation: reports of generation %d on a stream of "
-                             "generation %d",
-                             batch_gen, generation_),
-             generation_, grpc::StatusCode::FAILED_PRECONDITION);
-      return false;
-    }
-    absl::Status valid = ValidateBatch(batch, state_->limits);
-    if (valid.ok()) {
-      int64_t run_last_step;
-      {
-        absl::MutexLock lock(&mu_);
-        run_last_step = std::max(rank_last_step_, hello_.total_steps());
+    const uint64_t seq = msg.reports().seq();
+    const int reports = msg.reports().reports_size();
+    absl::StatusOr<WorkerSession::AcceptedBatch> accepted =
+        session_.Reports(std::move(*msg.mutable_reports()));
+    if (!accepted.ok()) {
+      if (RejectOf(accepted.status()).has_value()) {
+        EndWithError(accepted.status());
+        return false;
       }
-      run_last_step = std::max(run_last_step, state_->registry.LastStep(run_name_));
-      valid = ValidateStepsAhead(batch, run_last_step, state_->limits);
-    }
-    if (!valid.ok()) {
-      ack->set_rejected(batch.reports_size());
-      ack->set_message(std::string(valid.message()));
-      state_->counters.reports_rejected.fetch_add(batch.reports_size());
-      SG_LOG(WARNING) << "run " << run_name_ << " rank " << rank_ << ": batch " << batch.seq()
-                      << " rejected: " << LogText(valid.message(), state_->limits.max_logged_text);
-      SendAck(std::move(ack_msg), received);
+      spikeguard::v1::Ack ack;
+      ack.set_seq(seq);
+      ack.set_rejected(reports);
+      ack.set_message(std::string(accepted.status().message()));
+      SendAck(std::move(ack), received);
       return true;
     }
-    storage::IngestBatch to_commit;
-    to_commit.run = run_name_;
-    to_commit.generation = generation_;
-    to_commit.rank = rank_;
-    to_commit.world_size = std::max<uint32_t>(1, hello_.world_size());
-    // The generation fence is checked in the transaction that stores the batch.
-    to_commit.require_current = true;
-    // The registry keeps only each rank's furthest step.
-    const auto furthest =
-        std::max_element(batch.reports().begin(), batch.reports().end(),
-                         [](const auto& a, const auto& b) { return a.step() < b.step(); });
-    spikeguard::v1::StepReport last =
-        furthest != batch.reports().end() ? *furthest : spikeguard::v1::StepReport();
-    const int batch_reports = batch.reports_size();
-    const uint64_t seq = batch.seq();
-    // The reports move into the batch.
-    auto* moved = msg.mutable_reports()->mutable_reports();
-    to_commit.reports.reserve(moved->size());
-    for (auto& r : *moved) to_commit.reports.push_back(std::move(r));
     {
       absl::MutexLock lock(&mu_);
       ++holds_;
       ++commits_;
     }
     service_->ingest_->CommitAsync(
-        std::move(to_commit),
-        [this, seq, batch_gen, batch_reports, received, last = std::move(last)](
-            storage::BatchOutcome outcome) {
-          OnCommitted(outcome, seq, batch_gen, batch_reports, last, received);
+        std::move(accepted->batch),
+        [this, ticket = std::move(accepted->ticket), received](storage::BatchOutcome outcome) {
+          // On the commit thread: only queues.
+          absl::StatusOr<spikeguard::v1::Ack> ack = session_.Committed(outcome, ticket);
+          if (ack.ok()) {
+            SendAck(std::move(*ack), received);
+          } else {
+            EndWith(ToGrpcStatus(ack.status()));
+          }
           {
             absl::MutexLock lock(&mu_);
             --commits_;
@@ -879,57 +575,19 @@ class WorkerServiceImpl::AttachReactor final
     return true;
   }
 
-  // On the commit thread: answers one batch (only queues).
-  void OnCommitted(const storage::BatchOutcome& outcome, uint64_t seq, int64_t batch_gen,
-                   int batch_reports, const spikeguard::v1::StepReport& last,
-                   absl::Time received) {
-    ControllerMessage ack_msg;
-    auto* ack = ack_msg.mutable_ack();
-    ack->set_seq(seq);
-    if (absl::IsFailedPrecondition(outcome.status)) {
-      ack->set_rejected(batch_reports);
-      ack->set_message(absl::StrFormat(
-          "stale generation: reports of generation %d refused; the run is at generation %d",
-          batch_gen, outcome.run_generation));
-      state_->counters.reports_rejected.fetch_add(batch_reports);
-      SendAck(std::move(ack_msg), received);
-      return;
-    }
-    if (!outcome.status.ok()) {
-      // Not committed, so not acknowledged: the client resends after it reconnects.
-      SG_LOG(ERROR) << "run " << run_name_ << " rank " << rank_
-                    << ": ingest failed: " << outcome.status;
-      EndWith(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                           absl::StrCat("catalog write failed: ", outcome.status.message())));
-      return;
-    }
-    const storage::IngestResult& ingested = outcome.result;
-    {
-      absl::MutexLock lock(&mu_);
-      rank_last_step_ = std::max(rank_last_step_, ingested.committed_step);
-    }
-    if (batch_reports > 0) state_->registry.AddReports(run_name_, rank_, std::span(&last, 1));
-    state_->counters.reports_accepted.fetch_add(ingested.accepted);
-    state_->counters.reports_duplicate.fetch_add(ingested.duplicates);
-    ack->set_accepted(ingested.accepted);
-    ack->set_duplicates(ingested.duplicates);
-    if (ingested.duplicates > 0) {
-      ack->set_message(absl::StrFormat(
-          "%d duplicate or out-of-order reports ignored: rank %d already committed step %d",
-          ingested.duplicates, rank_, ingested.committed_step));
-    }
-    SendAck(std::move(ack_msg), received);
-  }
-
   // An ack, timed from when its batch was read (spikeguard_ack_latency_seconds).
-  void SendAck(ControllerMessage ack, absl::Time received) {
+  void SendAck(spikeguard::v1::Ack ack, absl::Time received) {
     state_->metrics.ack_latency_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - received));
-    Send(std::move(ack));
+    ControllerMessage out;
+    *out.mutable_ack() = std::move(ack);
+    Send(std::move(out));
   }
 
   WorkerServiceImpl* const service_;
   DaemonState* const state_;
   grpc::CallbackServerContext* const context_;
+  // What the stream's messages mean; the reactor only carries them.
+  WorkerSession session_;
 
   // Set before the first read, or by the pool task handling the hello (the
   // stream's tasks never run at once, and the next read starts after it):
@@ -938,13 +596,6 @@ class WorkerServiceImpl::AttachReactor final
   uint64_t hello_timer_ = 0;
   bool counted_pending_ = false;
   bool attached_ = false;
-  spikeguard::v1::Hello hello_;
-  std::string run_name_;
-  uint32_t rank_ = 0;
-  int64_t current_ = 0;
-  int64_t generation_ = 0;
-  bool catching_up_ = false;
-  uint64_t stream_id_ = 0;
   uint64_t hub_id_ = 0;
   std::shared_ptr<PushTarget> push_target_;
 
@@ -966,9 +617,6 @@ class WorkerServiceImpl::AttachReactor final
   int starting_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<grpc::Status> end_ ABSL_GUARDED_BY(mu_);
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  // The furthest step this rank committed: later reports may not run
-  // arbitrarily far past what the run has reached.
-  int64_t rank_last_step_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 WorkerServiceImpl::WorkerServiceImpl(DaemonState* state)

@@ -11,6 +11,10 @@
 // batches are acknowledged as rejected with a message naming the field, and
 // the stream stays open.
 //
+// What each message means (the checks above, the catalog, the registry) is
+// WorkerSession's (daemon/ingest/worker_session.h); this adapter only reads
+// a message, calls the stream's session, and writes what it returns.
+//
 // Threading (callback API, no thread per stream): gRPC calls the stream's
 // reactor when a message arrives or a write completes; the handling of each
 // message (SQLite reads, validation) runs on a small pool shared by every
