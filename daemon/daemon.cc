@@ -191,7 +191,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options) {
   d->state_->authorizer = d->authorizer_.get();
   metrics::RegisterStateCollector(d->state_.get());
   d->worker_service_ = std::make_unique<WorkerServiceImpl>(d->state_.get());
-  d->supervisor_service_ = std::make_unique<SupervisorServiceImpl>(d->state_.get());
+  d->operator_handler_ = std::make_unique<DaemonOperatorHandler>(d->state_.get());
+  d->supervisor_service_ =
+      std::make_unique<SupervisorServiceImpl>(d->state_.get(), d->operator_handler_.get());
 
   std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
   if (want_tls) {

@@ -53,6 +53,7 @@ class HttpServer;
 struct DaemonState;
 class WorkerServiceImpl;
 class SupervisorServiceImpl;
+class OperatorHandler;
 class Supervisor;
 class LocalLauncher;
 class SlurmLauncher;
@@ -158,6 +159,7 @@ class Daemon {
   // Routes a run to one of the two by its profile (DaemonState::launcher).
   std::unique_ptr<ProfileLauncher> launcher_;
   std::unique_ptr<WorkerServiceImpl> worker_service_;
+  std::unique_ptr<OperatorHandler> operator_handler_;
   std::unique_ptr<SupervisorServiceImpl> supervisor_service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<HttpServer> http_server_;

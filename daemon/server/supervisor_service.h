@@ -1,29 +1,26 @@
 // supervisor_service.h
 // -----------------------------------------------------------------------------
-// SupervisorService: runs, checkpoints, telemetry queries and status for
-// operators. Requests are validated here; invalid input is INVALID_ARGUMENT
-// with a message naming the field. Manual rewinds, replays and skips are
-// refused while an incident probe runs on the run, and are idempotent by
-// request id.
+// SupervisorService: runs, checkpoints, telemetry queries, incidents and
+// manual actions for operators, over gRPC. A thin adapter: each method
+// authorizes the caller from its ServerContext, unpacks the request into
+// domain arguments, calls the OperatorHandler (daemon/control/
+// operator_handler.h, where every value is validated and every action
+// taken) and packs the answer; statuses map through ToGrpcStatus.
 #pragma once
 
 #include "daemon/auth/authorizer.h"
+#include "daemon/control/operator_handler.h"
 #include "daemon/server/daemon_state.h"
 #include "spikeguard/v1/supervisor.grpc.pb.h"
 
 namespace spikeguard::daemon {
 
-// Metric names QueryTelemetry accepts: every StepRecord field, plus the
-// per-layer stats by name ("max_attn_logit", "update_ratio", ...).
-absl::Status ValidateMetricNames(const google::protobuf::RepeatedPtrField<std::string>& metrics);
-// Keeps only the requested metrics (and the step's identity fields).
-spikeguard::v1::StepRecord FilterMetrics(
-    const spikeguard::v1::StepRecord& record,
-    const google::protobuf::RepeatedPtrField<std::string>& metrics);
-
 class SupervisorServiceImpl final : public spikeguard::v1::SupervisorService::Service {
  public:
-  explicit SupervisorServiceImpl(DaemonState* state) : state_(state) {}
+  // `state` gives the authorizer (and, for an incident, its run); `handler`
+  // answers. Both outlive the service.
+  SupervisorServiceImpl(DaemonState* state, OperatorHandler* handler)
+      : state_(state), handler_(handler) {}
 
   using Ctx = grpc::ServerContext;
   grpc::Status GetStatus(Ctx*, const spikeguard::v1::GetStatusRequest*,
@@ -33,9 +30,6 @@ class SupervisorServiceImpl final : public spikeguard::v1::SupervisorService::Se
   grpc::Status GetRun(Ctx*, const spikeguard::v1::GetRunRequest*, spikeguard::v1::Run*) override;
   grpc::Status ListRuns(Ctx*, const spikeguard::v1::ListRunsRequest*,
                         spikeguard::v1::ListRunsResponse*) override;
-  // Maps a run to a launch profile: the spec's command, env and workdir are
-  // dropped, its profile and params set (validated as CreateRun does); the
-  // run is launched from the profile the next time it is launched.
   grpc::Status SetRunProfile(Ctx*, const spikeguard::v1::SetRunProfileRequest*,
                              spikeguard::v1::Run*) override;
   grpc::Status ListCheckpoints(Ctx*, const spikeguard::v1::ListCheckpointsRequest*,
@@ -90,12 +84,8 @@ class SupervisorServiceImpl final : public spikeguard::v1::SupervisorService::Se
   // The same for a call naming an incident: its run decides.
   grpc::Status AllowIncident(Ctx* ctx, auth::Need need, const char* rpc, int64_t incident_id) const;
 
-  grpc::Status ManualRewind(const std::string& run, int64_t to_step,
-                            const std::vector<std::pair<int64_t, int64_t>>& skip,
-                            int64_t stop_after, const std::string& request_id,
-                            const std::string& reason, spikeguard::v1::ActionResponse* out);
-
   DaemonState* const state_;
+  OperatorHandler* const handler_;
 };
 
 }  // namespace spikeguard::daemon

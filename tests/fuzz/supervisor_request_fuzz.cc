@@ -50,7 +50,7 @@
 #include "daemon/daemon.h"
 #include "daemon/incident/policy.h"
 #include "daemon/ingest/limits.h"
-#include "daemon/server/supervisor_service.h"
+#include "daemon/control/operator_handler.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/dynamic_message.h"
 #include "google/protobuf/message.h"
