@@ -5,6 +5,7 @@
 #include "daemon/ingest/worker_session.h"
 
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "base/clock.h"
+#include "daemon/launch/checkpoint_guard.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/catalog/catalog.h"
@@ -383,6 +385,28 @@ TEST_F(WorkerSessionTest, CheckpointNoticesAreStoredOrRefusedWithAReason) {
   listed = catalog_->ListCheckpoints(kRun);
   ASSERT_TRUE(listed.ok());
   EXPECT_TRUE(listed->empty());
+}
+
+TEST_F(WorkerSessionTest, CheckpointOutsideTheRunsRootIsRefusedBeforeItIsStored) {
+  // Without a launch profile the run's root is DATA_DIR/runs/RUN.
+  const std::string root = dir_.File("runs/run-a");
+  std::filesystem::create_directories(root);
+  CheckpointGuard guard(catalog_.get(), nullptr, dir_.path());
+  state_->checkpoints = &guard;
+  auto session = Attached();
+  v1::CheckpointSaved saved;
+  saved.set_step(10);
+  saved.set_uri("/etc/passwd");
+  absl::Status refused = session->CheckpointSaved(saved);
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("checkpoint refused: "));
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("/etc/passwd"));
+  saved.set_uri(root + "/step-10.ckpt");
+  EXPECT_TRUE(session->CheckpointSaved(saved).ok());
+  auto listed = catalog_->ListCheckpoints(kRun);
+  ASSERT_TRUE(listed.ok());
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ(listed->at(0).uri(), root + "/step-10.ckpt");
+  state_->checkpoints = nullptr;
 }
 
 TEST_F(WorkerSessionTest, ImplausibleHeartbeatDoesNotMoveTheRank) {
