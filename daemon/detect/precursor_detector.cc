@@ -121,14 +121,12 @@ class PrecursorDetector::Series {
     }
   }
 
-  SeriesHistory History() const {
-    SeriesHistory h;
-    h.signal = signal_;
-    h.layer = layer_;
+  void HistoryInto(SeriesHistory* h) const {
+    h->signal = signal_;
+    h->layer = layer_;
     const size_t from = FirstSettled();
-    h.steps.assign(hsteps_.begin() + from, hsteps_.end());
-    h.values.assign(hvals_.begin() + from, hvals_.end());
-    return h;
+    h->steps.assign(hsteps_.begin() + from, hsteps_.end());
+    h->values.assign(hvals_.begin() + from, hvals_.end());
   }
 
   size_t footprint() const {
@@ -377,9 +375,13 @@ std::vector<PrecursorWarning> PrecursorDetector::Observe(const StepSample& s) {
 
 std::vector<SeriesHistory> PrecursorDetector::Histories() const {
   std::vector<SeriesHistory> out;
-  out.reserve(series_.size());
-  for (const auto& s : series_) out.push_back(s->History());
+  HistoriesInto(&out);
   return out;
+}
+
+void PrecursorDetector::HistoriesInto(std::vector<SeriesHistory>* out) const {
+  out->resize(series_.size());
+  for (size_t i = 0; i < series_.size(); ++i) series_[i]->HistoryInto(&(*out)[i]);
 }
 
 size_t PrecursorDetector::footprint() const {

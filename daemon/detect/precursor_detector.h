@@ -141,6 +141,10 @@ class PrecursorDetector {
   // The lookback window of every series (judged space: logs for the
   // multiplicative ones), for Localize().
   std::vector<SeriesHistory> Histories() const;
+  // The same into `out`, reusing its buffers: the localization at an
+  // incident's onset copies every series' window (128 series of 512 points
+  // at 32 layers), and fresh buffers each time cost more than the copy.
+  void HistoriesInto(std::vector<SeriesHistory>* out) const;
 
   // Values held in memory across all series (for bounded-memory checks).
   size_t footprint() const;

@@ -72,7 +72,8 @@ Localization RunMonitor::LocalizeNow(int64_t up_to_step) const {
       localized_->warnings == recent_.size()) {
     return localized_->loc;
   }
-  Localization loc = Localize(precursor_.Histories(), up_to_step, options_.localization);
+  precursor_.HistoriesInto(&histories_);
+  Localization loc = Localize(histories_, up_to_step, options_.localization);
   // Per-layer warnings in the horizon replace their series' lookback dating.
   for (const PrecursorWarning& w : recent_) {
     if (w.layer < 0 || w.step > up_to_step ||

@@ -255,6 +255,8 @@ class RunMonitor {
     Localization loc;
   };
   mutable std::optional<LocalizedAt> localized_;
+  // LocalizeNow's copy of the per-layer windows, kept for its buffers.
+  mutable std::vector<SeriesHistory> histories_;
 };
 
 }  // namespace spikeguard::detect

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <memory>
 #include <utility>
 
@@ -66,6 +67,36 @@ int64_t GroupCommitter::batches() const {
   return batches_;
 }
 
+void GroupCommitter::Note(const storage::IngestBatch& batch) {
+  if (batch.reports.size() != 1 || batch.world_size <= 1) return;  // not live, or alone
+  // Bounded: a run that stopped mid-step leaves its entry behind.
+  if (live_steps_.size() > 4096) live_steps_.clear();
+  StepRanks& s = live_steps_[{batch.run, batch.generation}];
+  const int64_t step = batch.reports.front().step();
+  if (step < s.step) return;
+  if (step > s.step) {
+    s.step = step;
+    s.ranks.clear();
+  }
+  if (std::find(s.ranks.begin(), s.ranks.end(), batch.rank) == s.ranks.end()) {
+    s.ranks.push_back(batch.rank);
+  }
+}
+
+bool GroupCommitter::AwaitsRanks(const std::vector<Pending*>& group) const {
+  if (options_.step_window <= absl::ZeroDuration()) return false;
+  for (const Pending* p : group) {
+    const storage::IngestBatch& b = p->batch;
+    if (b.reports.size() != 1 || b.world_size <= 1) continue;
+    auto it = live_steps_.find({b.run, b.generation});
+    if (it != live_steps_.end() && it->second.step == b.reports.front().step() &&
+        it->second.ranks.size() < b.world_size) {
+      return true;
+    }
+  }
+  return false;
+}
+
 void GroupCommitter::Loop() {
   const size_t max_batches = static_cast<size_t>(std::max(1, options_.max_batches));
   while (true) {
@@ -86,9 +117,23 @@ void GroupCommitter::Loop() {
         };
         mu_.AwaitWithTimeout(absl::Condition(&full), options_.window);
       }
-      while (!queue_.empty() && group.size() < max_batches) {
-        group.push_back(queue_.front());
-        queue_.pop_front();
+      auto take = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        while (!queue_.empty() && group.size() < max_batches) {
+          Note(queue_.front()->batch);
+          group.push_back(queue_.front());
+          queue_.pop_front();
+        }
+      };
+      take();
+      // The rest of a step the group has only part of: wait for its other
+      // ranks (briefly; a rank that lags or died only costs the window).
+      const absl::Time until = absl::Now() + options_.step_window;
+      while (!stopping_ && group.size() < max_batches && AwaitsRanks(group)) {
+        auto more = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return stopping_ || !queue_.empty();
+        };
+        if (!mu_.AwaitWithDeadline(absl::Condition(&more), until)) break;
+        take();
       }
     }
     // The pending batches belong to threads blocked in Commit until `done`.

@@ -6,7 +6,8 @@
 // commits the batches of every stream queued meanwhile as one group
 // (Catalog::IngestGroup). The group is what was queued while the previous
 // commit ran, plus whatever arrives within `window` of the group's first
-// batch, at most `max_batches`. Step records that became complete are handed
+// batch, plus, while it holds only some ranks of a live step, that step's
+// other ranks arriving within `step_window`; at most `max_batches`. Step records that became complete are handed
 // to `on_completed` in memory, on the commit thread, once merged and before
 // the group's transaction commits (Catalog::IngestGroup's `before_commit`),
 // so detection runs beside the commit's fsync; no batch is answered before
@@ -31,6 +32,9 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
+#include <string>
+#include <utility>
 #include <thread>
 #include <vector>
 
@@ -50,6 +54,14 @@ class GroupCommitter {
     absl::Duration window = absl::ZeroDuration();
     // Batches per transaction at most.
     int max_batches = 512;
+    // How long a group may wait for the rest of a step: when the group holds
+    // a live batch (a single report, as a trainer sends each step) whose
+    // step some ranks of its run have sent and others not yet, the group
+    // waits up to this long for the missing ranks' batches. The ranks of a
+    // step report within a fraction of a millisecond of each other; without
+    // the wait the first rank's batch is committed alone and the step
+    // completes one commit (an fsync) later. 0: never waits.
+    absl::Duration step_window = absl::Milliseconds(1);
     // Test hook: after this many committed groups the process _exits (code
     // 86) before answering any batch of the last one (0: never).
     int64_t exit_after_groups = 0;
@@ -89,6 +101,15 @@ class GroupCommitter {
     DoneFn callback;
   };
   void Loop();
+  // Which ranks sent the newest live step of each run and generation
+  // (commit thread only): `Note` records a group's batches, `AwaitsRanks`
+  // says whether one of them leaves its step partly reported.
+  struct StepRanks {
+    int64_t step = -1;
+    std::vector<uint32_t> ranks;
+  };
+  void Note(const storage::IngestBatch& batch);
+  bool AwaitsRanks(const std::vector<Pending*>& group) const;
 
   storage::Catalog* const catalog_;
   const Options options_;
@@ -100,6 +121,7 @@ class GroupCommitter {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int64_t groups_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t batches_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::pair<std::string, int64_t>, StepRanks> live_steps_;
   std::thread thread_;
 };
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "storage/catalog/catalog.h"
 
@@ -158,6 +159,66 @@ TEST_F(GroupCommitTest, AsyncBatchesOfOneRankAreAnsweredInOrderAndCounted) {
   auto committed = catalog_->CommittedStep("r", 0, 3);
   ASSERT_TRUE(committed.ok());
   EXPECT_EQ(*committed, 39 * 5 + 4);
+}
+
+TEST_F(GroupCommitTest, ALiveStepWaitsForItsOtherRanksAndCompletesInOneGroup) {
+  // A trainer's ranks send each step as it ends, within a fraction of a
+  // millisecond of each other: the first rank's batch waits for the rest
+  // rather than being committed alone (the step would then complete one
+  // fsync later). The window here is long so the test does not race it.
+  GroupCommitter::Options options;
+  options.step_window = absl::Seconds(60);
+  absl::Mutex mu;
+  int handed_over = 0;
+  uint32_t ranks_reported = 0;
+  GroupCommitter ingest(catalog_.get(), options,
+                        [&](std::vector<storage::CompletedStep> done, absl::Time) {
+                          absl::MutexLock lock(&mu);
+                          for (const auto& c : done) {
+                            ++handed_over;
+                            ranks_reported = c.record.ranks_reported();
+                          }
+                        });
+  std::atomic<int> answered{0};
+  auto live = [&](uint32_t rank) {
+    ingest.CommitAsync(Batch("r", rank, kRanks, 7, 7), [&](storage::BatchOutcome o) {
+      EXPECT_TRUE(o.status.ok()) << o.status;
+      ++answered;
+    });
+  };
+  live(0);
+  // Give the commit thread time to pick rank 0 up: it must hold it.
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(ingest.groups(), 0) << "rank 0's batch was committed without waiting for its step";
+  for (uint32_t rank = 1; rank < kRanks; ++rank) live(rank);
+  while (answered.load() < static_cast<int>(kRanks)) absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_EQ(ingest.groups(), 1);
+  EXPECT_EQ(ingest.batches(), kRanks);
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(handed_over, 1);
+  EXPECT_EQ(ranks_reported, kRanks);
+}
+
+TEST_F(GroupCommitTest, BacklogsAndMissingRanksDoNotHoldAGroupForLong) {
+  // A batch of several steps (a resend, a backlog) is not a live step: it is
+  // committed at once even with a long window (this would block a minute).
+  {
+    GroupCommitter::Options options;
+    options.step_window = absl::Seconds(60);
+    GroupCommitter ingest(catalog_.get(), options, nullptr);
+    storage::BatchOutcome o = ingest.Commit(Batch("r", 0, kRanks, 0, 3));
+    ASSERT_TRUE(o.status.ok()) << o.status;
+    EXPECT_EQ(o.result.accepted, 4);
+  }
+  // A rank that never sends its step costs the group the window, no more:
+  // the lone batch is committed and answered.
+  GroupCommitter::Options options;
+  options.step_window = absl::Milliseconds(20);
+  GroupCommitter ingest(catalog_.get(), options, nullptr);
+  storage::BatchOutcome o = ingest.Commit(Batch("r", 1, kRanks, 10, 10));
+  ASSERT_TRUE(o.status.ok()) << o.status;
+  EXPECT_EQ(o.result.accepted, 1);
+  EXPECT_EQ(ingest.groups(), 1);
 }
 
 }  // namespace
