@@ -277,7 +277,9 @@ v1::StepRecord FilterMetrics(const v1::StepRecord& record,
   }
   std::set<std::string> layer_wanted;
   for (const auto& m : wanted) {
-    if (LayerMetricNames().count(m) > 0 && RecordMetricNames().count(m) == 0) layer_wanted.insert(m);
+    if (LayerMetricNames().count(m) > 0 && RecordMetricNames().count(m) == 0) {
+      layer_wanted.insert(m);
+    }
   }
   // "grad_norm" names the record's global norm; per-layer grad norms come
   // with "layers".
@@ -337,7 +339,9 @@ absl::StatusOr<v1::Run> DaemonOperatorHandler::CreateRun(const NewRun& r) {
   // Nothing from the wire is executed: no command, env or workdir; a launch
   // profile of the daemon's and valid values for its parameters.
   if (state_->profiles == nullptr) return Starting();
-  if (auto s = state_->profiles->ValidateSpec(r.spec, r.world_size, "spec"); !s.ok()) return Invalid(s);
+  if (auto s = state_->profiles->ValidateSpec(r.spec, r.world_size, "spec"); !s.ok()) {
+    return Invalid(s);
+  }
   if (r.launch && r.spec.profile().empty()) {
     return absl::InvalidArgumentError(
         "spec.profile: launching a run needs a launch profile of the daemon's");
@@ -408,7 +412,9 @@ absl::StatusOr<v1::Run> DaemonOperatorHandler::SetRunProfile(
   spec.set_profile(profile);
   spec.mutable_params()->clear();
   spec.mutable_params()->insert(params.begin(), params.end());
-  if (auto s = state_->profiles->ValidateSpec(spec, row->world_size(), ""); !s.ok()) return Invalid(s);
+  if (auto s = state_->profiles->ValidateSpec(spec, row->world_size(), ""); !s.ok()) {
+    return Invalid(s);
+  }
   if (auto s = state_->catalog->SetRunSpec(run, spec); !s.ok()) return s;
   SG_LOG(INFO) << "run '" << run << "' mapped to launch profile " << Quoted(profile)
                << (was_legacy ? " (its free command line is dropped)" : "");
@@ -674,7 +680,9 @@ absl::StatusOr<ActionResult> DaemonOperatorHandler::Approve(int64_t incident_id)
 absl::StatusOr<ActionResult> DaemonOperatorHandler::Abort(int64_t incident_id,
                                                           const std::string& reason) {
   if (incident_id <= 0) return absl::InvalidArgumentError("incident_id: not an incident id");
-  if (auto s = ValidateText("reason", reason, state_->limits.max_string_length); !s.ok()) return Invalid(s);
+  if (auto s = ValidateText("reason", reason, state_->limits.max_string_length); !s.ok()) {
+    return Invalid(s);
+  }
   if (state_->supervisor == nullptr) return Starting();
   if (auto s = state_->supervisor->Abort(incident_id, reason); !s.ok()) return s;
   return ActionResult{absl::StrCat("incident ", incident_id, " aborted"), 0, ""};
@@ -745,7 +753,9 @@ absl::StatusOr<Page<v1::AuditEntry>> DaemonOperatorHandler::ListAudit(const Audi
     return Invalid(s);
   }
   if (q.since_unix_ms < 0) return absl::InvalidArgumentError("since_unix_ms: negative");
-  if (q.limit < 0) return absl::InvalidArgumentError(absl::StrFormat("limit: %d is negative", q.limit));
+  if (q.limit < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat("limit: %d is negative", q.limit));
+  }
   storage::Catalog::AuditQuery query;
   query.run = q.run;
   query.principal = q.principal;

@@ -9,15 +9,18 @@
 // unpacks, calls and packs.
 //
 // Every value is validated here: invalid input is INVALID_ARGUMENT with a
-// message naming the request field it came from. The arguments carry the
-// request's field names (a rewind's i-th skip window is "skip[i]"), so the
-// messages are the same whichever front end calls. Manual rewinds, replays
-// and skips are refused while an incident probe runs on the run, and are
-// idempotent by request id.
+// message naming the request field it came from, the same whichever front
+// end calls. Manual rewinds, replays and skips are refused while an incident
+// probe runs on the run, and are idempotent by request id.
 //
 //   DaemonOperatorHandler handler(&state);
-//   absl::StatusOr<v1::Run> run = handler.CreateRun(spec_of_run, /*launch=*/false);
-//   absl::StatusOr<ActionResult> r = handler.Rewind("gpt-7b", {.to_step = 1200});
+//   absl::StatusOr<v1::Run> run = handler.CreateRun({.name = "gpt-7b", .world_size = 8});
+//   absl::StatusOr<ActionResult> r = handler.Rewind({.run = "gpt-7b", .to_step = 1200});
+//
+// Field names: the handler, not the transport, puts them in its messages;
+// its arguments are named after the request's fields and a list argument's
+// position names the element (the second skip window is "skip[1]"). The
+// transport only authorizes and converts, so every check is tested here.
 #pragma once
 
 #include <cstdint>

@@ -58,6 +58,13 @@ class OperatorHandlerTest : public ::testing::Test {
     state_->supervisor = supervisor_.get();
   }
 
+  static RewindArgs RewindTo(int64_t step) {
+    RewindArgs rewind;
+    rewind.run = kRun;
+    rewind.to_step = step;
+    return rewind;
+  }
+
   static NewRun NewRunNamed(const std::string& name, uint32_t world_size = 2) {
     NewRun run;
     run.name = name;
@@ -192,9 +199,7 @@ TEST_F(OperatorHandlerTest, QueryTelemetryRejectsUnknownMetricsAndBadRanges) {
 }
 
 TEST_F(OperatorHandlerTest, ManualActionsWithoutASupervisorAreUnavailable) {
-  RewindArgs rewind;
-  rewind.run = kRun;
-  rewind.to_step = 100;
+  RewindArgs rewind = RewindTo(100);
   auto r = handler_->Rewind(rewind);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(r.status().message(), "daemon is starting");
@@ -208,9 +213,7 @@ TEST_F(OperatorHandlerTest, ManualActionsWithoutASupervisorAreUnavailable) {
 TEST_F(OperatorHandlerTest, ARewindToAStepWithNoCheckpointIsRefusedSayingSo) {
   AddSupervisor();
   ASSERT_TRUE(Register(100).ok());
-  RewindArgs rewind;
-  rewind.run = kRun;
-  rewind.to_step = 50;
+  RewindArgs rewind = RewindTo(50);
   auto r = handler_->Rewind(rewind);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
@@ -232,9 +235,7 @@ TEST_F(OperatorHandlerTest, ARewindNeverSilentlyGoesPastACheckpointThatNoLongerV
   auto newer = Register(200);
   ASSERT_TRUE(newer.ok()) << newer.status();
   fs::remove(newer->uri());
-  RewindArgs rewind;
-  rewind.run = kRun;
-  rewind.to_step = 250;
+  RewindArgs rewind = RewindTo(250);
   auto r = handler_->Rewind(rewind);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
@@ -242,9 +243,7 @@ TEST_F(OperatorHandlerTest, ARewindNeverSilentlyGoesPastACheckpointThatNoLongerV
 }
 
 TEST_F(OperatorHandlerTest, RewindAndSkipNameTheOffendingWindowField) {
-  RewindArgs rewind;
-  rewind.run = kRun;
-  rewind.to_step = 100;
+  RewindArgs rewind = RewindTo(100);
   rewind.skip = {{10, 20}, {30, 25}};
   auto r = handler_->Rewind(rewind);
   ASSERT_FALSE(r.ok());
