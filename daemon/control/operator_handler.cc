@@ -602,19 +602,21 @@ absl::StatusOr<ActionResult> DaemonOperatorHandler::Skip(const std::string& run,
       absl::StrFormat("manual skip of steps %d..%d", window.from_step, window.to_step));
 }
 
-absl::StatusOr<ActionResult> DaemonOperatorHandler::Pause(const std::string& run) {
+absl::Status DaemonOperatorHandler::CheckCommandable(const std::string& run) {
   if (auto s = ValidateRunName(run, state_->limits); !s.ok()) return Invalid(s);
   if (state_->supervisor == nullptr) return Starting();
-  if (auto r = state_->catalog->GetRun(run); !r.ok()) return r.status();
+  return state_->catalog->GetRun(run).status();
+}
+
+absl::StatusOr<ActionResult> DaemonOperatorHandler::Pause(const std::string& run) {
+  if (auto s = CheckCommandable(run); !s.ok()) return s;
   const std::string id = RequestId("", "pause", state_->clock);
   if (auto s = state_->supervisor->control()->Pause(run, id); !s.ok()) return s;
   return ActionResult{"pause sent", 0, id};
 }
 
 absl::StatusOr<ActionResult> DaemonOperatorHandler::Resume(const std::string& run) {
-  if (auto s = ValidateRunName(run, state_->limits); !s.ok()) return Invalid(s);
-  if (state_->supervisor == nullptr) return Starting();
-  if (auto r = state_->catalog->GetRun(run); !r.ok()) return r.status();
+  if (auto s = CheckCommandable(run); !s.ok()) return s;
   const std::string id = RequestId("", "resume", state_->clock);
   if (auto s = state_->supervisor->control()->Continue(run, id, std::nullopt); !s.ok()) return s;
   return ActionResult{"continue sent", 0, id};

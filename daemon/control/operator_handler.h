@@ -256,6 +256,9 @@ class DaemonOperatorHandler final : public OperatorHandler {
   // `stop_after_step` and the skip windows' shape already checked.
   absl::StatusOr<ActionResult> ManualRewind(const RewindArgs& args, const std::string& kind,
                                             const std::string& reason);
+  // A run a command can be sent to now: a valid name, a Supervisor to send
+  // it, a stored run (checked in that order).
+  absl::Status CheckCommandable(const std::string& run);
   // A run name that is valid and names a stored run.
   absl::StatusOr<spikeguard::v1::Run> ExistingRun(const std::string& name);
 

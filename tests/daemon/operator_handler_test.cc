@@ -341,5 +341,22 @@ TEST_F(OperatorHandlerTest, APrincipalScopedToSomeRunsListsOnlyThose) {
   EXPECT_EQ(handler_->ListRuns(admin, "")->items.size(), 2u);
 }
 
+TEST_F(OperatorHandlerTest, CommandsAndWatchesNameTheirRunBeforeAnythingIsSent) {
+  AddSupervisor();
+  auto bad = handler_->Pause("no spaces");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(handler_->Resume("ghost").status().code(), absl::StatusCode::kNotFound);
+  // As ListIncidents: an unknown run is NOT_FOUND, not a watch that never ends.
+  EXPECT_EQ(handler_->WatchIncidents(auth::Principal(), "ghost").status().code(),
+            absl::StatusCode::kNotFound);
+
+  auto watch = handler_->WatchIncidents(auth::Principal(), kRun);
+  ASSERT_TRUE(watch.ok()) << watch.status();
+  // Nothing has happened: the wait times out with an empty batch, the feed open.
+  auto batch = (*watch)->Next(absl::Milliseconds(10));
+  ASSERT_TRUE(batch.has_value());
+  EXPECT_TRUE(batch->empty());
+}
+
 }  // namespace
 }  // namespace spikeguard::daemon
