@@ -34,7 +34,16 @@ detect::RunMonitor::Options MonitorOptions(const v1::Policy& policy) {
   if (p.has_persistence_steps() && p.persistence_steps() > 0) {
     o.precursor.persistence_steps = p.persistence_steps();
   }
+  // Localized by the engine once the incident is opened (Detection::localize).
+  o.localize_events = false;
   return o;
+}
+
+void SetLocalization(const detect::Localization& loc, incident::Detection* d) {
+  if (loc.order.empty()) return;
+  d->localized_signal = loc.order.front().signal;
+  d->localized_layer = loc.order.front().layer;
+  d->localization_order = loc.Names();
 }
 
 detect::StepSample ToSample(const v1::StepRecord& r) { return detect::FromStepMessage(r); }
@@ -266,10 +275,15 @@ std::vector<incident::Detection> Supervisor::Detect(const std::string& run, Moni
       d.precursor_onset_step = *e.precursor_start;
       d.precursor = e.precursor_signal;
     }
-    if (!e.localization.order.empty()) {
-      d.localized_signal = e.localization.order.front().signal;
-      d.localized_layer = e.localization.order.front().layer;
-      d.localization_order = e.localization.Names();
+    if (e.kind == detect::MonitorEvent::kSpikeOnset &&
+        !m->detectors->options().localize_events) {
+      // Worked out after the incident is opened, from the monitor as it is
+      // now (the engine calls this within this step's delivery).
+      d.localize = [monitor = m->detectors.get(), onset = e.onset_step](incident::Detection* out) {
+        SetLocalization(monitor->LocalizeNow(onset - 1), out);
+      };
+    } else if (!e.localization.order.empty()) {
+      SetLocalization(e.localization, &d);
     } else if (e.kind == detect::MonitorEvent::kNonFinite && e.layer >= 0) {
       d.localized_signal = "non-finite";
       d.localized_layer = e.layer;

@@ -114,7 +114,7 @@ void RunMonitor::Enrich(MonitorEvent* e, int64_t onset) const {
       e->precursor_layer = w.layer;
     }
   }
-  e->localization = LocalizeNow(onset - 1);
+  if (options_.localize_events) e->localization = LocalizeNow(onset - 1);
 }
 
 const char* RunMonitor::Corroboration(int64_t onset, int64_t now) const {

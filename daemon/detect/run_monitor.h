@@ -152,6 +152,11 @@ class RunMonitor {
     int precursor_horizon = 1000;
     // Recent precursor warnings kept for attaching.
     int max_recent_precursors = 64;
+    // Whether a spike onset carries its `localization`. The fit over every
+    // per-layer series costs about a millisecond at 32 layers; false leaves
+    // it empty and the caller asks LocalizeNow(onset - 1) when it needs it
+    // (the daemon does so after the incident is opened, before its next step).
+    bool localize_events = true;
 
     // Corroboration of a loss excursion (see above).
     double corroborate_grad_ratio = 2.5;

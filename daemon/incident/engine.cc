@@ -327,7 +327,29 @@ absl::Status IncidentEngine::OnDetection(const std::string& run, const Detection
                                       }));
   st.incidents[id] = std::move(s);
   if (st.listener) st.listener(inc.inc, inc.inc.events(inc.inc.events_size() - 1));
+  if (d.localize) SG_RETURN_IF_ERROR(st.EmitLocalized(inc, d));
   return st.Advance(inc);
+}
+
+absl::Status IncidentEngine::State::EmitLocalized(IncidentCase& s, const Detection& d) {
+  Detection found = d;
+  d.localize(&found);
+  if (found.localized_signal.empty() && found.localization_order.empty()) {
+    return absl::OkStatus();  // no series left its baseline: nothing to add
+  }
+  lg::EventPayload p;
+  lg::Localized* l = p.mutable_localized();
+  l->set_localized_signal(found.localized_signal);
+  l->set_localized_layer(found.localized_layer);
+  for (const std::string& x : found.localization_order) l->add_localization_order(x);
+  p.set_detail(absl::StrCat(
+      "localized: ", found.localized_signal,
+      found.localized_layer >= 0 ? absl::StrCat(" in layer ", found.localized_layer) : "",
+      " moved first",
+      found.localization_order.empty()
+          ? std::string()
+          : absl::StrCat(" (order: ", absl::StrJoin(found.localization_order, ", "), ")")));
+  return Emit(s, EventKind::kLocalized, std::move(p));
 }
 
 absl::Status IncidentEngine::OnStep(const std::string& run, const StepObservation& step) {

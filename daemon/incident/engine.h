@@ -157,6 +157,11 @@ struct Detection {
   std::string localized_signal;
   int localized_layer = -1;
   std::vector<std::string> localization_order;
+  // When set, the three fields above are worked out by this call after the
+  // incident is opened, persisted and published (a "localized" event), so
+  // the fit over every per-layer series is not on the detection path. Only
+  // called for a detection that opens an incident, before the engine acts.
+  std::function<void(Detection*)> localize;
   // Other detectors that fired for the same event (e.g. the grad norm
   // beside the loss): evidence of this incident, not incidents of their own.
   std::vector<std::string> also;

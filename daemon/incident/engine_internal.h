@@ -74,6 +74,9 @@ struct IncidentEngine::State {
   // Appends the event, applies it, saves the incident and tells the listener.
   absl::Status Emit(IncidentCase& s, EventKind kind, lg::EventPayload payload);
   absl::Status EmitNote(IncidentCase& s, const std::string& note);
+  // The "localized" event of an incident opened with a deferred
+  // localization (Detection::localize); none when no series departed.
+  absl::Status EmitLocalized(IncidentCase& s, const Detection& d);
 
   // ---- Actions (engine_actions.cc) -------------------------------------------
   std::string RequestId(const IncidentCase& s, const std::string& what);

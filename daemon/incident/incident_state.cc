@@ -13,8 +13,9 @@ namespace v1 = spikeguard::v1;
 
 namespace {
 
-constexpr std::array<std::pair<EventKind, const char*>, 22> kEventNames = {{
+constexpr std::array<std::pair<EventKind, const char*>, 23> kEventNames = {{
     {EventKind::kOpened, "opened"},
+    {EventKind::kLocalized, "localized"},
     {EventKind::kCheckpoint, "checkpoint"},
     {EventKind::kRewindRequested, "rewind_requested"},
     {EventKind::kContinueRequested, "continue_requested"},
@@ -185,6 +186,18 @@ std::string ToText(const lg::EventPayload& payload) {
 
 namespace {
 
+void SetLocalization(IncidentCase& s, const std::string& signal, int layer,
+                     const google::protobuf::RepeatedPtrField<std::string>& order) {
+  const lg::Opened& o = s.opened;
+  v1::Localization* loc = s.inc.mutable_localization();
+  loc->set_signal(signal);
+  loc->set_layer(layer);
+  loc->set_start_step(o.has_precursor() ? std::min(o.precursor_onset_step(), o.onset_step())
+                                        : o.onset_step());
+  loc->clear_ordered();
+  for (const std::string& x : order) loc->add_ordered(x);
+}
+
 void ApplyOpened(IncidentCase& s, const lg::EventPayload& p) {
   const lg::Opened& o = p.opened();
   s.opened = o;
@@ -201,13 +214,15 @@ void ApplyOpened(IncidentCase& s, const lg::EventPayload& p) {
   if (o.has_precursor()) s.inc.set_precursor_onset_step(o.precursor_onset_step());
   s.inc.set_precursor(o.precursor());
   s.inc.set_opened_unix_ms(p.unix_ms());
-  v1::Localization* loc = s.inc.mutable_localization();
-  loc->set_signal(o.localized_signal());
-  loc->set_layer(o.localized_layer());
-  loc->set_start_step(o.has_precursor() ? std::min(o.precursor_onset_step(), o.onset_step())
-                                        : o.onset_step());
-  loc->clear_ordered();
-  for (const std::string& x : o.localization_order()) loc->add_ordered(x);
+  SetLocalization(s, o.localized_signal(), o.localized_layer(), o.localization_order());
+}
+
+// A localization worked out after opening replaces the opened one.
+void ApplyLocalized(IncidentCase& s, const lg::Localized& l) {
+  s.opened.set_localized_signal(l.localized_signal());
+  s.opened.set_localized_layer(l.localized_layer());
+  *s.opened.mutable_localization_order() = l.localization_order();
+  SetLocalization(s, l.localized_signal(), l.localized_layer(), l.localization_order());
 }
 
 void ApplyRequested(IncidentCase& s, const lg::EventPayload& p) {
@@ -354,6 +369,9 @@ void ApplyKnown(IncidentCase& s, EventKind kind, const lg::EventPayload& p) {
   switch (kind) {
     case EventKind::kOpened:
       ApplyOpened(s, p);
+      return;
+    case EventKind::kLocalized:
+      ApplyLocalized(s, p.localized());
       return;
     case EventKind::kCheckpoint:
       s.chosen = p.checkpoint();

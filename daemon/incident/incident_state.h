@@ -35,6 +35,7 @@ namespace lg = spikeguard::incident::log;
 // Event kinds of the log; the names are the persisted format.
 enum class EventKind {
   kOpened,
+  kLocalized,
   kCheckpoint,
   kRewindRequested,
   kContinueRequested,

@@ -97,6 +97,44 @@ bool GroupCommitter::AwaitsRanks(const std::vector<Pending*>& group) const {
   return false;
 }
 
+namespace {
+
+// When the report that completed `c` was queued: the last batch of the group
+// (they are in queue order) that holds its step.
+absl::Time CompletedAt(const storage::CompletedStep& c,
+                       const std::vector<storage::IngestBatch>& batches,
+                       const std::vector<absl::Time>& queued) {
+  const int64_t step = c.record.step();
+  for (size_t i = batches.size(); i-- > 0;) {
+    const storage::IngestBatch& b = batches[i];
+    if (b.reports.empty() || b.run != c.run || b.generation != c.record.generation()) continue;
+    if (b.reports.front().step() <= step && step <= b.reports.back().step()) return queued[i];
+  }
+  return queued.front();
+}
+
+}  // namespace
+
+void GroupCommitter::HandOver(std::vector<storage::CompletedStep> done,
+                              const std::vector<storage::IngestBatch>& batches,
+                              const std::vector<absl::Time>& queued) {
+  // In order, in slices that share their completing report's arrival.
+  size_t begin = 0;
+  while (begin < done.size()) {
+    const absl::Time at = CompletedAt(done[begin], batches, queued);
+    size_t end = begin + 1;
+    while (end < done.size() && CompletedAt(done[end], batches, queued) == at) ++end;
+    if (begin == 0 && end == done.size()) {
+      on_completed_(std::move(done), at);
+      return;
+    }
+    on_completed_(std::vector<storage::CompletedStep>(std::make_move_iterator(done.begin() + begin),
+                                                      std::make_move_iterator(done.begin() + end)),
+                  at);
+    begin = end;
+  }
+}
+
 void GroupCommitter::Loop() {
   const size_t max_batches = static_cast<size_t>(std::max(1, options_.max_batches));
   while (true) {
@@ -140,11 +178,13 @@ void GroupCommitter::Loop() {
     std::vector<storage::IngestBatch> batches;
     batches.reserve(group.size());
     for (Pending* p : group) batches.push_back(std::move(p->batch));
-    const absl::Time arrived = group.front()->queued;
+    std::vector<absl::Time> queued;
+    queued.reserve(group.size());
+    for (Pending* p : group) queued.push_back(p->queued);
     storage::Catalog::CompletedSink sink;
     if (on_completed_) {
-      sink = [this, arrived](std::vector<storage::CompletedStep> done) {
-        on_completed_(std::move(done), arrived);
+      sink = [this, &batches, &queued](std::vector<storage::CompletedStep> done) {
+        HandOver(std::move(done), batches, queued);
       };
     }
     absl::StatusOr<storage::IngestGroupResult> result = catalog_->IngestGroup(batches, sink);

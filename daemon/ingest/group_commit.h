@@ -68,8 +68,9 @@ class GroupCommitter {
     // Where batches committed and commit latency are recorded (null: not).
     metrics::DaemonMetrics* metrics = nullptr;
   };
-  // `arrived`: when the group's first batch was queued (the records'
-  // detection latency counts from there).
+  // `arrived`: when the report that completed these records was queued
+  // (their detection latency counts from there; before it the step could
+  // not be judged). One call per run of records sharing that arrival.
   using CompletedFn =
       std::function<void(std::vector<storage::CompletedStep>, absl::Time arrived)>;
 
@@ -109,6 +110,11 @@ class GroupCommitter {
     std::vector<uint32_t> ranks;
   };
   void Note(const storage::IngestBatch& batch);
+  // Hands completed records to on_completed_, each with the arrival of the
+  // report that completed it.
+  void HandOver(std::vector<storage::CompletedStep> done,
+                const std::vector<storage::IngestBatch>& batches,
+                const std::vector<absl::Time>& queued);
   bool AwaitsRanks(const std::vector<Pending*>& group) const;
 
   storage::Catalog* const catalog_;

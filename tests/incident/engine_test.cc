@@ -493,6 +493,60 @@ TEST_F(IncidentEngineTest, ObserveModeOpensAndClosesWithoutProbes) {
   EXPECT_TRUE(ctl.pause_calls.empty());
 }
 
+TEST_F(IncidentEngineTest, ADeferredLocalizationFollowsTheOpenedEventAndSurvivesRecovery) {
+  // The daemon opens the incident before the per-layer fit (about a
+  // millisecond at 32 layers) and localizes it right after: the "opened"
+  // event is out without it, a "localized" event follows before any probe.
+  view.policy.set_mode(v1::MODE_PROPOSE);
+  Start({.poison = {1000}});
+  bool localized = false, opened_before_localizing = false;
+  engine->SetListener([&](const v1::Incident& inc, const v1::IncidentEvent& ev) {
+    heard.push_back(ev.kind());
+    if (ev.kind() == "opened") {
+      opened_before_localizing = !localized;
+      EXPECT_EQ(inc.localization().layer(), -1);
+    }
+  });
+  Detection d = Spike();
+  d.localize = [&](Detection* out) {
+    localized = true;
+    out->localized_signal = "max_attn_logit";
+    out->localized_layer = 4;
+    out->localization_order = {"max_attn_logit@4", "act_rms@4"};
+  };
+  Detect(d);
+  EXPECT_TRUE(opened_before_localizing);
+  ASSERT_GE(heard.size(), 2u);
+  EXPECT_EQ(heard[0], "opened");
+  EXPECT_EQ(heard[1], "localized");
+  v1::Incident inc = Only();
+  EXPECT_EQ(inc.localization().signal(), "max_attn_logit");
+  EXPECT_EQ(inc.localization().layer(), 4);
+  EXPECT_THAT(inc.localization().ordered(), ElementsAre("max_attn_logit@4", "act_rms@4"));
+  EXPECT_THAT(inc.events(1).detail(), HasSubstr("max_attn_logit in layer 4 moved first"));
+
+  // Folded back from the event log after a restart.
+  engine.reset();
+  engine = NewEngine();
+  ASSERT_TRUE(engine->Recover().ok());
+  ASSERT_EQ(engine->Active().size(), 1u);
+  EXPECT_EQ(engine->Active()[0].localization().layer(), 4);
+  EXPECT_EQ(engine->Active()[0].localization().signal(), "max_attn_logit");
+}
+
+TEST_F(IncidentEngineTest, ADeferredLocalizationThatFindsNothingAddsNoEvent) {
+  view.policy.set_mode(v1::MODE_OBSERVE);
+  Start({.poison = {1000}});
+  bool called = false;
+  Detection d = Spike();
+  d.localize = [&](Detection*) { called = true; };
+  Detect(d);
+  EXPECT_TRUE(called);
+  const v1::Incident inc = Only();
+  EXPECT_FALSE(HasEvent(inc, "localized"));
+  EXPECT_EQ(inc.state(), v1::CLOSED);
+}
+
 TEST_F(IncidentEngineTest, ProposeModeWaitsForApprovalBeforeEachProbeAndFix) {
   view.policy.set_mode(v1::MODE_PROPOSE);
   Start({.poison = {1000}});
