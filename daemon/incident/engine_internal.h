@@ -4,6 +4,8 @@
 // that implement its concerns; not part of the engine's interface.
 //
 //   engine.cc          the public API, deciding the next step, the judge wiring
+//   engine_opening.cc  opening an incident (OnDetection) and its deferred
+//                      localization
 //   engine_actions.cc  requests (rewind, continue, pause, quarantine) and their
 //                      execution
 //   engine_verdicts.cc the probe checkpoint, replay and skip proposals, the
@@ -75,7 +77,8 @@ struct IncidentEngine::State {
   absl::Status Emit(IncidentCase& s, EventKind kind, lg::EventPayload payload);
   absl::Status EmitNote(IncidentCase& s, const std::string& note);
   // The "localized" event of an incident opened with a deferred
-  // localization (Detection::localize); none when no series departed.
+  // localization (Detection::localize); none when no series departed
+  // (engine_opening.cc).
   absl::Status EmitLocalized(IncidentCase& s, const Detection& d);
 
   // ---- Actions (engine_actions.cc) -------------------------------------------
