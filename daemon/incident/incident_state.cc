@@ -186,16 +186,16 @@ std::string ToText(const lg::EventPayload& payload) {
 
 namespace {
 
-void SetLocalization(IncidentCase& s, const std::string& signal, int layer,
-                     const google::protobuf::RepeatedPtrField<std::string>& order) {
+// The incident's localization, from the opened record.
+void SetLocalization(IncidentCase& s) {
   const lg::Opened& o = s.opened;
   v1::Localization* loc = s.inc.mutable_localization();
-  loc->set_signal(signal);
-  loc->set_layer(layer);
+  loc->set_signal(o.localized_signal());
+  loc->set_layer(o.localized_layer());
   loc->set_start_step(o.has_precursor() ? std::min(o.precursor_onset_step(), o.onset_step())
                                         : o.onset_step());
   loc->clear_ordered();
-  for (const std::string& x : order) loc->add_ordered(x);
+  for (const std::string& x : o.localization_order()) loc->add_ordered(x);
 }
 
 void ApplyOpened(IncidentCase& s, const lg::EventPayload& p) {
@@ -214,7 +214,7 @@ void ApplyOpened(IncidentCase& s, const lg::EventPayload& p) {
   if (o.has_precursor()) s.inc.set_precursor_onset_step(o.precursor_onset_step());
   s.inc.set_precursor(o.precursor());
   s.inc.set_opened_unix_ms(p.unix_ms());
-  SetLocalization(s, o.localized_signal(), o.localized_layer(), o.localization_order());
+  SetLocalization(s);
 }
 
 // A localization worked out after opening replaces the opened one.
@@ -222,7 +222,7 @@ void ApplyLocalized(IncidentCase& s, const lg::Localized& l) {
   s.opened.set_localized_signal(l.localized_signal());
   s.opened.set_localized_layer(l.localized_layer());
   *s.opened.mutable_localization_order() = l.localization_order();
-  SetLocalization(s, l.localized_signal(), l.localized_layer(), l.localization_order());
+  SetLocalization(s);
 }
 
 void ApplyRequested(IncidentCase& s, const lg::EventPayload& p) {

@@ -67,8 +67,18 @@ int64_t GroupCommitter::batches() const {
   return batches_;
 }
 
+namespace {
+
+// One step of a run with several ranks, sent as it ended (a backlog or a
+// resend has several reports; a lone rank has no one to wait for).
+bool IsLiveStep(const storage::IngestBatch& b) {
+  return b.reports.size() == 1 && b.world_size > 1;
+}
+
+}  // namespace
+
 void GroupCommitter::Note(const storage::IngestBatch& batch) {
-  if (batch.reports.size() != 1 || batch.world_size <= 1) return;  // not live, or alone
+  if (!IsLiveStep(batch)) return;
   // Bounded: a run that stopped mid-step leaves its entry behind.
   if (live_steps_.size() > 4096) live_steps_.clear();
   StepRanks& s = live_steps_[{batch.run, batch.generation}];
@@ -87,7 +97,7 @@ bool GroupCommitter::AwaitsRanks(const std::vector<Pending*>& group) const {
   if (options_.step_window <= absl::ZeroDuration()) return false;
   for (const Pending* p : group) {
     const storage::IngestBatch& b = p->batch;
-    if (b.reports.size() != 1 || b.world_size <= 1) continue;
+    if (!IsLiveStep(b)) continue;
     auto it = live_steps_.find({b.run, b.generation});
     if (it != live_steps_.end() && it->second.step == b.reports.front().step() &&
         it->second.ranks.size() < b.world_size) {
@@ -118,19 +128,21 @@ absl::Time CompletedAt(const storage::CompletedStep& c,
 void GroupCommitter::HandOver(std::vector<storage::CompletedStep> done,
                               const std::vector<storage::IngestBatch>& batches,
                               const std::vector<absl::Time>& queued) {
+  std::vector<absl::Time> at;
+  at.reserve(done.size());
+  for (const storage::CompletedStep& c : done) at.push_back(CompletedAt(c, batches, queued));
   // In order, in slices that share their completing report's arrival.
   size_t begin = 0;
   while (begin < done.size()) {
-    const absl::Time at = CompletedAt(done[begin], batches, queued);
     size_t end = begin + 1;
-    while (end < done.size() && CompletedAt(done[end], batches, queued) == at) ++end;
+    while (end < done.size() && at[end] == at[begin]) ++end;
     if (begin == 0 && end == done.size()) {
-      on_completed_(std::move(done), at);
+      on_completed_(std::move(done), at[begin]);
       return;
     }
     on_completed_(std::vector<storage::CompletedStep>(std::make_move_iterator(done.begin() + begin),
                                                       std::make_move_iterator(done.begin() + end)),
-                  at);
+                  at[begin]);
     begin = end;
   }
 }

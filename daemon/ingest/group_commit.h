@@ -7,14 +7,15 @@
 // (Catalog::IngestGroup). The group is what was queued while the previous
 // commit ran, plus whatever arrives within `window` of the group's first
 // batch, plus, while it holds only some ranks of a live step, that step's
-// other ranks arriving within `step_window`; at most `max_batches`. Step records that became complete are handed
-// to `on_completed` in memory, on the commit thread, once merged and before
-// the group's transaction commits (Catalog::IngestGroup's `before_commit`),
-// so detection runs beside the commit's fsync; no batch is answered before
-// the group is durable. `on_completed` runs with the catalog's lock held: it
-// must only enqueue, never call the catalog nor wait. Backpressure from the
-// consumer goes in `wait_for_room`, called on the commit thread before each
-// group with no lock held.
+// other ranks arriving within `step_window`; at most `max_batches`. Step
+// records that became complete are handed to `on_completed` in memory, on
+// the commit thread, once merged and before the group's transaction commits
+// (Catalog::IngestGroup's `before_commit`), so detection runs beside the
+// commit's fsync; no batch is answered before the group is durable.
+// `on_completed` runs with the catalog's lock held: it must only enqueue,
+// never call the catalog nor wait. Backpressure from the consumer goes in
+// `wait_for_room`, called on the commit thread before each group with no
+// lock held.
 //
 //   GroupCommitter ingest(catalog, {},
 //       [&](std::vector<storage::CompletedStep> done, absl::Time arrived) {
@@ -34,8 +35,8 @@
 #include <functional>
 #include <map>
 #include <string>
-#include <utility>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
