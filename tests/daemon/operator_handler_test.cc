@@ -18,7 +18,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/catalog/catalog.h"
-#include "tests/e2e/process.h"
+#include "tests/daemon/daemon_state_test.h"
 
 namespace spikeguard::daemon {
 namespace {
@@ -29,16 +29,11 @@ using ::testing::HasSubstr;
 
 constexpr char kRun[] = "run-a";
 
-class OperatorHandlerTest : public ::testing::Test {
+class OperatorHandlerTest : public testing::DaemonStateTest {
  protected:
   void SetUp() override {
-    storage::CatalogOptions options;
-    options.path = dir_.File("catalog.db");
-    options.clock = &clock_;
-    auto opened = storage::Catalog::Open(options);
-    ASSERT_TRUE(opened.ok()) << opened.status();
-    catalog_ = std::move(*opened);
-    state_ = std::make_unique<DaemonState>(catalog_.get(), &clock_, Limits{}, options.path);
+    DaemonStateTest::SetUp();
+    if (HasFatalFailure()) return;
     guard_ = std::make_unique<CheckpointGuard>(catalog_.get(), &profiles_, dir_.path());
     state_->profiles = &profiles_;
     state_->checkpoints = guard_.get();
@@ -88,11 +83,7 @@ class OperatorHandlerTest : public ::testing::Test {
     return handler_->RegisterCheckpoint(c);
   }
 
-  testing::TempDir dir_;
-  FakeClock clock_;
   LaunchProfiles profiles_;
-  std::unique_ptr<storage::Catalog> catalog_;
-  std::unique_ptr<DaemonState> state_;
   std::unique_ptr<CheckpointGuard> guard_;
   std::unique_ptr<Supervisor> supervisor_;
   std::unique_ptr<DaemonOperatorHandler> handler_;

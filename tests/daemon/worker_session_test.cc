@@ -18,7 +18,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/catalog/catalog.h"
-#include "tests/e2e/process.h"
+#include "tests/daemon/daemon_state_test.h"
 
 namespace spikeguard::daemon {
 namespace {
@@ -28,16 +28,11 @@ using ::testing::HasSubstr;
 
 constexpr char kRun[] = "run-a";
 
-class WorkerSessionTest : public ::testing::Test {
+class WorkerSessionTest : public testing::DaemonStateTest {
  protected:
   void SetUp() override {
-    storage::CatalogOptions options;
-    options.path = dir_.File("catalog.db");
-    options.clock = &clock_;
-    auto opened = storage::Catalog::Open(options);
-    ASSERT_TRUE(opened.ok()) << opened.status();
-    catalog_ = std::move(*opened);
-    state_ = std::make_unique<DaemonState>(catalog_.get(), &clock_, Limits{}, options.path);
+    DaemonStateTest::SetUp();
+    if (HasFatalFailure()) return;
     v1::Run run;
     run.set_name(kRun);
     run.set_world_size(2);
@@ -130,10 +125,6 @@ class WorkerSessionTest : public ::testing::Test {
     return false;
   }
 
-  spikeguard::testing::TempDir dir_;
-  FakeClock clock_;
-  std::unique_ptr<storage::Catalog> catalog_;
-  std::unique_ptr<DaemonState> state_;
 };
 
 // --- Hello -------------------------------------------------------------------

@@ -16,7 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/catalog/catalog.h"
-#include "tests/storage/catalog/temp_dir.h"
+#include "tests/daemon/daemon_state_test.h"
 
 namespace spikeguard {
 namespace {
@@ -35,18 +35,8 @@ double Sample(const std::string& text, const std::string& series) {
   return -1;
 }
 
-class StateCollectorTest : public ::testing::Test {
+class StateCollectorTest : public daemon::testing::DaemonStateTest {
  protected:
-  void SetUp() override {
-    storage::CatalogOptions options;
-    options.path = dir_.File("catalog.db");
-    options.clock = &clock_;
-    auto catalog = storage::Catalog::Open(options);
-    ASSERT_TRUE(catalog.ok()) << catalog.status();
-    catalog_ = std::move(*catalog);
-    state_ = std::make_unique<daemon::DaemonState>(catalog_.get(), &clock_, daemon::Limits{},
-                                                   options.path);
-  }
 
   void CreateRun(const std::string& name, int64_t last_step) {
     v1::Run run;
@@ -61,10 +51,6 @@ class StateCollectorTest : public ::testing::Test {
 
   double Reads(const std::string& text) { return Sample(text, "spikeguard_metrics_catalog_reads_total"); }
 
-  storage::testing::TempDir dir_;
-  FakeClock clock_;
-  std::unique_ptr<storage::Catalog> catalog_;
-  std::unique_ptr<daemon::DaemonState> state_;
 };
 
 TEST_F(StateCollectorTest, ScrapesWithinTheWindowShareOneCatalogReadAndRefreshAfterIt) {
