@@ -348,7 +348,6 @@ void LocalLauncher::MonitorLoop() {
             SG_LOG(ERROR) << "run " << name << ": rank " << rank
                           << " was rejected by the daemon; not restarting";
             r.finished = true;
-            (void)catalog_->SetRunState(name, "failed");
             break;
           }
           SG_LOG(WARNING) << "run " << name << ": rank " << rank << " exited with " << code;
@@ -375,7 +374,6 @@ void LocalLauncher::MonitorLoop() {
             SG_LOG(ERROR) << "run " << name << ": rank " << rank << " out of restarts ("
                           << max_restarts << ")";
             r.finished = true;
-            (void)catalog_->SetRunState(name, "failed");
             break;
           }
           if (r.spec.restart_all_ranks() && r.world_size > 1) {
@@ -387,11 +385,12 @@ void LocalLauncher::MonitorLoop() {
           }
         }
       }
-      if (r.finished) (void)catalog_->DeleteLaunches(name);
-      if (all_done && !r.finished) {
+      // A run ends with its state and its launch records changed together.
+      if (r.finished) {
+        (void)catalog_->EndRun(name, "failed");
+      } else if (all_done) {
         r.finished = true;
-        (void)catalog_->DeleteLaunches(name);
-        (void)catalog_->SetRunState(name, "finished");
+        (void)catalog_->EndRun(name, "finished");
         SG_LOG(INFO) << "run " << name << " finished";
       }
     }

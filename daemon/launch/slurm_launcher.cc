@@ -298,15 +298,20 @@ absl::StatusOr<int> SlurmLauncher::AdoptRecorded() {
 void SlurmLauncher::Finish(const std::string& run, Run& r, const std::string& state,
                            const std::string& reason) {
   r.finished = true;
-  (void)catalog_->SetRunState(run, state);
-  (void)catalog_->DeleteLaunches(run, kSlot);
-  // No job of the run runs any more: its token file goes.
-  unlink(TokenFile(run).c_str());
+  // The reason is on record and the token file gone before the state says
+  // the run is over: whoever sees it finished or failed (spikectl, a
+  // watcher) finds why in the audit log, and no launch record (EndRun
+  // changes both in one transaction).
   if (state == "failed") {
     SG_LOG(ERROR) << "run " << run << " failed: " << reason;
     (void)catalog_->AppendAudit("launcher", "run-failed", run, reason);
   } else {
     SG_LOG(INFO) << "run " << run << " " << state << ": " << reason;
+  }
+  // No job of the run runs any more: its token file goes.
+  unlink(TokenFile(run).c_str());
+  if (auto s = catalog_->EndRun(run, state, kSlot); !s.ok()) {
+    SG_LOG(ERROR) << "run " << run << ": could not record the run " << state << ": " << s;
   }
 }
 

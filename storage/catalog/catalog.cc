@@ -1354,12 +1354,32 @@ absl::StatusOr<std::vector<LaunchRecord>> Catalog::ListLaunches() {
 
 absl::Status Catalog::DeleteLaunches(std::string_view run, std::string_view slot) {
   absl::MutexLock lock(&mu_);
+  return DeleteLaunchesLocked(run, slot);
+}
+
+absl::Status Catalog::DeleteLaunchesLocked(std::string_view run, std::string_view slot) {
   SG_ASSIGN_OR_RETURN(Statement del,
                       db_->Prepare(slot.empty() ? "DELETE FROM launches WHERE run = ?"
                                                 : "DELETE FROM launches WHERE run = ? AND slot = ?"));
   del.BindText(1, run);
   if (!slot.empty()) del.BindText(2, slot);
   return del.Run();
+}
+
+absl::Status Catalog::EndRun(std::string_view run, std::string_view state, std::string_view slot) {
+  if (!OneOf(state, kRunStates)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown run state '", Sv(state), "'"));
+  }
+  absl::MutexLock lock(&mu_);
+  SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
+  {
+    SG_ASSIGN_OR_RETURN(Statement update, db_->Prepare(kUpdateRunStateSql));
+    update.BindText(1, state).BindText(2, run);
+    SG_RETURN_IF_ERROR(update.Run());
+    if (db_->Changes() == 0) return absl::NotFoundError(RunNotFound(run));
+  }
+  SG_RETURN_IF_ERROR(DeleteLaunchesLocked(run, slot));
+  return txn.Commit();
 }
 
 }  // namespace spikeguard::storage

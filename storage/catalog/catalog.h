@@ -358,12 +358,20 @@ class Catalog {
   absl::StatusOr<std::vector<LaunchRecord>> ListLaunches();
   // Drops the run's records (all slots when `slot` is empty).
   absl::Status DeleteLaunches(std::string_view run, std::string_view slot = "");
+  // A launcher's end of a run, in one transaction: the run's state becomes
+  // `state` ("finished", "failed", ...) and its launch records in `slot`
+  // (all slots when empty) go. Whoever reads the state over finds nothing
+  // left to adopt, and a daemon that dies cannot leave a run that is still
+  // "running" with no record of its job.
+  absl::Status EndRun(std::string_view run, std::string_view state, std::string_view slot = "");
 
  private:
   Catalog(std::unique_ptr<Database> db, std::string path, Clock* clock)
       : path_(std::move(path)), clock_(clock), db_(std::move(db)) {}
 
   absl::StatusOr<int64_t> RunIdLocked(std::string_view name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status DeleteLaunchesLocked(std::string_view run, std::string_view slot)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status RequireGenerationLocked(int64_t run_id, std::string_view run, int64_t generation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<v1::Run> GetRunLocked(std::string_view name, bool with_ranks = true)

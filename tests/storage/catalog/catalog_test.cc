@@ -122,6 +122,33 @@ TEST_F(CatalogTest, ListRunsStateAndProgress) {
   EXPECT_EQ((*runs)[1].last_step(), 1234);
 }
 
+TEST_F(CatalogTest, EndRunChangesTheStateAndDropsTheLaunchRecordsTogether) {
+  MakeRun("a");
+  MakeRun("b");
+  ASSERT_TRUE(catalog_->SetRunState("a", "running").ok());
+  ASSERT_TRUE(catalog_->PutLaunch({.run = "a", .slot = "job", .kind = "slurm", .handle = 7}).ok());
+  ASSERT_TRUE(catalog_->PutLaunch({.run = "a", .slot = "rank-0", .kind = "local", .handle = 9}).ok());
+  ASSERT_TRUE(catalog_->PutLaunch({.run = "b", .slot = "job", .kind = "slurm", .handle = 8}).ok());
+  // One slot: the run is failed, its other slot and the other run stay.
+  ASSERT_TRUE(catalog_->EndRun("a", "failed", "job").ok());
+  EXPECT_EQ(catalog_->GetRun("a")->state(), "failed");
+  auto left = catalog_->ListLaunches();
+  ASSERT_TRUE(left.ok());
+  ASSERT_EQ(left->size(), 2u);
+  EXPECT_EQ((*left)[0].run, "a");
+  EXPECT_EQ((*left)[0].slot, "rank-0");
+  EXPECT_EQ((*left)[1].run, "b");
+  // Every slot.
+  ASSERT_TRUE(catalog_->EndRun("a", "finished").ok());
+  EXPECT_EQ(catalog_->GetRun("a")->state(), "finished");
+  EXPECT_EQ(catalog_->ListLaunches()->size(), 1u);
+  // Refused whole: an unknown state or run changes nothing.
+  EXPECT_EQ(catalog_->EndRun("b", "exploded").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(catalog_->EndRun("nope", "failed").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(catalog_->GetRun("b")->state(), "created");
+  EXPECT_EQ(catalog_->ListLaunches()->size(), 1u);
+}
+
 TEST_F(CatalogTest, GenerationsFormATimeline) {
   MakeRun("r");
   v1::Generation g;
