@@ -189,6 +189,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options) {
   if (absl::Status s = d->supervisor_->Start(); !s.ok()) return s;
   d->state_->supervisor = d->supervisor_.get();
   d->state_->authorizer = d->authorizer_.get();
+  d->state_->group_join_window = options.group_join_window;
   metrics::RegisterStateCollector(d->state_.get());
   d->worker_service_ = std::make_unique<WorkerServiceImpl>(d->state_.get());
   d->operator_handler_ = std::make_unique<DaemonOperatorHandler>(d->state_.get());

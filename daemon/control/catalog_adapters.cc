@@ -1,15 +1,18 @@
 #include "daemon/control/catalog_adapters.h"
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
+#include <functional>
+#include <optional>
 #include <set>
 #include <tuple>
 
-#include "daemon/incident/plan_proto.h"
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
+#include "daemon/incident/plan_proto.h"
 #include "daemon/incident/policy.h"
+#include "daemon/ingest/group_commit.h"
 #include "storage/corpus/corpus_tools.h"
 #include "storage/corpus/data_plan.h"
 
@@ -307,14 +310,30 @@ absl::StatusOr<std::vector<v1::NearDuplicate>> CatalogRunView::NearDuplicates(
   return out;
 }
 
-uint32_t CatalogRunView::WorldSize(const std::string& run) {
+CatalogRunView::RunConfig CatalogRunView::ConfigOf(const std::string& run) {
+  // Read before the catalog: a write that lands meanwhile bumps the
+  // version past this one, and the next call reads again.
+  const int64_t version = catalog_->config_version();
+  {
+    absl::MutexLock lock(&config_mu_);
+    auto it = configs_.find(run);
+    if (it != configs_.end() && it->second.version == version) return it->second;
+  }
+  RunConfig config;
+  config.version = version;
+  config.policy = EffectivePolicy(catalog_, run);
   auto r = catalog_->GetRunWithoutRanks(run);
-  return r.ok() ? std::max<uint32_t>(1, r->world_size()) : 1;
+  config.world_size = r.ok() ? std::max<uint32_t>(1, r->world_size()) : 1;
+  absl::MutexLock lock(&config_mu_);
+  // Bounded: runs come and go over a daemon's life.
+  if (configs_.size() >= 4096) configs_.clear();
+  configs_[run] = config;
+  return config;
 }
 
-v1::Policy CatalogRunView::PolicyFor(const std::string& run) {
-  return EffectivePolicy(catalog_, run);
-}
+uint32_t CatalogRunView::WorldSize(const std::string& run) { return ConfigOf(run).world_size; }
+
+v1::Policy CatalogRunView::PolicyFor(const std::string& run) { return ConfigOf(run).policy; }
 
 absl::StatusOr<int64_t> CatalogIncidentStore::CreateIncident(const std::string& run,
                                                              const v1::Incident& incident) {
@@ -331,11 +350,40 @@ absl::StatusOr<int64_t> CatalogIncidentStore::AppendEvent(int64_t incident_id,
   return catalog_->AppendIncidentEvent(incident_id, kind, payload);
 }
 
+namespace {
+
+// `in_group` in the open group `ingest` holds, durable with it; else
+// `alone`, a transaction of its own.
+absl::StatusOr<int64_t> JoinedOrAlone(
+    GroupCommitter* ingest,
+    const std::function<absl::StatusOr<int64_t>(storage::Catalog::OpenGroup&)>& in_group,
+    const std::function<absl::StatusOr<int64_t>()>& alone) {
+  if (ingest != nullptr) {
+    absl::StatusOr<int64_t> written = absl::UnknownError("not written");
+    std::optional<absl::Status> joined = ingest->Join([&](storage::Catalog::OpenGroup& group) {
+      written = in_group(group);
+      return written.status();
+    });
+    if (joined.has_value()) {
+      if (!joined->ok()) return *joined;
+      return written;
+    }
+  }
+  return alone();
+}
+
+}  // namespace
+
 absl::StatusOr<int64_t> CatalogIncidentStore::AppendAndSave(int64_t incident_id,
                                                             const std::string& kind,
                                                             const std::string& payload,
                                                             const ApplyFn& apply) {
-  return catalog_->AppendIncidentEventAndUpdate(incident_id, kind, payload, apply);
+  return JoinedOrAlone(
+      ingest_.load(),
+      [&](storage::Catalog::OpenGroup& group) {
+        return group.AppendIncidentEventAndUpdate(incident_id, kind, payload, apply);
+      },
+      [&] { return catalog_->AppendIncidentEventAndUpdate(incident_id, kind, payload, apply); });
 }
 
 absl::StatusOr<int64_t> CatalogIncidentStore::CreateWithEvent(const std::string& run,
@@ -343,7 +391,12 @@ absl::StatusOr<int64_t> CatalogIncidentStore::CreateWithEvent(const std::string&
                                                               const std::string& kind,
                                                               const std::string& payload,
                                                               const OpenFn& apply) {
-  return catalog_->CreateIncidentWithEvent(run, initial, kind, payload, apply);
+  return JoinedOrAlone(
+      ingest_.load(),
+      [&](storage::Catalog::OpenGroup& group) {
+        return group.CreateIncidentWithEvent(run, initial, kind, payload, apply);
+      },
+      [&] { return catalog_->CreateIncidentWithEvent(run, initial, kind, payload, apply); });
 }
 
 absl::StatusOr<std::vector<incident::IncidentStore::StoredEvent>> CatalogIncidentStore::Events(

@@ -6,6 +6,7 @@
 // worker trains with (storage/corpus), without asking a worker.
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <string>
@@ -20,6 +21,8 @@
 #include "storage/corpus/near_duplicates.h"
 
 namespace spikeguard::daemon {
+
+class GroupCommitter;
 
 // The policy in force for a run: the run's own, else the daemon default,
 // else the built-in defaults.
@@ -65,6 +68,15 @@ class CatalogRunView final : public incident::RunView {
                                                                     int64_t from, int64_t to);
 
  private:
+  // What PolicyFor and WorldSize answer, kept until the catalog's
+  // configuration changes (Catalog::config_version): an incident opening
+  // reads them without waiting for the catalog's lock.
+  struct RunConfig {
+    int64_t version = -1;
+    spikeguard::v1::Policy policy;
+    uint32_t world_size = 1;
+  };
+  RunConfig ConfigOf(const std::string& run);
   // The run's corpus and manifest; NOT_FOUND when the run has none.
   absl::StatusOr<const storage::Corpus*> CorpusFor(const std::string& run,
                                                    storage::Manifest* manifest);
@@ -76,11 +88,19 @@ class CatalogRunView final : public incident::RunView {
   // Built on the first query of a run (one pass over its corpus).
   std::map<std::string, std::unique_ptr<storage::NearDuplicateIndex>> near_duplicates_
       ABSL_GUARDED_BY(mu_);
+  absl::Mutex config_mu_;
+  std::map<std::string, RunConfig> configs_ ABSL_GUARDED_BY(config_mu_);
 };
 
 class CatalogIncidentStore final : public incident::IncidentStore {
  public:
   explicit CatalogIncidentStore(storage::Catalog* catalog) : catalog_(catalog) {}
+
+  // The ingest stage's group commit: while a group that handed records over
+  // has not committed, the engine's writes (opening an incident, its next
+  // events) join that group's transaction, one fsync for both; else they
+  // commit on their own. Null: always on their own.
+  void set_ingest(GroupCommitter* ingest) { ingest_.store(ingest); }
 
   absl::StatusOr<int64_t> CreateIncident(const std::string& run,
                                          const spikeguard::v1::Incident& incident) override;
@@ -101,6 +121,7 @@ class CatalogIncidentStore final : public incident::IncidentStore {
 
  private:
   storage::Catalog* const catalog_;
+  std::atomic<GroupCommitter*> ingest_{nullptr};
 };
 
 }  // namespace spikeguard::daemon

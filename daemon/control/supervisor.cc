@@ -8,6 +8,7 @@
 #include "daemon/ingest/limits.h"
 #include "daemon/detect/step_message.h"
 #include "daemon/incident/policy.h"
+#include "daemon/ingest/group_commit.h"
 
 namespace spikeguard::daemon {
 namespace {
@@ -137,12 +138,12 @@ void Supervisor::WaitForRoom() {
   AwaitRoomLocked();
 }
 
-void Supervisor::Post(const std::string& run, int64_t records, std::function<void()> task,
+bool Supervisor::Post(const std::string& run, int64_t records, std::function<void()> task,
                       bool wait) {
   absl::MutexLock lock(&exec_mu_);
-  if (exec_stopping_ || !exec_started_) return;
+  if (exec_stopping_ || !exec_started_) return false;
   if (wait) AwaitRoomLocked();
-  if (exec_stopping_) return;
+  if (exec_stopping_) return false;
   auto& slot = pipelines_[run];
   if (slot == nullptr) {
     slot = std::make_unique<Pipeline>();
@@ -154,6 +155,18 @@ void Supervisor::Post(const std::string& run, int64_t records, std::function<voi
   if (!p->scheduled) {
     p->scheduled = true;
     runnable_.push_back(p);
+  }
+  return true;
+}
+
+void Supervisor::ConnectIngest(GroupCommitter* ingest) {
+  ingest_.store(ingest);
+  store_.set_ingest(ingest);
+}
+
+void Supervisor::Judged(int64_t records) {
+  if (GroupCommitter* ingest = ingest_.load(); ingest != nullptr && records > 0) {
+    ingest->Judged(records);
   }
 }
 
@@ -333,8 +346,9 @@ void Supervisor::OnCompleted(std::vector<storage::CompletedStep> completed, absl
         std::make_move_iterator(completed.begin() + begin),
         std::make_move_iterator(completed.begin() + end));
     const std::string run = slice->front().run;
-    Post(
-        run, static_cast<int64_t>(slice->size()),
+    const int64_t records = static_cast<int64_t>(slice->size());
+    const bool posted = Post(
+        run, records,
         [this, run, slice, arrived] {
           Pipeline* p = nullptr;
           {
@@ -344,6 +358,7 @@ void Supervisor::OnCompleted(std::vector<storage::CompletedStep> completed, absl
           Deliver(p, std::move(*slice), arrived);
         },
         /*wait=*/false);
+    if (!posted) Judged(records);  // never delivered: nothing to wait for
     begin = end;
   }
 }
@@ -357,10 +372,16 @@ void Supervisor::Deliver(Pipeline* p, std::vector<storage::CompletedStep> record
   RunControl::Outbox outbox(&control_);
   for (const storage::CompletedStep& c : records) {
     const v1::StepRecord& r = c.record;
-    if (r.generation() < m.generation) continue;  // a stale timeline
+    if (r.generation() < m.generation || (r.generation() == m.generation && r.step() < m.next_step)) {
+      Judged(1);  // a stale timeline, or delivered before
+      continue;
+    }
     if (r.generation() > m.generation) ResetMonitor(p->run, r.generation(), r.step(), &m);
-    if (r.step() < m.next_step) continue;  // delivered before
     const std::vector<incident::Detection> detections = Detect(p->run, &m, r);
+    // A calm record is judged now: its group commits without waiting for
+    // the engine. One that fired is judged once the engine took it (an
+    // incident it opened joined the group, or was written on its own).
+    if (detections.empty()) Judged(1);
     const incident::StepObservation observation = ToObservation(r);
     m.next_step = r.step() + 1;
     int64_t opened_ns = 0;
@@ -379,6 +400,7 @@ void Supervisor::Deliver(Pipeline* p, std::vector<storage::CompletedStep> record
       }
       opened_ns = opened_at_ns_.load();
     }
+    if (!detections.empty()) Judged(1);
     // Arrival -> the decision: this record's detectors and engine done, or
     // for a record that opened an incident, its "opened" event persisted
     // and published (what the engine then does, a rewind or observe mode's

@@ -76,6 +76,11 @@ class Supervisor {
   static constexpr int64_t kMaxQueuedRecords = 65536;
   // Waits until every pipeline has processed what it was handed.
   void Drain();
+  // Before any record arrives: the ingest stage's group commit. The
+  // pipelines tell it as each record handed over is judged (its detectors
+  // ran; a record that fired, once the engine took the detection), and
+  // the engine's writes join its open group (CatalogIncidentStore).
+  void ConnectIngest(GroupCommitter* ingest);
 
   // Queued on the run's pipeline, behind the records handed over before it.
   // A rank reports that its generation stopped training before any horizon
@@ -130,8 +135,10 @@ class Supervisor {
   };
 
   // `wait`: first wait for room (WaitForRoom).
-  void Post(const std::string& run, int64_t records, std::function<void()> task,
+  // False when dropped (stopping, or not started).
+  bool Post(const std::string& run, int64_t records, std::function<void()> task,
             bool wait = true);
+  void Judged(int64_t records);
   void AwaitRoomLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_);
   void PipelineLoop();
   // On the run's pipeline.
@@ -155,6 +162,7 @@ class Supervisor {
   // Set before any record arrives (SetMetrics); null: not recorded.
   metrics::DaemonMetrics* metrics_ = nullptr;
   LatencyObserver latency_observer_;
+  std::atomic<GroupCommitter*> ingest_{nullptr};
   // When the last "opened" event was published (ns since the epoch; 0:
   // none since Deliver reset it): a record's detection latency ends there.
   std::atomic<int64_t> opened_at_ns_{0};

@@ -67,6 +67,62 @@ int64_t GroupCommitter::batches() const {
   return batches_;
 }
 
+int64_t GroupCommitter::joined_groups() const {
+  absl::MutexLock lock(&mu_);
+  return joined_groups_;
+}
+
+std::optional<absl::Status> GroupCommitter::Join(const JoinedWork& work) {
+  Joiner joiner;
+  joiner.work = &work;
+  absl::MutexLock lock(&mu_);
+  if (!joinable_ || stopping_) return std::nullopt;
+  joiners_.push_back(&joiner);
+  mu_.Await(absl::Condition(&joiner.done));
+  if (!joiner.served) return std::nullopt;
+  return joiner.status;
+}
+
+void GroupCommitter::Judged(int64_t records) {
+  absl::MutexLock lock(&mu_);
+  judged_ += records;
+}
+
+void GroupCommitter::AtCommit(storage::Catalog::OpenGroup& group) {
+  std::vector<Joiner*> take;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!joinable_) return;
+    auto go = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return stopping_ || !joiners_.empty() || judged_ >= handed_;
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&go), options_.join_window);
+    // From here on a joiner writes on its own: this group's COMMIT starts.
+    joinable_ = false;
+    take.swap(joiners_);
+    if (!take.empty()) ++joined_groups_;
+  }
+  for (Joiner* j : take) {
+    j->status = (*j->work)(group);
+    j->served = true;
+  }
+  served_ = std::move(take);
+}
+
+void GroupCommitter::AnswerJoiners(const absl::Status& commit) {
+  absl::MutexLock lock(&mu_);
+  joinable_ = false;
+  for (Joiner* j : served_) {
+    if (j->status.ok() && !commit.ok()) j->status = commit;
+    j->done = true;
+  }
+  served_.clear();
+  // Queued but never served (the group failed before its COMMIT): they
+  // write on their own.
+  for (Joiner* j : joiners_) j->done = true;
+  joiners_.clear();
+}
+
 namespace {
 
 // One step of a run with several ranks, sent as it ended (a backlog or a
@@ -128,6 +184,15 @@ absl::Time CompletedAt(const storage::CompletedStep& c,
 void GroupCommitter::HandOver(std::vector<storage::CompletedStep> done,
                               const std::vector<storage::IngestBatch>& batches,
                               const std::vector<absl::Time>& queued) {
+  if (options_.join_window > absl::ZeroDuration() && !done.empty()) {
+    absl::MutexLock lock(&mu_);
+    // Joinable when the consumer had judged everything handed over before
+    // (else it is behind and would not judge these within the window), and
+    // these are few enough to judge within it.
+    joinable_ = judged_ >= handed_ &&
+                static_cast<int64_t>(done.size()) <= options_.join_max_records;
+    handed_ += static_cast<int64_t>(done.size());
+  }
   std::vector<absl::Time> at;
   at.reserve(done.size());
   for (const storage::CompletedStep& c : done) at.push_back(CompletedAt(c, batches, queued));
@@ -199,13 +264,19 @@ void GroupCommitter::Loop() {
         HandOver(std::move(done), batches, queued);
       };
     }
-    absl::StatusOr<storage::IngestGroupResult> result = catalog_->IngestGroup(batches, sink);
+    storage::Catalog::AtCommit at_commit;
+    if (options_.join_window > absl::ZeroDuration()) {
+      at_commit = [this](storage::Catalog::OpenGroup& open) { AtCommit(open); };
+    }
+    absl::StatusOr<storage::IngestGroupResult> result =
+        catalog_->IngestGroup(batches, sink, at_commit);
     int64_t committed_groups = 0;
     {
       absl::MutexLock lock(&mu_);
       committed_groups = result.ok() ? ++groups_ : groups_;
       batches_ += result.ok() ? static_cast<int64_t>(group.size()) : 0;
     }
+    if (at_commit) AnswerJoiners(result.status());
     if (!result.ok()) {
       SG_LOG(ERROR) << "ingest: group of " << group.size() << " batch(es) not committed: "
                     << result.status();

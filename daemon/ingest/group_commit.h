@@ -28,12 +28,21 @@
 // A stream that keeps several batches in flight uses CommitAsync: its
 // callback runs on the commit thread once the group is durable (or failed),
 // in the order the batches were queued, and must only enqueue (an ack).
+//
+// Joining a group: with `join_window` set, a group that handed records over
+// holds its COMMIT, once its own writes are done, until the consumer says
+// those records were judged (Judged) or the window passes. Writes the
+// consumer makes meanwhile through Join (an incident opened from those
+// records) run in the group's transaction and are durable with it: one
+// fsync for the step that showed the spike and the incident it opened,
+// instead of two in a row.
 #pragma once
 
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -63,6 +72,16 @@ class GroupCommitter {
     // the wait the first rank's batch is committed alone and the step
     // completes one commit (an fsync) later. 0: never waits.
     absl::Duration step_window = absl::Milliseconds(1);
+    // How long a group's COMMIT may wait for the records it handed over to
+    // be judged (see "Joining a group" above). Not waited when records
+    // handed over before are still unjudged (a backlog: the consumer is
+    // behind, the wait would only add latency). 0: never waits, Join never
+    // joins. A consumer that sets it reports every record through Judged.
+    absl::Duration join_window = absl::ZeroDuration();
+    // Groups that hand over more records than this are not held: judging
+    // a backlog takes longer than its commit, and its acks would wait for
+    // it. (An incident opened from them commits on its own, after.)
+    int64_t join_max_records = 8;
     // Test hook: after this many committed groups the process _exits (code
     // 86) before answering any batch of the last one (0: never).
     int64_t exit_after_groups = 0;
@@ -93,6 +112,23 @@ class GroupCommitter {
   int64_t groups() const;
   int64_t batches() const;
 
+  // Writes run in a group's open transaction, on the commit thread with the
+  // catalog's lock held: they must not call the catalog's own methods, nor
+  // wait on anything.
+  using JoinedWork = std::function<absl::Status(storage::Catalog::OpenGroup&)>;
+  // While a group that handed records over has not started its COMMIT:
+  // runs `work` in that group's transaction and returns once the group is
+  // durable, with the work's status (or, if the work went through, the
+  // group's failure). nullopt: no group could take it (none open, its
+  // commit under way, or joining off); the caller writes on its own.
+  std::optional<absl::Status> Join(const JoinedWork& work);
+  // The consumer of `on_completed` judged `records` of the records handed
+  // over: their detectors ran, and what they opened has joined or been
+  // written. Every record handed over is counted once, stale ones too.
+  void Judged(int64_t records);
+  // Groups whose COMMIT carried joined writes (for benchmarks and tests).
+  int64_t joined_groups() const;
+
  private:
   struct Pending {
     storage::IngestBatch batch;
@@ -117,6 +153,18 @@ class GroupCommitter {
                 const std::vector<storage::IngestBatch>& batches,
                 const std::vector<absl::Time>& queued);
   bool AwaitsRanks(const std::vector<Pending*>& group) const;
+  // Catalog::IngestGroup's `at_commit`: waits for the group's records to be
+  // judged (or a joiner, or the window), then runs the joiners' writes.
+  void AtCommit(storage::Catalog::OpenGroup& group);
+  // After the group's commit (or failure): answers its joiners; those it
+  // never served write on their own.
+  void AnswerJoiners(const absl::Status& commit);
+  struct Joiner {
+    const JoinedWork* work = nullptr;
+    absl::Status status;
+    bool served = false;
+    bool done = false;
+  };
 
   storage::Catalog* const catalog_;
   const Options options_;
@@ -129,6 +177,15 @@ class GroupCommitter {
   int64_t groups_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t batches_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::pair<std::string, int64_t>, StepRanks> live_steps_;
+  // Records handed over and judged so far; a group may be joined from its
+  // handover until its COMMIT starts.
+  int64_t handed_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t judged_ ABSL_GUARDED_BY(mu_) = 0;
+  bool joinable_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<Joiner*> joiners_ ABSL_GUARDED_BY(mu_);
+  int64_t joined_groups_ ABSL_GUARDED_BY(mu_) = 0;
+  // The joiners the current group served (commit thread only).
+  std::vector<Joiner*> served_;
   std::thread thread_;
 };
 

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "base/clock.h"
 #include "daemon/control/stream_hub.h"
 #include "daemon/ingest/limits.h"
@@ -67,6 +68,8 @@ struct DaemonState {
   // Who may call what; never null once the daemon serves.
   const auth::Authorizer* authorizer = nullptr;
   bool tls = false;
+  // Daemon::Options::group_join_window (set before the services start).
+  absl::Duration group_join_window = absl::Milliseconds(3);
   Counters counters;
   const absl::Time started;
   // /metrics: the registry, and the daemon's instruments in it (the ingest

@@ -624,6 +624,11 @@ WorkerServiceImpl::WorkerServiceImpl(DaemonState* state)
   InstallParseErrorCapture();
   GroupCommitter::Options options;
   options.metrics = &state_->metrics;
+  // An incident opened from a group's records joins that group's commit
+  // (the supervisor judges each record handed over and reports it).
+  // The window bounds what a detection that opens nothing (or a stalled
+  // pipeline) costs the group's acks; a calm record is judged at once.
+  if (state_->supervisor != nullptr) options.join_window = state_->group_join_window;
   // Test hook (tests/e2e/telemetry_e2e_test.cc): exit between a group's
   // commit and its acks.
   if (const char* n = std::getenv("SPIKEGUARD_TEST_EXIT_AFTER_GROUPS"); n != nullptr) {
@@ -639,12 +644,17 @@ WorkerServiceImpl::WorkerServiceImpl(DaemonState* state)
       [state] {
         if (state->supervisor != nullptr) state->supervisor->WaitForRoom();
       });
+  if (state_->supervisor != nullptr) state_->supervisor->ConnectIngest(ingest_.get());
   // Message handling does SQLite reads (hello, checkpoint notices): a few
   // threads, so one slow statement does not hold every stream.
   pool_ = std::make_unique<TaskPool>(4);
 }
 
-WorkerServiceImpl::~WorkerServiceImpl() = default;
+WorkerServiceImpl::~WorkerServiceImpl() {
+  // The supervisor may outlive this service: it stops reporting to the
+  // group commit before the commit goes.
+  if (state_->supervisor != nullptr) state_->supervisor->ConnectIngest(nullptr);
+}
 
 grpc::ServerBidiReactor<WorkerMessage, ControllerMessage>* WorkerServiceImpl::Attach(
     grpc::CallbackServerContext* context) {

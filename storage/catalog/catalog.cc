@@ -435,6 +435,7 @@ absl::StatusOr<v1::Run> Catalog::CreateRun(const v1::Run& run) {
   initial.set_created_unix_ms(now);
   SG_RETURN_IF_ERROR(InsertGenerationLocked(run_id, run.name(), initial).status());
   SG_RETURN_IF_ERROR(txn.Commit());
+  config_version_.fetch_add(1, std::memory_order_acq_rel);
   return GetRunLocked(run.name());
 }
 
@@ -479,6 +480,7 @@ absl::Status Catalog::SetRunSpec(std::string_view name, const v1::RunSpec& spec)
   update.BindBlob(1, blob).BindText(2, name);
   SG_RETURN_IF_ERROR(update.Run());
   if (db_->Changes() == 0) return absl::NotFoundError(RunNotFound(name));
+  config_version_.fetch_add(1, std::memory_order_acq_rel);
   return absl::OkStatus();
 }
 
@@ -678,9 +680,10 @@ void Catalog::ForgetOlderTimelinesLocked(int64_t run_id, int64_t generation) {
 }
 
 absl::StatusOr<IngestGroupResult> Catalog::IngestGroup(std::span<const IngestBatch> batches,
-                                                       const CompletedSink& before_commit) {
+                                                       const CompletedSink& before_commit,
+                                                       const AtCommit& at_commit) {
   absl::MutexLock lock(&mu_);
-  absl::StatusOr<IngestGroupResult> result = IngestGroupLocked(batches, before_commit);
+  absl::StatusOr<IngestGroupResult> result = IngestGroupLocked(batches, before_commit, at_commit);
   if (!result.ok()) {
     // Rolled back: the in-memory merges may hold uncommitted reports.
     open_steps_.clear();
@@ -690,7 +693,8 @@ absl::StatusOr<IngestGroupResult> Catalog::IngestGroup(std::span<const IngestBat
 }
 
 absl::StatusOr<IngestGroupResult> Catalog::IngestGroupLocked(std::span<const IngestBatch> batches,
-                                                             const CompletedSink& before_commit) {
+                                                             const CompletedSink& before_commit,
+                                                             const AtCommit& at_commit) {
     IngestGroupResult out;
     out.batches.resize(batches.size());
     SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
@@ -831,6 +835,10 @@ absl::StatusOr<IngestGroupResult> Catalog::IngestGroupLocked(std::span<const Ing
           .BindInt64(5, now);
       SG_RETURN_IF_ERROR(upsert.Run());
     }
+    if (at_commit) {
+      OpenGroup open_group(this);
+      at_commit(open_group);
+    }
     SG_RETURN_IF_ERROR(txn.Commit());
     // Durable: complete records leave the cache (handed back now unless they
     // were handed over early); it keeps at most kMaxOpenStepsPerGeneration
@@ -964,14 +972,57 @@ absl::StatusOr<int64_t> Catalog::CreateIncidentWithEvent(std::string_view run,
   if (kind.empty()) return absl::InvalidArgumentError("incident event kind is empty");
   absl::MutexLock lock(&mu_);
   SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
+  SG_ASSIGN_OR_RETURN(int64_t id, CreateIncidentWithEventLocked(run, inc, kind, payload, updated));
+  SG_RETURN_IF_ERROR(txn.Commit());
+  return id;
+}
+
+absl::StatusOr<int64_t> Catalog::CreateIncidentWithEventLocked(std::string_view run,
+                                                               const v1::Incident& inc,
+                                                               std::string_view kind,
+                                                               std::string_view payload,
+                                                               const NewIncidentFn& updated) {
   SG_ASSIGN_OR_RETURN(int64_t id, InsertIncidentLocked(run, inc));
   SG_RETURN_IF_ERROR(RecordIncidentEventLocked(id, kind, payload,
                                                [&](int64_t seq) -> const v1::Incident& {
                                                  return updated(id, seq);
                                                })
                          .status());
-  SG_RETURN_IF_ERROR(txn.Commit());
   return id;
+}
+
+absl::StatusOr<int64_t> Catalog::InSavepointLocked(
+    const std::function<absl::StatusOr<int64_t>()>& write) {
+  SG_RETURN_IF_ERROR(db_->Execute("SAVEPOINT joined"));
+  absl::StatusOr<int64_t> result = write();
+  if (!result.ok()) {
+    // Undo this write only; the group's own writes stay.
+    (void)db_->Execute("ROLLBACK TO joined");
+  }
+  if (absl::Status s = db_->Execute("RELEASE joined"); !s.ok() && result.ok()) return s;
+  return result;
+}
+
+absl::StatusOr<int64_t> Catalog::OpenGroup::CreateIncidentWithEvent(
+    std::string_view run, const v1::Incident& inc, std::string_view kind, std::string_view payload,
+    const std::function<const v1::Incident&(int64_t id, int64_t seq)>& updated) {
+  if (kind.empty()) return absl::InvalidArgumentError("incident event kind is empty");
+  Catalog* c = catalog_;
+  c->mu_.AssertHeld();
+  return c->InSavepointLocked([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return c->CreateIncidentWithEventLocked(run, inc, kind, payload, updated);
+  });
+}
+
+absl::StatusOr<int64_t> Catalog::OpenGroup::AppendIncidentEventAndUpdate(
+    int64_t incident_id, std::string_view kind, std::string_view payload,
+    const std::function<const v1::Incident&(int64_t seq)>& updated) {
+  if (kind.empty()) return absl::InvalidArgumentError("incident event kind is empty");
+  Catalog* c = catalog_;
+  c->mu_.AssertHeld();
+  return c->InSavepointLocked([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return c->RecordIncidentEventLocked(incident_id, kind, payload, updated);
+  });
 }
 
 absl::StatusOr<int64_t> Catalog::RecordIncidentEventLocked(int64_t incident_id,
@@ -1291,7 +1342,9 @@ absl::Status Catalog::PutPolicy(std::string_view scope, const v1::Policy& policy
   SG_ASSIGN_OR_RETURN(Statement put, db_->Prepare(kPutPolicySql));
   const std::string blob = policy.SerializeAsString();
   put.BindText(1, scope).BindBlob(2, blob).BindInt64(3, clock_->NowUnixMillis());
-  return put.Run();
+  SG_RETURN_IF_ERROR(put.Run());
+  config_version_.fetch_add(1, std::memory_order_acq_rel);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::Policy> Catalog::GetPolicy(std::string_view scope) {

@@ -37,6 +37,7 @@
 // Thread-safe: every method takes an internal mutex.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -261,8 +262,39 @@ class Catalog {
   // (their batches were not acknowledged) and they complete again, so a
   // consumer skips steps it has seen.
   using CompletedSink = std::function<void(std::vector<CompletedStep>)>;
+  // A group's transaction with its own writes done and its COMMIT not yet
+  // started: writes that join it (IngestGroup's `at_commit`) are committed
+  // with the group, one fsync for all. Each runs under a savepoint: its
+  // failure undoes only its own writes, and the group commits anyway. Valid
+  // only inside `at_commit`, on its thread (the catalog's lock is held).
+  class OpenGroup {
+   public:
+    // As the catalog's methods of the same names, inside the group.
+    absl::StatusOr<int64_t> CreateIncidentWithEvent(
+        std::string_view run, const v1::Incident& inc, std::string_view kind,
+        std::string_view payload,
+        const std::function<const v1::Incident&(int64_t id, int64_t seq)>& updated);
+    absl::StatusOr<int64_t> AppendIncidentEventAndUpdate(
+        int64_t incident_id, std::string_view kind, std::string_view payload,
+        const std::function<const v1::Incident&(int64_t seq)>& updated);
+
+   private:
+    friend class Catalog;
+    explicit OpenGroup(Catalog* catalog) : catalog_(catalog) {}
+    Catalog* const catalog_;
+  };
+  // Called once the group's writes are done, before its COMMIT, on the
+  // calling thread with the catalog's lock held (not called when the
+  // group failed before).
+  using AtCommit = std::function<void(OpenGroup&)>;
   absl::StatusOr<IngestGroupResult> IngestGroup(std::span<const IngestBatch> batches,
-                                                const CompletedSink& before_commit = nullptr);
+                                                const CompletedSink& before_commit = nullptr,
+                                                const AtCommit& at_commit = nullptr);
+  // Counts the writes that change a run's configuration as the daemon reads
+  // it (CreateRun, PutPolicy, SetRunSpec), bumped after each commits; read
+  // without the catalog's lock, so a cache of policies and world sizes
+  // knows when to read again.
+  int64_t config_version() const { return config_version_.load(std::memory_order_acquire); }
   // The most open (incomplete) step records kept per (run, generation).
   static constexpr size_t kMaxOpenStepsPerGeneration = 4096;
   // The rank's high-water mark in the generation, -1 if none.
@@ -408,7 +440,18 @@ class Catalog {
   // cleared when a group's transaction fails.
   using TimelineKey = std::pair<int64_t, int64_t>;  // (run id, generation)
   absl::StatusOr<IngestGroupResult> IngestGroupLocked(std::span<const IngestBatch> batches,
-                                                      const CompletedSink& before_commit)
+                                                      const CompletedSink& before_commit,
+                                                      const AtCommit& at_commit)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `write` in the open transaction under a savepoint, rolled back to it
+  // when it fails.
+  absl::StatusOr<int64_t> InSavepointLocked(const std::function<absl::StatusOr<int64_t>()>& write)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<int64_t> CreateIncidentWithEventLocked(std::string_view run,
+                                                        const v1::Incident& inc,
+                                                        std::string_view kind,
+                                                        std::string_view payload,
+                                                        const NewIncidentFn& updated)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ForgetOlderTimelinesLocked(int64_t run_id, int64_t generation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -419,6 +462,7 @@ class Catalog {
   std::unique_ptr<Database> db_ ABSL_GUARDED_BY(mu_);
   std::map<TimelineKey, std::map<int64_t, v1::StepRecord>> open_steps_ ABSL_GUARDED_BY(mu_);
   std::map<std::tuple<int64_t, int64_t, uint32_t>, int64_t> committed_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int64_t> config_version_{0};
 };
 
 }  // namespace spikeguard::storage

@@ -1,7 +1,11 @@
 #include "daemon/ingest/group_commit.h"
 
 #include <atomic>
+#include <deque>
+#include <functional>
 #include <map>
+#include <memory>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -219,6 +223,188 @@ TEST_F(GroupCommitTest, BacklogsAndMissingRanksDoNotHoldAGroupForLong) {
   ASSERT_TRUE(o.status.ok()) << o.status;
   EXPECT_EQ(o.result.accepted, 1);
   EXPECT_EQ(ingest.groups(), 1);
+}
+
+// Stands in for the supervisor's pipeline: records handed over are queued
+// (the hand-over runs under the catalog's lock) and judged on a thread of
+// their own, by `judge`, which may join the group.
+class Pipeline {
+ public:
+  using JudgeFn = std::function<void(const storage::CompletedStep&)>;
+  explicit Pipeline(JudgeFn judge) : judge_(std::move(judge)), thread_([this] { Loop(); }) {}
+  ~Pipeline() {
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+    }
+    thread_.join();
+  }
+  void HandOver(std::vector<storage::CompletedStep> done) {
+    absl::MutexLock lock(&mu_);
+    for (auto& c : done) queue_.push_back(std::move(c));
+  }
+
+ private:
+  void Loop() {
+    while (true) {
+      storage::CompletedStep c;
+      {
+        absl::MutexLock lock(&mu_);
+        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return stopping_ || !queue_.empty();
+        };
+        mu_.Await(absl::Condition(&ready));
+        if (queue_.empty()) return;
+        c = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      judge_(c);
+    }
+  }
+  JudgeFn judge_;
+  absl::Mutex mu_;
+  std::deque<storage::CompletedStep> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+v1::Incident Opening(int64_t onset) {
+  v1::Incident inc;
+  inc.set_run("r");
+  inc.set_state(v1::DETECTED);
+  inc.set_trigger("loss_spike");
+  inc.set_onset_step(onset);
+  return inc;
+}
+
+TEST_F(GroupCommitTest, AnIncidentOpenedFromAGroupsRecordsIsDurableWithThatGroup) {
+  // One rank: each step is its own group. Only Judged or a joiner can
+  // release a group's COMMIT before this window ends.
+  constexpr int64_t kSpike = 5, kSteps = 10;
+  GroupCommitter::Options options;
+  options.join_window = absl::Seconds(30);
+  std::unique_ptr<GroupCommitter> ingest;
+  v1::Incident stored;
+  absl::StatusOr<int64_t> opened = absl::UnknownError("never opened");
+  std::optional<absl::Status> joined;
+  int64_t groups_when_answered = -1;
+  auto pipeline = std::make_unique<Pipeline>([&](const storage::CompletedStep& c) {
+    if (c.record.step() != kSpike) {
+      ingest->Judged(1);  // calm: the group commits without waiting
+      return;
+    }
+    joined = ingest->Join([&](storage::Catalog::OpenGroup& group) {
+      opened = group.CreateIncidentWithEvent(
+          "r", Opening(kSpike), "opened", "payload", [&](int64_t id, int64_t) -> const v1::Incident& {
+            stored = Opening(kSpike);
+            stored.set_id(id);
+            return stored;
+          });
+      return opened.status();
+    });
+    groups_when_answered = ingest->groups();
+    ingest->Judged(1);
+  });
+  ingest = std::make_unique<GroupCommitter>(
+      catalog_.get(), options,
+      [&](std::vector<storage::CompletedStep> done, absl::Time) { pipeline->HandOver(std::move(done)); });
+  const absl::Time start = absl::Now();
+  for (int64_t step = 0; step < kSteps; ++step) {
+    storage::BatchOutcome o = ingest->Commit(Batch("r", 0, 1, step, step));
+    ASSERT_TRUE(o.status.ok()) << o.status;
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20))
+      << "a group waited out its join window: Judged did not release it";
+  pipeline.reset();  // judges what it was handed, then stops
+  ingest.reset();
+  ASSERT_TRUE(joined.has_value()) << "the spike's group could not be joined";
+  ASSERT_TRUE(joined->ok()) << *joined;
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  // Answered once the spike's group (the sixth) had committed, with it.
+  EXPECT_GE(groups_when_answered, kSpike + 1);
+  auto inc = catalog_->GetIncident(*opened);
+  ASSERT_TRUE(inc.ok()) << inc.status();
+  EXPECT_EQ(inc->onset_step(), kSpike);
+  auto events = catalog_->ListIncidentEvents(*opened);
+  ASSERT_TRUE(events.ok());
+  ASSERT_EQ(events->size(), 1u);
+  EXPECT_EQ((*events)[0].kind, "opened");
+}
+
+TEST_F(GroupCommitTest, AJoinedWriteThatFailsIsUndoneAloneAndTheGroupCommits) {
+  GroupCommitter::Options options;
+  options.join_window = absl::Seconds(30);
+  std::unique_ptr<GroupCommitter> ingest;
+  std::optional<absl::Status> joined;
+  v1::Incident wrong;
+  auto pipeline = std::make_unique<Pipeline>([&](const storage::CompletedStep&) {
+    joined = ingest->Join([&](storage::Catalog::OpenGroup& group) {
+      // The record it would store names another incident: refused after
+      // the incident row and its event were inserted.
+      return group
+          .CreateIncidentWithEvent("r", Opening(3), "opened", "payload",
+                                   [&](int64_t id, int64_t) -> const v1::Incident& {
+                                     wrong = Opening(3);
+                                     wrong.set_id(id + 1000);
+                                     return wrong;
+                                   })
+          .status();
+    });
+    ingest->Judged(1);
+  });
+  ingest = std::make_unique<GroupCommitter>(
+      catalog_.get(), options,
+      [&](std::vector<storage::CompletedStep> done, absl::Time) { pipeline->HandOver(std::move(done)); });
+  storage::BatchOutcome o = ingest->Commit(Batch("r", 0, 1, 3, 3));
+  ASSERT_TRUE(o.status.ok()) << o.status;
+  pipeline.reset();
+  ingest.reset();
+  ASSERT_TRUE(joined.has_value());
+  EXPECT_TRUE(absl::IsInvalidArgument(*joined)) << *joined;
+  // Nothing of the failed write is left; the group's step is stored.
+  EXPECT_TRUE(catalog_->ListIncidents({})->empty());
+  auto stored = catalog_->QueryTelemetry("r", 0, 3, 3, 0);
+  ASSERT_TRUE(stored.ok());
+  ASSERT_EQ(stored->size(), 1u);
+  EXPECT_EQ(stored->front().step(), 3);
+}
+
+TEST_F(GroupCommitTest, WithNoGroupOpenAJoinerWritesOnItsOwn) {
+  GroupCommitter::Options options;
+  options.join_window = absl::Seconds(30);
+  GroupCommitter ingest(catalog_.get(), options, nullptr);
+  bool ran = false;
+  std::optional<absl::Status> joined = ingest.Join([&](storage::Catalog::OpenGroup&) {
+    ran = true;
+    return absl::OkStatus();
+  });
+  EXPECT_FALSE(joined.has_value());
+  EXPECT_FALSE(ran);
+  // Joining off (the default window): never joined, even mid-group.
+  GroupCommitter plain(catalog_.get(), {}, nullptr);
+  ASSERT_TRUE(plain.Commit(Batch("r", 0, 1, 0, 0)).status.ok());
+  EXPECT_FALSE(plain.Join([](storage::Catalog::OpenGroup&) { return absl::OkStatus(); })
+                   .has_value());
+  EXPECT_EQ(plain.joined_groups(), 0);
+}
+
+TEST_F(GroupCommitTest, AConsumerThatFallsBehindCostsOneJoinWindowNotOnePerGroup) {
+  // The consumer never judges: the first group waits out the window, the
+  // next see a backlog and commit at once (20 windows would be 10 s).
+  GroupCommitter::Options options;
+  options.join_window = absl::Milliseconds(500);
+  std::atomic<int> handed{0};
+  GroupCommitter ingest(catalog_.get(), options,
+                        [&](std::vector<storage::CompletedStep> done, absl::Time) {
+                          handed += static_cast<int>(done.size());
+                        });
+  const absl::Time start = absl::Now();
+  for (int64_t step = 0; step < 20; ++step) {
+    ASSERT_TRUE(ingest.Commit(Batch("r", 0, 1, step, step)).status.ok());
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ(handed.load(), 20);
+  EXPECT_EQ(ingest.joined_groups(), 0);
 }
 
 }  // namespace
