@@ -458,8 +458,12 @@ int main(int argc, char** argv) {
   // Each stream count twice, in this process: the incident's "opened" write
   // joining the commit of the group that carried the spike (the daemon's
   // default), and the baseline where it commits on its own after it.
-  for (const auto& [ranks, join] : std::vector<std::pair<int, bool>>{
+  for (const std::pair<int, bool>& config : std::vector<std::pair<int, bool>>{
            {1, true}, {1, false}, {8, true}, {8, false}}) {
+    // (Named copies: lambdas below capture them; clang 14 cannot capture
+    // structured bindings.)
+    const int ranks = config.first;
+    const bool join = config.second;
     const char* commit = join ? "joins the group" : "own (baseline)";
     LatencySamples in_daemon;
     auto daemon = StartDaemon(
