@@ -252,7 +252,6 @@ absl::StatusOr<std::unique_ptr<Catalog>> Catalog::Open(const CatalogOptions& opt
   db_options.busy_timeout = options.busy_timeout;
   SG_ASSIGN_OR_RETURN(std::unique_ptr<Database> db, Database::Open(db_options));
   SG_RETURN_IF_ERROR(OpenSchema(*db));
-  if (options.background_checkpoints) SG_RETURN_IF_ERROR(db->CheckpointInBackground());
   Clock* clock = options.clock != nullptr ? options.clock : Clock::Real();
   return std::unique_ptr<Catalog>(new Catalog(std::move(db), options.path, clock));
 }

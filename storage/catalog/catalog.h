@@ -71,9 +71,6 @@ struct CatalogOptions {
   // loss, never on a process crash.
   bool synchronous_full = true;
   absl::Duration busy_timeout = absl::Seconds(5);
-  // Write-ahead log checkpoints on a thread of their own, not inside a
-  // commit (Database::CheckpointInBackground).
-  bool background_checkpoints = true;
   // Timestamps the catalog fills in (created, last seen, event times).
   Clock* clock = Clock::Real();
 };

@@ -4,15 +4,11 @@
 
 #include <sqlite3.h>
 
-#include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "base/status_macros.h"
 
 namespace spikeguard::storage {
@@ -164,40 +160,6 @@ std::string Statement::ColumnBlob(int col) const {
 // ---------------------------------------------------------------------------
 // Database
 
-// The background checkpointer: its own connection and thread.
-struct Database::Checkpointer {
-  int pages = 1000;
-  sqlite3* conn = nullptr;
-  std::thread thread;
-  absl::Mutex mu;
-  bool wanted ABSL_GUARDED_BY(mu) = false;
-  bool stopping ABSL_GUARDED_BY(mu) = false;
-  int64_t done ABSL_GUARDED_BY(mu) = 0;
-
-  void Loop() {
-    bool warned = false;
-    while (true) {
-      {
-        absl::MutexLock lock(&mu);
-        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return wanted || stopping; };
-        mu.Await(absl::Condition(&ready));
-        if (stopping) return;
-        wanted = false;
-      }
-      int log = 0, copied = 0;
-      const int rc =
-          sqlite3_wal_checkpoint_v2(conn, nullptr, SQLITE_CHECKPOINT_PASSIVE, &log, &copied);
-      if (rc != SQLITE_OK && rc != SQLITE_BUSY && !warned) {
-        warned = true;  // the commits take over past 8 x pages
-        std::fprintf(stderr, "catalog: background checkpoint failed: %s\n", sqlite3_errstr(rc));
-      }
-      absl::MutexLock lock(&mu);
-      ++done;
-    }
-  }
-};
-
-
 absl::StatusOr<std::unique_ptr<Database>> Database::Open(const DatabaseOptions& options) {
   if (options.path.empty()) {
     return absl::InvalidArgumentError("catalog path is empty");
@@ -223,62 +185,7 @@ absl::StatusOr<std::unique_ptr<Database>> Database::Open(const DatabaseOptions& 
   return db;
 }
 
-Database::Database(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
-
-int Database::WalHook(void* self, sqlite3* db, const char* name, int pages) {
-  Checkpointer* c = static_cast<Database*>(self)->checkpointer_.get();
-  if (pages >= 8 * c->pages) {
-    // The thread is behind: checkpoint here, as SQLite's default would.
-    (void)sqlite3_wal_checkpoint_v2(db, name, SQLITE_CHECKPOINT_PASSIVE, nullptr, nullptr);
-  } else if (pages >= c->pages) {
-    absl::MutexLock lock(&c->mu);
-    c->wanted = true;
-  }
-  return SQLITE_OK;
-}
-
-absl::Status Database::CheckpointInBackground(int pages) {
-  if (checkpointer_ != nullptr) return absl::OkStatus();
-  if (path_ == ":memory:" || sqlite3_db_filename(db_, "main") == nullptr ||
-      *sqlite3_db_filename(db_, "main") == '\0') {
-    return absl::OkStatus();  // no file, no log
-  }
-  auto c = std::make_unique<Checkpointer>();
-  c->pages = std::max(1, pages);
-  const int rc = sqlite3_open_v2(path_.c_str(), &c->conn,
-                                 SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, nullptr);
-  if (rc != SQLITE_OK) {
-    std::string message = c->conn != nullptr ? sqlite3_errmsg(c->conn) : sqlite3_errstr(rc);
-    sqlite3_close(c->conn);
-    return absl::Status(CodeFor(rc), absl::StrCat("catalog ", path_,
-                                                  ": cannot open the checkpoint connection: ",
-                                                  message));
-  }
-  checkpointer_ = std::move(c);
-  Checkpointer* raw = checkpointer_.get();
-  raw->thread = std::thread([raw] { raw->Loop(); });
-  // Replaces the autocheckpoint (which is itself a WAL hook).
-  sqlite3_wal_hook(db_, &Database::WalHook, this);
-  return absl::OkStatus();
-}
-
-int64_t Database::background_checkpoints() const {
-  if (checkpointer_ == nullptr) return 0;
-  absl::MutexLock lock(&checkpointer_->mu);
-  return checkpointer_->done;
-}
-
 Database::~Database() {
-  if (checkpointer_ != nullptr) {
-    sqlite3_wal_hook(db_, nullptr, nullptr);
-    {
-      absl::MutexLock lock(&checkpointer_->mu);
-      checkpointer_->stopping = true;
-    }
-    checkpointer_->thread.join();
-    sqlite3_close_v2(checkpointer_->conn);
-    checkpointer_.reset();
-  }
   for (auto& [sql, entry] : cache_) sqlite3_finalize(entry.stmt);
   // close_v2 defers the close until any one-off statement is finalized.
   sqlite3_close_v2(db_);

@@ -113,19 +113,6 @@ class Database {
   // file is known to be ours. In-memory databases keep their memory journal.
   absl::Status EnableWriteAheadLog();
 
-  // Moves the write-ahead log's checkpoints off the committing thread.
-  // SQLite's default runs one inside whichever commit finds the log past
-  // 1000 pages: that commit also copies the log into the database file and
-  // fsyncs it (about 2 ms here, every ~200 commits of 32-layer steps). Here
-  // the commit only signals; a thread with its own connection checkpoints
-  // (PASSIVE: it never blocks the writer; the log is reused from its start
-  // once a checkpoint caught up). Should that thread fall behind by
-  // 8 x `pages`, commits checkpoint themselves again, as SQLite would. A
-  // no-op for in-memory databases. Call once, after EnableWriteAheadLog.
-  absl::Status CheckpointInBackground(int pages = 1000);
-  // Checkpoints the background thread has run (tests).
-  int64_t background_checkpoints() const;
-
   // Returns the cached statement for `sql`, preparing it on first use. If the
   // cached one is still held by another `Statement`, a one-off is prepared.
   absl::StatusOr<Statement> Prepare(std::string_view sql);
@@ -152,12 +139,9 @@ class Database {
     bool in_use = false;
   };
 
-  Database(sqlite3* db, std::string path);
-  static int WalHook(void* self, sqlite3* db, const char* name, int pages);
+  Database(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
 
   sqlite3* db_;
-  struct Checkpointer;
-  std::unique_ptr<Checkpointer> checkpointer_;
   std::string path_;
   // Node-based so `&entry.in_use` stays valid while the map grows.
   absl::node_hash_map<std::string, CachedStatement> cache_;

@@ -12,7 +12,6 @@
 #include <set>
 #include <string>
 
-#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "storage/catalog/catalog.h"
 #include "storage/catalog/database.h"
@@ -326,44 +325,6 @@ TEST(Database, TransactionRollsBackUnlessCommitted) {
   ASSERT_TRUE(*count->Step());
   EXPECT_EQ(count->ColumnInt64(0), 1);
   EXPECT_EQ(count->ColumnInt64(1), 2);
-}
-
-TEST(Database, CheckpointsRunOffTheCommittingThreadAndTheLogIsReused) {
-  TempDir dir;
-  const std::string path = dir.File("wal.db");
-  {
-    auto db = Database::Open({.path = path});
-    ASSERT_TRUE(db.ok()) << db.status();
-    ASSERT_TRUE((*db)->EnableWriteAheadLog().ok());
-    ASSERT_TRUE((*db)->CheckpointInBackground(/*pages=*/16).ok());
-    ASSERT_TRUE((*db)->Execute("CREATE TABLE t (step INTEGER PRIMARY KEY, blob BLOB)").ok());
-    const std::string blob(6000, 'x');  // two pages a commit, at least
-    for (int step = 0; step < 400; ++step) {
-      auto insert = (*db)->Prepare("INSERT INTO t VALUES (?, ?)");
-      ASSERT_TRUE(insert.ok());
-      insert->BindInt64(1, step).BindBlob(2, blob);
-      ASSERT_TRUE(insert->Run().ok());
-      // Let the thread keep up, as it does between a daemon's groups.
-      if (step % 16 == 15) {
-        for (int i = 0; i < 200 && (*db)->background_checkpoints() < (step + 1) / 32; ++i) {
-          absl::SleepFor(absl::Milliseconds(5));
-        }
-      }
-    }
-    EXPECT_GT((*db)->background_checkpoints(), 0);
-    // 400 commits of 2+ pages never checkpointed would leave a log of
-    // 800+ pages (3+ MB); checkpointed, it is reused from its start.
-    const auto wal = std::filesystem::file_size(path + "-wal");
-    EXPECT_LT(wal, 200u * 4096u) << "the log grew: checkpoints did not keep it in bounds";
-  }
-  // Closed: every row is in the database file, the log gone.
-  EXPECT_FALSE(std::filesystem::exists(path + "-wal"));
-  auto db = Database::Open({.path = path});
-  ASSERT_TRUE(db.ok());
-  auto count = (*db)->Prepare("SELECT COUNT(*) FROM t");
-  ASSERT_TRUE(count.ok());
-  ASSERT_TRUE(*count->Step());
-  EXPECT_EQ(count->ColumnInt64(0), 400);
 }
 
 TEST(Database, StatementIsResetAndBindingsClearedOnRelease) {
