@@ -372,8 +372,10 @@ void Supervisor::Deliver(Pipeline* p, std::vector<storage::CompletedStep> record
   RunControl::Outbox outbox(&control_);
   for (const storage::CompletedStep& c : records) {
     const v1::StepRecord& r = c.record;
-    if (r.generation() < m.generation || (r.generation() == m.generation && r.step() < m.next_step)) {
-      Judged(1);  // a stale timeline, or delivered before
+    const bool stale = r.generation() < m.generation;
+    const bool delivered = r.generation() == m.generation && r.step() < m.next_step;
+    if (stale || delivered) {
+      Judged(1);
       continue;
     }
     if (r.generation() > m.generation) ResetMonitor(p->run, r.generation(), r.step(), &m);

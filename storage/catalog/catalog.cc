@@ -462,10 +462,14 @@ absl::StatusOr<std::vector<v1::Run>> Catalog::ListRuns() {
 }
 
 absl::Status Catalog::SetRunState(std::string_view name, std::string_view state) {
+  absl::MutexLock lock(&mu_);
+  return SetRunStateLocked(name, state);
+}
+
+absl::Status Catalog::SetRunStateLocked(std::string_view name, std::string_view state) {
   if (!OneOf(state, kRunStates)) {
     return absl::InvalidArgumentError(absl::StrCat("unknown run state '", Sv(state), "'"));
   }
-  absl::MutexLock lock(&mu_);
   SG_ASSIGN_OR_RETURN(Statement update, db_->Prepare(kUpdateRunStateSql));
   update.BindText(1, state).BindText(2, name);
   SG_RETURN_IF_ERROR(update.Run());
@@ -1420,17 +1424,9 @@ absl::Status Catalog::DeleteLaunchesLocked(std::string_view run, std::string_vie
 }
 
 absl::Status Catalog::EndRun(std::string_view run, std::string_view state, std::string_view slot) {
-  if (!OneOf(state, kRunStates)) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown run state '", Sv(state), "'"));
-  }
   absl::MutexLock lock(&mu_);
   SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
-  {
-    SG_ASSIGN_OR_RETURN(Statement update, db_->Prepare(kUpdateRunStateSql));
-    update.BindText(1, state).BindText(2, run);
-    SG_RETURN_IF_ERROR(update.Run());
-    if (db_->Changes() == 0) return absl::NotFoundError(RunNotFound(run));
-  }
+  SG_RETURN_IF_ERROR(SetRunStateLocked(run, state));
   SG_RETURN_IF_ERROR(DeleteLaunchesLocked(run, slot));
   return txn.Commit();
 }

@@ -404,6 +404,8 @@ class Catalog {
   absl::StatusOr<int64_t> RunIdLocked(std::string_view name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status DeleteLaunchesLocked(std::string_view run, std::string_view slot)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status SetRunStateLocked(std::string_view name, std::string_view state)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status RequireGenerationLocked(int64_t run_id, std::string_view run, int64_t generation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<v1::Run> GetRunLocked(std::string_view name, bool with_ranks = true)
