@@ -171,6 +171,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options) {
   }
   storage::CatalogOptions catalog_options;
   catalog_options.path = d->catalog_path_;
+  // The ingest stage checkpoints between groups (GroupCommitter).
+  catalog_options.deferred_checkpoints = true;
   auto catalog = storage::Catalog::Open(catalog_options);
   if (!catalog.ok()) return catalog.status();
   d->catalog_ = std::move(*catalog);

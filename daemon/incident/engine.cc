@@ -255,6 +255,10 @@ absl::Status IncidentEngine::OnStep(const std::string& run, const StepObservatio
   State& st = *state_;
   int64_t& watched = st.watched[run];
   watched = std::max(watched, step.generation);
+  // The run's past incidents are read with its first steps, not at its
+  // first detection: that one is judged while the group that carried it
+  // holds its commit for the incident to join.
+  st.LoadHistory(run);
   IncidentCase* s = st.ActiveFor(run);
   if (s == nullptr || (s->stage != Stage::kProbing && s->stage != Stage::kVerifying)) {
     return absl::OkStatus();

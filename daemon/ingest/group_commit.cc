@@ -16,10 +16,16 @@ GroupCommitter::GroupCommitter(storage::Catalog* catalog, Options options,
       options_(options),
       on_completed_(std::move(on_completed)),
       wait_for_room_(std::move(wait_for_room)) {
+  if (options_.join_window > absl::ZeroDuration()) {
+    // A held group lets in whoever waits for the catalog (see AtCommit): the
+    // empty critical section has the held group's condition looked at again.
+    catalog_->SetContentionObserver([this] { absl::MutexLock lock(&mu_); });
+  }
   thread_ = std::thread([this] { Loop(); });
 }
 
 GroupCommitter::~GroupCommitter() {
+  if (options_.join_window > absl::ZeroDuration()) catalog_->SetContentionObserver(nullptr);
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
@@ -93,8 +99,13 @@ void GroupCommitter::AtCommit(storage::Catalog::OpenGroup& group) {
   {
     absl::MutexLock lock(&mu_);
     if (!joinable_) return;
+    // Held no longer than needed: until the records are judged or a joiner
+    // came, and not while anyone waits for the catalog. The consumer itself
+    // may be that one (a first read of something it needs to judge): it
+    // would otherwise wait out the whole window.
     auto go = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return stopping_ || !joiners_.empty() || judged_ >= handed_;
+      return stopping_ || !joiners_.empty() || judged_ >= handed_ ||
+             catalog_->lock_waiters() > 0;
     };
     mu_.AwaitWithTimeout(absl::Condition(&go), options_.join_window);
     // From here on a joiner writes on its own: this group's COMMIT starts.
@@ -133,7 +144,8 @@ bool IsLiveStep(const storage::IngestBatch& b) {
 
 }  // namespace
 
-void GroupCommitter::Note(const storage::IngestBatch& batch) {
+void GroupCommitter::Note(const Pending& pending) {
+  const storage::IngestBatch& batch = pending.batch;
   if (!IsLiveStep(batch)) return;
   // Bounded: a run that stopped mid-step leaves its entry behind.
   if (live_steps_.size() > 4096) live_steps_.clear();
@@ -143,24 +155,34 @@ void GroupCommitter::Note(const storage::IngestBatch& batch) {
   if (step > s.step) {
     s.step = step;
     s.ranks.clear();
+    s.first = pending.queued;
   }
-  if (std::find(s.ranks.begin(), s.ranks.end(), batch.rank) == s.ranks.end()) {
-    s.ranks.push_back(batch.rank);
+  if (std::find(s.ranks.begin(), s.ranks.end(), batch.rank) != s.ranks.end()) return;
+  s.ranks.push_back(batch.rank);
+  if (s.ranks.size() == batch.world_size) {
+    // A step complete: how far apart its ranks reported. The estimate
+    // follows a wider spread at once and forgets it slowly.
+    s.spread = std::max(pending.queued - s.first, s.spread * 0.98);
   }
 }
 
-bool GroupCommitter::AwaitsRanks(const std::vector<Pending*>& group) const {
-  if (options_.step_window <= absl::ZeroDuration()) return false;
+absl::Time GroupCommitter::RankDeadline(const std::vector<Pending*>& group) const {
+  absl::Time until = absl::InfinitePast();
+  if (options_.step_window <= absl::ZeroDuration()) return until;
   for (const Pending* p : group) {
     const storage::IngestBatch& b = p->batch;
     if (!IsLiveStep(b)) continue;
     auto it = live_steps_.find({b.run, b.generation});
-    if (it != live_steps_.end() && it->second.step == b.reports.front().step() &&
-        it->second.ranks.size() < b.world_size) {
-      return true;
+    if (it == live_steps_.end() || it->second.step != b.reports.front().step() ||
+        it->second.ranks.size() >= b.world_size) {
+      continue;
     }
+    const absl::Duration fit =
+        std::clamp(it->second.spread * 1.5, options_.step_window,
+                   std::max(options_.step_window, options_.max_step_window));
+    until = std::max(until, it->second.first + fit);
   }
-  return false;
+  return until;
 }
 
 namespace {
@@ -234,7 +256,7 @@ void GroupCommitter::Loop() {
       }
       auto take = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         while (!queue_.empty() && group.size() < max_batches) {
-          Note(queue_.front()->batch);
+          Note(*queue_.front());
           group.push_back(queue_.front());
           queue_.pop_front();
         }
@@ -242,8 +264,9 @@ void GroupCommitter::Loop() {
       take();
       // The rest of a step the group has only part of: wait for its other
       // ranks (briefly; a rank that lags or died only costs the window).
-      const absl::Time until = absl::Now() + options_.step_window;
-      while (!stopping_ && group.size() < max_batches && AwaitsRanks(group)) {
+      while (!stopping_ && group.size() < max_batches) {
+        const absl::Time until = RankDeadline(group);
+        if (until <= absl::Now()) break;
         auto more = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
           return stopping_ || !queue_.empty();
         };
@@ -311,8 +334,20 @@ void GroupCommitter::Loop() {
         blocked.push_back(p);
       }
     }
-    absl::MutexLock lock(&mu_);
-    for (Pending* p : blocked) p->done = true;
+    {
+      absl::MutexLock lock(&mu_);
+      for (Pending* p : blocked) p->done = true;
+    }
+    // The write-ahead log's checkpoint, when one is due, runs here: every
+    // batch of the group is answered and no later one has started, so it
+    // holds up no acknowledgement and no incident that joined the group
+    // (inside a commit, as SQLite does it, it held up the group that took
+    // the log past its limit; an opening group, writing more, did so
+    // most often). Batches queued meanwhile wait for it, as they would
+    // for that commit.
+    if (absl::StatusOr<bool> ran = catalog_->CheckpointIfDue(); !ran.ok()) {
+      SG_LOG(WARNING) << "ingest: write-ahead log checkpoint failed: " << ran.status();
+    }
   }
 }
 

@@ -36,6 +36,11 @@
 // records) run in the group's transaction and are durable with it: one
 // fsync for the step that showed the spike and the incident it opened,
 // instead of two in a row.
+//
+// After each group is answered the committer runs the catalog's write-ahead
+// log checkpoint if one is due (Catalog::CheckpointIfDue), so a catalog
+// opened with deferred checkpoints copies its log between groups, never
+// inside a commit that someone waits on.
 #pragma once
 
 #include <cstdint>
@@ -70,8 +75,13 @@ class GroupCommitter {
     // waits up to this long for the missing ranks' batches. The ranks of a
     // step report within a fraction of a millisecond of each other; without
     // the wait the first rank's batch is committed alone and the step
-    // completes one commit (an fsync) later. 0: never waits.
+    // completes one commit (an fsync) later. 0: never waits. The wait fits
+    // each run: counted from a step's first report, half as long again as
+    // its ranks' reports of a step lately came apart (first to last, a
+    // slowly decaying maximum), never
+    // less than `step_window` nor more than `max_step_window`.
     absl::Duration step_window = absl::Milliseconds(1);
+    absl::Duration max_step_window = absl::Milliseconds(5);
     // How long a group's COMMIT may wait for the records it handed over to
     // be judged (see "Joining a group" above). Not waited when records
     // handed over before are still unjudged (a backlog: the consumer is
@@ -140,19 +150,26 @@ class GroupCommitter {
   };
   void Loop();
   // Which ranks sent the newest live step of each run and generation
-  // (commit thread only): `Note` records a group's batches, `AwaitsRanks`
-  // says whether one of them leaves its step partly reported.
+  // (commit thread only): `Note` records a group's batches, `RankDeadline`
+  // says how long one of them, leaving its step partly reported, may wait.
   struct StepRanks {
     int64_t step = -1;
     std::vector<uint32_t> ranks;
+    // When the step's first report was queued; how far apart the run's
+    // ranks reported their recent steps (decaying maximum).
+    absl::Time first;
+    absl::Duration spread = absl::ZeroDuration();
   };
-  void Note(const storage::IngestBatch& batch);
+  void Note(const Pending& pending);
   // Hands completed records to on_completed_, each with the arrival of the
   // report that completed it.
   void HandOver(std::vector<storage::CompletedStep> done,
                 const std::vector<storage::IngestBatch>& batches,
                 const std::vector<absl::Time>& queued);
-  bool AwaitsRanks(const std::vector<Pending*>& group) const;
+  // Until when the group may wait for the missing ranks of its live steps
+  // (counted from each step's first report); InfinitePast when it misses
+  // none.
+  absl::Time RankDeadline(const std::vector<Pending*>& group) const;
   // Catalog::IngestGroup's `at_commit`: waits for the group's records to be
   // judged (or a joiner, or the window), then runs the joiners' writes.
   void AtCommit(storage::Catalog::OpenGroup& group);

@@ -250,10 +250,41 @@ absl::StatusOr<std::unique_ptr<Catalog>> Catalog::Open(const CatalogOptions& opt
   db_options.path = options.path;
   db_options.synchronous_full = options.synchronous_full;
   db_options.busy_timeout = options.busy_timeout;
+  db_options.checkpoint_pages = options.checkpoint_pages;
+  db_options.deferred_checkpoints = options.deferred_checkpoints;
   SG_ASSIGN_OR_RETURN(std::unique_ptr<Database> db, Database::Open(db_options));
   SG_RETURN_IF_ERROR(OpenSchema(*db));
   Clock* clock = options.clock != nullptr ? options.clock : Clock::Real();
   return std::unique_ptr<Catalog>(new Catalog(std::move(db), options.path, clock));
+}
+
+// The lock's state after TryLock depends on its result: beyond the analysis.
+Catalog::Held::Held(Catalog* catalog) ABSL_NO_THREAD_SAFETY_ANALYSIS : catalog_(catalog) {
+  if (catalog_->mu_.TryLock()) return;
+  catalog_->lock_waiters_.fetch_add(1, std::memory_order_acq_rel);
+  {
+    absl::MutexLock observer(&catalog_->observer_mu_);
+    if (catalog_->contention_observer_) catalog_->contention_observer_();
+  }
+  catalog_->mu_.Lock();
+  catalog_->lock_waiters_.fetch_sub(1, std::memory_order_acq_rel);
+}
+
+Catalog::Held::~Held() ABSL_NO_THREAD_SAFETY_ANALYSIS { catalog_->mu_.Unlock(); }
+
+void Catalog::SetContentionObserver(std::function<void()> observer) {
+  absl::MutexLock lock(&observer_mu_);
+  contention_observer_ = std::move(observer);
+}
+
+absl::StatusOr<bool> Catalog::CheckpointIfDue() {
+  Held lock(this);
+  return db_->CheckpointIfDue();
+}
+
+int64_t Catalog::wal_pages() {
+  Held lock(this);
+  return db_->wal_pages();
 }
 
 // --- Private helpers -----------------------------------------------------------------
@@ -408,7 +439,7 @@ absl::StatusOr<v1::Run> Catalog::CreateRun(const v1::Run& run) {
   if (!OneOf(state, kRunStates)) {
     return absl::InvalidArgumentError(absl::StrCat("run.state: unknown state '", Sv(state), "'"));
   }
-  absl::MutexLock lock(&mu_);
+  Held lock(this);
   SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
   if (absl::StatusOr<int64_t> existing = RunIdLocked(run.name()); existing.ok()) {
     return absl::AlreadyExistsError(absl::StrCat("run '", run.name(), "' already exists"));
@@ -440,17 +471,17 @@ absl::StatusOr<v1::Run> Catalog::CreateRun(const v1::Run& run) {
 }
 
 absl::StatusOr<v1::Run> Catalog::GetRun(std::string_view name) {
-  absl::MutexLock lock(&mu_);
+  Held lock(this);
   return GetRunLocked(name);
 }
 
 absl::StatusOr<v1::Run> Catalog::GetRunWithoutRanks(std::string_view name) {
-  absl::MutexLock lock(&mu_);
+  Held lock(this);
   return GetRunLocked(name, /*with_ranks=*/false);
 }
 
 absl::StatusOr<std::vector<v1::Run>> Catalog::ListRuns() {
-  absl::MutexLock lock(&mu_);
+  Held lock(this);
   SG_ASSIGN_OR_RETURN(Statement select, db_->Prepare(kListRunsSql));
   std::vector<v1::Run> out;
   while (true) {
@@ -462,7 +493,7 @@ absl::StatusOr<std::vector<v1::Run>> Catalog::ListRuns() {
 }
 
 absl::Status Catalog::SetRunState(std::string_view name, std::string_view state) {
-  absl::MutexLock lock(&mu_);
+  Held lock(this);
   return SetRunStateLocked(name, state);
 }
 
@@ -478,7 +509,7 @@ absl::Status Catalog::SetRunStateLocked(std::string_view name, std::string_view 
 }
 
 absl::Status Catalog::SetRunSpec(std::string_view name, const v1::RunSpec& spec) {
-  absl::MutexLock lock(&mu_);
+  Held lock(this);
   SG_ASSIGN_OR_RETURN(Statement update, db_->Prepare(kUpdateRunSpecSql));
   const std::string blob = Serialize(spec);
   update.BindBlob(1, blob).BindText(2, name);
@@ -489,7 +520,7 @@ absl::Status Catalog::SetRunSpec(std::string_view name, const v1::RunSpec& spec)
 }
 
 absl::Status Catalog::UpdateRunProgress(std::string_view name, int64_t last_step) {
-  absl::MutexLock lock(&mu_);
+  Held lock(this);
   SG_ASSIGN_OR_RETURN(Statement update, db_->Prepare(kUpdateRunProgressSql));
   update.BindInt64(1, last_step).BindText(2, name);
   SG_RETURN_IF_ERROR(update.Run());
@@ -502,7 +533,7 @@ absl::Status Catalog::SetRunDataOrder(std::string_view name, const v1::DataOrder
   if (total_steps < 0) {
     return absl::InvalidArgumentError(absl::StrCat("total_steps: ", total_steps, " is negative"));
   }
-  absl::MutexLock lock(&mu_);
+  Held lock(this);
   SG_ASSIGN_OR_RETURN(Statement update, db_->Prepare(kUpdateRunDataOrderSql));
   update.BindBlob(1, Serialize(order)).BindInt64(2, total_steps).BindText(3, name);
   SG_RETURN_IF_ERROR(update.Run());
@@ -514,7 +545,7 @@ absl::Status Catalog::SetRunDataOrder(std::string_view name, const v1::DataOrder
 
 absl::StatusOr<v1::Generation> Catalog::CreateGeneration(std::string_view run,
                                                          const v1::Generation& g) {
-  absl::MutexLock lock(&mu_);
+  Held lock(this);
   SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
   SG_ASSIGN_OR_RETURN(int64_t run_id, RunIdLocked(run));
   v1::Generation stored = g;
@@ -539,7 +570,7 @@ absl::StatusOr<v1::Generation> Catalog::CreateGeneration(std::string_view run,
 }
 
 absl::StatusOr<std::vector<v1::Generation>> Catalog::ListGenerations(std::string_view run) {
-  absl::MutexLock lock(&mu_);
+  Held lock(this);
   SG_ASSIGN_OR_RETURN(int64_t run_id, RunIdLocked(run));
   return ListGenerationsLocked(run_id);
 }
@@ -548,7 +579,7 @@ absl::StatusOr<std::vector<v1::Generation>> Catalog::ListGenerations(std::string
 
 absl::StatusOr<v1::Checkpoint> Catalog::UpsertCheckpoint(const v1::Checkpoint& c) {
   if (c.uri().empty()) return absl::InvalidArgumentError("checkpoint.uri is empty");
-  absl::MutexLock lock(&mu_);
+  Held lock(this);
   SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
   SG_ASSIGN_OR_RETURN(int64_t run_id, RunIdLocked(c.run()));
   {
@@ -577,14 +608,14 @@ absl::StatusOr<v1::Checkpoint> Catalog::UpsertCheckpoint(const v1::Checkpoint& c
 }
 
 absl::StatusOr<std::vector<v1::Checkpoint>> Catalog::ListCheckpoints(std::string_view run) {
-  absl::MutexLock lock(&mu_);
+  Held lock(this);
   SG_ASSIGN_OR_RETURN(int64_t run_id, RunIdLocked(run));
   return SelectCheckpointsLocked(run_id, run, std::nullopt);
 }
 
 absl::StatusOr<v1::Checkpoint> Catalog::PinCheckpoint(std::string_view run, int64_t step,
                                                       bool pinned) {
-  absl::MutexLock lock(&mu_);
+  Held lock(this);
   SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
   SG_ASSIGN_OR_RETURN(int64_t run_id, RunIdLocked(run));
   {
@@ -603,7 +634,7 @@ absl::StatusOr<v1::Checkpoint> Catalog::PinCheckpoint(std::string_view run, int6
 
 absl::StatusOr<bool> Catalog::DeleteCheckpoint(std::string_view run, int64_t step,
                                                std::string_view uri) {
-  absl::MutexLock lock(&mu_);
+  Held lock(this);
   SG_ASSIGN_OR_RETURN(int64_t run_id, RunIdLocked(run));
   SG_ASSIGN_OR_RETURN(Statement del, db_->Prepare(kDeleteCheckpointSql));
   del.BindInt64(1, run_id).BindInt64(2, step).BindText(3, uri);
@@ -614,7 +645,7 @@ absl::StatusOr<bool> Catalog::DeleteCheckpoint(std::string_view run, int64_t ste
 // --- Manifests ---------------------------------------------------------------------------
 
 absl::Status Catalog::PutManifest(std::string_view run, const v1::Manifest& m) {
-  absl::MutexLock lock(&mu_);
+  Held lock(this);
   SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
   SG_ASSIGN_OR_RETURN(int64_t run_id, RunIdLocked(run));
   const std::string record = Serialize(m);
@@ -643,7 +674,7 @@ absl::Status Catalog::PutManifest(std::string_view run, const v1::Manifest& m) {
 }
 
 absl::StatusOr<v1::Manifest> Catalog::GetManifest(std::string_view run, int64_t version) {
-  absl::MutexLock lock(&mu_);
+  Held lock(this);
   SG_ASSIGN_OR_RETURN(int64_t run_id, RunIdLocked(run));
   SG_ASSIGN_OR_RETURN(Statement select, db_->Prepare(kSelectManifestSql));
   select.BindInt64(1, run_id).BindInt64(2, version);
@@ -686,7 +717,7 @@ void Catalog::ForgetOlderTimelinesLocked(int64_t run_id, int64_t generation) {
 absl::StatusOr<IngestGroupResult> Catalog::IngestGroup(std::span<const IngestBatch> batches,
                                                        const CompletedSink& before_commit,
                                                        const AtCommit& at_commit) {
-  absl::MutexLock lock(&mu_);
+  Held lock(this);
   absl::StatusOr<IngestGroupResult> result = IngestGroupLocked(batches, before_commit, at_commit);
   if (!result.ok()) {
     // Rolled back: the in-memory merges may hold uncommitted reports.
@@ -867,7 +898,7 @@ absl::StatusOr<IngestGroupResult> Catalog::IngestGroupLocked(std::span<const Ing
 
 absl::StatusOr<int64_t> Catalog::CommittedStep(std::string_view run, int64_t generation,
                                                uint32_t rank) {
-  absl::MutexLock lock(&mu_);
+  Held lock(this);
   SG_ASSIGN_OR_RETURN(int64_t run_id, RunIdLocked(run));
   return CommittedStepLocked(run_id, generation, rank);
 }
@@ -876,7 +907,7 @@ absl::StatusOr<std::vector<v1::StepRecord>> Catalog::QueryTelemetry(
     std::string_view run, int64_t generation, int64_t from_step, std::optional<int64_t> to_step,
     int limit) {
   if (limit <= 0 || limit > kMaxQueryLimit) limit = kMaxQueryLimit;
-  absl::MutexLock lock(&mu_);
+  Held lock(this);
   SG_ASSIGN_OR_RETURN(int64_t run_id, RunIdLocked(run));
   SG_RETURN_IF_ERROR(RequireGenerationLocked(run_id, run, generation));
   SG_ASSIGN_OR_RETURN(Statement select, db_->Prepare(kQueryTelemetrySql));
@@ -895,7 +926,7 @@ absl::StatusOr<std::vector<v1::StepRecord>> Catalog::QueryTelemetry(
 }
 
 absl::StatusOr<std::vector<v1::RankState>> Catalog::ListRankProgress(std::string_view run) {
-  absl::MutexLock lock(&mu_);
+  Held lock(this);
   SG_ASSIGN_OR_RETURN(int64_t run_id, RunIdLocked(run));
   return ListRankProgressLocked(run_id);
 }
@@ -903,7 +934,7 @@ absl::StatusOr<std::vector<v1::RankState>> Catalog::ListRankProgress(std::string
 // --- Incidents ---------------------------------------------------------------------------
 
 absl::StatusOr<int64_t> Catalog::CreateIncident(std::string_view run, const v1::Incident& inc) {
-  absl::MutexLock lock(&mu_);
+  Held lock(this);
   return InsertIncidentLocked(run, inc);
 }
 
@@ -929,7 +960,7 @@ absl::StatusOr<int64_t> Catalog::InsertIncidentLocked(std::string_view run,
 }
 
 absl::Status Catalog::UpdateIncident(const v1::Incident& inc) {
-  absl::MutexLock lock(&mu_);
+  Held lock(this);
   SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
   SG_RETURN_IF_ERROR(UpdateIncidentLocked(inc));
   return txn.Commit();
@@ -961,7 +992,7 @@ absl::StatusOr<int64_t> Catalog::AppendIncidentEventAndUpdate(int64_t incident_i
                                                               std::string_view payload,
                                                               const IncidentUpdateFn& updated) {
   if (kind.empty()) return absl::InvalidArgumentError("incident event kind is empty");
-  absl::MutexLock lock(&mu_);
+  Held lock(this);
   SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
   SG_ASSIGN_OR_RETURN(int64_t seq, RecordIncidentEventLocked(incident_id, kind, payload, updated));
   SG_RETURN_IF_ERROR(txn.Commit());
@@ -974,7 +1005,7 @@ absl::StatusOr<int64_t> Catalog::CreateIncidentWithEvent(std::string_view run,
                                                          std::string_view payload,
                                                          const NewIncidentFn& updated) {
   if (kind.empty()) return absl::InvalidArgumentError("incident event kind is empty");
-  absl::MutexLock lock(&mu_);
+  Held lock(this);
   SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
   SG_ASSIGN_OR_RETURN(int64_t id, CreateIncidentWithEventLocked(run, inc, kind, payload, updated));
   SG_RETURN_IF_ERROR(txn.Commit());
@@ -1044,12 +1075,12 @@ absl::StatusOr<int64_t> Catalog::RecordIncidentEventLocked(int64_t incident_id,
 }
 
 absl::StatusOr<v1::Incident> Catalog::GetIncident(int64_t id) {
-  absl::MutexLock lock(&mu_);
+  Held lock(this);
   return GetIncidentLocked(id);
 }
 
 absl::StatusOr<std::vector<v1::Incident>> Catalog::ListIncidents(const IncidentFilter& filter) {
-  absl::MutexLock lock(&mu_);
+  Held lock(this);
   if (!filter.run.empty()) SG_RETURN_IF_ERROR(RunIdLocked(filter.run).status());
   SG_ASSIGN_OR_RETURN(Statement select, db_->Prepare(kListIncidentsSql));
   select.BindText(1, filter.run)
@@ -1068,7 +1099,7 @@ absl::StatusOr<std::vector<v1::Incident>> Catalog::ListIncidents(const IncidentF
 absl::StatusOr<int64_t> Catalog::AppendIncidentEvent(int64_t incident_id, std::string_view kind,
                                                      std::string_view payload) {
   if (kind.empty()) return absl::InvalidArgumentError("incident event kind is empty");
-  absl::MutexLock lock(&mu_);
+  Held lock(this);
   SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
   SG_ASSIGN_OR_RETURN(int64_t seq, InsertIncidentEventLocked(incident_id, kind, payload));
   SG_RETURN_IF_ERROR(txn.Commit());
@@ -1094,7 +1125,7 @@ absl::StatusOr<int64_t> Catalog::InsertIncidentEventLocked(int64_t incident_id,
 }
 
 absl::StatusOr<std::vector<StoredEvent>> Catalog::ListIncidentEvents(int64_t incident_id) {
-  absl::MutexLock lock(&mu_);
+  Held lock(this);
   SG_RETURN_IF_ERROR(GetIncidentLocked(incident_id).status());
   SG_ASSIGN_OR_RETURN(Statement select, db_->Prepare(kListEventsSql));
   select.BindInt64(1, incident_id);
@@ -1121,7 +1152,7 @@ absl::Status Catalog::PutCommand(std::string_view id, std::string_view run, int6
   if (!OneOf(state, kCommandStates)) {
     return absl::InvalidArgumentError(absl::StrCat("unknown command state '", Sv(state), "'"));
   }
-  absl::MutexLock lock(&mu_);
+  Held lock(this);
   SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
   SG_ASSIGN_OR_RETURN(int64_t run_id, RunIdLocked(run));
   if (absl::StatusOr<StoredCommand> existing = GetCommandLocked(id); existing.ok()) {
@@ -1155,7 +1186,7 @@ absl::Status Catalog::UpdateCommandState(std::string_view id, std::string_view s
   if (!OneOf(state, kCommandStates)) {
     return absl::InvalidArgumentError(absl::StrCat("unknown command state '", Sv(state), "'"));
   }
-  absl::MutexLock lock(&mu_);
+  Held lock(this);
   SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
   SG_ASSIGN_OR_RETURN(StoredCommand existing, GetCommandLocked(id));
   const bool final_state = existing.state == "acked" || existing.state == "failed";
@@ -1176,7 +1207,7 @@ absl::Status Catalog::UpdateCommandState(std::string_view id, std::string_view s
 }
 
 absl::StatusOr<StoredCommand> Catalog::GetCommand(std::string_view id) {
-  absl::MutexLock lock(&mu_);
+  Held lock(this);
   return GetCommandLocked(id);
 }
 
@@ -1185,7 +1216,7 @@ absl::StatusOr<std::vector<StoredCommand>> Catalog::ListCommands(std::string_vie
   if (!state.empty() && !OneOf(state, kCommandStates)) {
     return absl::InvalidArgumentError(absl::StrCat("unknown command state '", Sv(state), "'"));
   }
-  absl::MutexLock lock(&mu_);
+  Held lock(this);
   SG_ASSIGN_OR_RETURN(int64_t run_id, RunIdLocked(run));
   SG_ASSIGN_OR_RETURN(Statement select, db_->Prepare(kListCommandsSql));
   select.BindInt64(1, run_id).BindText(2, state);
@@ -1202,7 +1233,7 @@ absl::StatusOr<std::vector<StoredCommand>> Catalog::ListCommands(std::string_vie
 
 absl::StatusOr<v1::QuarantineEntry> Catalog::AddQuarantine(const v1::QuarantineEntry& entry) {
   if (entry.domain().empty()) return absl::InvalidArgumentError("entry.domain is empty");
-  absl::MutexLock lock(&mu_);
+  Held lock(this);
   SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
   SG_ASSIGN_OR_RETURN(int64_t run_id, RunIdLocked(entry.run()));
   if (entry.incident_id() != 0) SG_RETURN_IF_ERROR(GetIncidentLocked(entry.incident_id()).status());
@@ -1239,7 +1270,7 @@ absl::StatusOr<v1::QuarantineEntry> Catalog::AddQuarantine(const v1::QuarantineE
 }
 
 absl::StatusOr<std::vector<v1::QuarantineEntry>> Catalog::ListQuarantine(std::string_view run) {
-  absl::MutexLock lock(&mu_);
+  Held lock(this);
   SG_ASSIGN_OR_RETURN(int64_t run_id, RunIdLocked(run));
   SG_ASSIGN_OR_RETURN(Statement select, db_->Prepare(kSelectQuarantineSql));
   select.BindInt64(1, run_id).BindNull(2).BindNull(3);
@@ -1262,7 +1293,7 @@ absl::StatusOr<std::vector<v1::QuarantineEntry>> Catalog::ListQuarantine(std::st
 
 absl::StatusOr<int64_t> Catalog::AppendAudit(std::string_view actor, std::string_view action,
                                              std::string_view target, std::string_view detail) {
-  absl::MutexLock lock(&mu_);
+  Held lock(this);
   SG_ASSIGN_OR_RETURN(Statement insert, db_->Prepare(kInsertAuditSql));
   insert.BindInt64(1, clock_->NowUnixMillis())
       .BindText(2, actor)
@@ -1274,7 +1305,7 @@ absl::StatusOr<int64_t> Catalog::AppendAudit(std::string_view actor, std::string
 }
 
 absl::StatusOr<std::vector<AuditEntry>> Catalog::ListAudit(int limit) {
-  absl::MutexLock lock(&mu_);
+  Held lock(this);
   SG_ASSIGN_OR_RETURN(Statement select, db_->Prepare(kListAuditSql));
   select.BindInt64(1, limit > 0 ? limit : -1);  // LIMIT -1: no limit
   std::vector<AuditEntry> out;
@@ -1293,7 +1324,7 @@ absl::StatusOr<std::vector<AuditEntry>> Catalog::ListAudit(int limit) {
 }
 
 absl::StatusOr<int64_t> Catalog::AppendAudit(const v1::AuditEntry& entry) {
-  absl::MutexLock lock(&mu_);
+  Held lock(this);
   SG_ASSIGN_OR_RETURN(Statement insert, db_->Prepare(kInsertAuditV4Sql));
   insert.BindInt64(1, entry.unix_ms() != 0 ? entry.unix_ms() : clock_->NowUnixMillis())
       .BindText(2, entry.principal())
@@ -1308,7 +1339,7 @@ absl::StatusOr<int64_t> Catalog::AppendAudit(const v1::AuditEntry& entry) {
 }
 
 absl::StatusOr<std::vector<v1::AuditEntry>> Catalog::QueryAudit(const AuditQuery& query) {
-  absl::MutexLock lock(&mu_);
+  Held lock(this);
   SG_ASSIGN_OR_RETURN(Statement select, db_->Prepare(kQueryAuditSql));
   select.BindText(1, query.run)
       .BindText(2, query.principal)
@@ -1342,7 +1373,7 @@ constexpr char kPutPolicySql[] =
 constexpr char kGetPolicySql[] = "SELECT policy FROM policies WHERE scope = ?";
 
 absl::Status Catalog::PutPolicy(std::string_view scope, const v1::Policy& policy) {
-  absl::MutexLock lock(&mu_);
+  Held lock(this);
   SG_ASSIGN_OR_RETURN(Statement put, db_->Prepare(kPutPolicySql));
   const std::string blob = policy.SerializeAsString();
   put.BindText(1, scope).BindBlob(2, blob).BindInt64(3, clock_->NowUnixMillis());
@@ -1352,7 +1383,7 @@ absl::Status Catalog::PutPolicy(std::string_view scope, const v1::Policy& policy
 }
 
 absl::StatusOr<v1::Policy> Catalog::GetPolicy(std::string_view scope) {
-  absl::MutexLock lock(&mu_);
+  Held lock(this);
   SG_ASSIGN_OR_RETURN(Statement get, db_->Prepare(kGetPolicySql));
   get.BindText(1, scope);
   SG_ASSIGN_OR_RETURN(bool row, get.Step());
@@ -1375,7 +1406,7 @@ constexpr char kListLaunchesSql[] =
     "FROM launches ORDER BY run, slot";
 
 absl::Status Catalog::PutLaunch(const LaunchRecord& r) {
-  absl::MutexLock lock(&mu_);
+  Held lock(this);
   SG_ASSIGN_OR_RETURN(Statement put, db_->Prepare(kPutLaunchSql));
   put.BindText(1, r.run)
       .BindText(2, r.slot)
@@ -1389,7 +1420,7 @@ absl::Status Catalog::PutLaunch(const LaunchRecord& r) {
 }
 
 absl::StatusOr<std::vector<LaunchRecord>> Catalog::ListLaunches() {
-  absl::MutexLock lock(&mu_);
+  Held lock(this);
   SG_ASSIGN_OR_RETURN(Statement list, db_->Prepare(kListLaunchesSql));
   std::vector<LaunchRecord> out;
   while (true) {
@@ -1410,7 +1441,7 @@ absl::StatusOr<std::vector<LaunchRecord>> Catalog::ListLaunches() {
 }
 
 absl::Status Catalog::DeleteLaunches(std::string_view run, std::string_view slot) {
-  absl::MutexLock lock(&mu_);
+  Held lock(this);
   return DeleteLaunchesLocked(run, slot);
 }
 
@@ -1424,7 +1455,7 @@ absl::Status Catalog::DeleteLaunchesLocked(std::string_view run, std::string_vie
 }
 
 absl::Status Catalog::EndRun(std::string_view run, std::string_view state, std::string_view slot) {
-  absl::MutexLock lock(&mu_);
+  Held lock(this);
   SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
   SG_RETURN_IF_ERROR(SetRunStateLocked(run, state));
   SG_RETURN_IF_ERROR(DeleteLaunchesLocked(run, slot));

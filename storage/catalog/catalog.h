@@ -71,6 +71,12 @@ struct CatalogOptions {
   // loss, never on a process crash.
   bool synchronous_full = true;
   absl::Duration busy_timeout = absl::Seconds(5);
+  // Write-ahead log checkpoints (DatabaseOptions): by default inside the
+  // commit that takes the log to `checkpoint_pages`; deferred, when the
+  // owner calls `CheckpointIfDue` (the daemon's ingest stage does, between
+  // groups, once their batches are answered).
+  int64_t checkpoint_pages = 1000;
+  bool deferred_checkpoints = false;
   // Timestamps the catalog fills in (created, last seen, event times).
   Clock* clock = Clock::Real();
 };
@@ -295,6 +301,20 @@ class Catalog {
   // without the catalog's lock, so a cache of policies and world sizes
   // knows when to read again.
   int64_t config_version() const { return config_version_.load(std::memory_order_acquire); }
+  // A checkpoint of the write-ahead log if it is due (Database::
+  // CheckpointIfDue); true when one ran. For deferred checkpoints: call it
+  // when no commit is waited on.
+  absl::StatusOr<bool> CheckpointIfDue();
+  // Pages in the write-ahead log as of the last commit (Database::wal_pages).
+  int64_t wal_pages();
+  // Threads waiting for the catalog's lock right now. A writer that holds
+  // the lock open on purpose (a group waiting for writes to join it) stops
+  // holding it when someone waits.
+  int64_t lock_waiters() const { return lock_waiters_.load(std::memory_order_acquire); }
+  // Called, with none of the catalog's locks held, by each thread that is
+  // about to wait for the catalog's lock (after lock_waiters counts it).
+  // One at a time; null: none. Set and cleared by the owner of the wait.
+  void SetContentionObserver(std::function<void()> observer);
   // The most open (incomplete) step records kept per (run, generation).
   static constexpr size_t kMaxOpenStepsPerGeneration = 4096;
   // The rank's high-water mark in the generation, -1 if none.
@@ -458,9 +478,25 @@ class Catalog {
   void ForgetOlderTimelinesLocked(int64_t run_id, int64_t generation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // mu_ for a scope (every public method takes it so); a thread that must
+  // wait for it is counted in lock_waiters_ and tells the observer first.
+  class ABSL_SCOPED_LOCKABLE Held {
+   public:
+    explicit Held(Catalog* catalog) ABSL_EXCLUSIVE_LOCK_FUNCTION(catalog->mu_);
+    ~Held() ABSL_UNLOCK_FUNCTION();
+    Held(const Held&) = delete;
+    Held& operator=(const Held&) = delete;
+
+   private:
+    Catalog* const catalog_;
+  };
+
   const std::string path_;
   Clock* const clock_;
   absl::Mutex mu_;
+  std::atomic<int64_t> lock_waiters_{0};
+  absl::Mutex observer_mu_;
+  std::function<void()> contention_observer_ ABSL_GUARDED_BY(observer_mu_);
   std::unique_ptr<Database> db_ ABSL_GUARDED_BY(mu_);
   std::map<TimelineKey, std::map<int64_t, v1::StepRecord>> open_steps_ ABSL_GUARDED_BY(mu_);
   std::map<std::tuple<int64_t, int64_t, uint32_t>, int64_t> committed_ ABSL_GUARDED_BY(mu_);

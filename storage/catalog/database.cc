@@ -174,7 +174,7 @@ absl::StatusOr<std::unique_ptr<Database>> Database::Open(const DatabaseOptions& 
     return absl::Status(CodeFor(rc), absl::StrCat("cannot open catalog ", options.path, ": ",
                                                   message, cause));
   }
-  std::unique_ptr<Database> db(new Database(raw, options.path));
+  std::unique_ptr<Database> db(new Database(raw, options.path, options));
   sqlite3_extended_result_codes(raw, 1);
   sqlite3_busy_timeout(raw, static_cast<int>(absl::ToInt64Milliseconds(options.busy_timeout)));
   SG_RETURN_IF_ERROR(db->Execute("PRAGMA foreign_keys = ON"));
@@ -195,10 +195,43 @@ absl::Status Database::EnableWriteAheadLog() {
   SG_ASSIGN_OR_RETURN(Statement pragma, Prepare("PRAGMA journal_mode = WAL"));
   SG_ASSIGN_OR_RETURN(bool row, pragma.Step());
   const std::string mode = row ? absl::AsciiStrToLower(pragma.ColumnText(0)) : "";
-  if (mode == "wal" || mode == "memory") return absl::OkStatus();
+  if (mode == "wal") {
+    // Replaces SQLite's autocheckpoint (itself a WAL hook) with ours.
+    sqlite3_wal_hook(db_, &Database::OnWalCommit, this);
+    return absl::OkStatus();
+  }
+  if (mode == "memory") return absl::OkStatus();
   return absl::FailedPreconditionError(
       absl::StrCat("catalog ", path_, " cannot use write-ahead logging (journal mode is '",
                    mode, "')"));
+}
+
+int Database::OnWalCommit(void* self, sqlite3* /*db*/, const char* schema, int pages) {
+  auto* db = static_cast<Database*>(self);
+  db->wal_pages_ = pages;
+  const int64_t limit = db->deferred_checkpoints_ ? db->checkpoint_pages_ * DatabaseOptions::kDeferredLimit
+                                                  : db->checkpoint_pages_;
+  // As SQLite's own hook: the commit is durable whatever the checkpoint
+  // does; a failed one is retried at the next commit past the limit.
+  if (pages >= limit) db->Checkpoint(schema).IgnoreError();
+  return SQLITE_OK;
+}
+
+absl::Status Database::Checkpoint(const char* schema) {
+  int log = 0;
+  int copied = 0;
+  const int rc = sqlite3_wal_checkpoint_v2(db_, schema, SQLITE_CHECKPOINT_PASSIVE, &log, &copied);
+  // BUSY: another connection is checkpointing; the log stays as it is.
+  if (rc == SQLITE_BUSY) return absl::OkStatus();
+  if (rc != SQLITE_OK) return Error(rc, "PRAGMA wal_checkpoint(PASSIVE)");
+  if (log >= 0 && copied >= log) wal_pages_ = 0;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Database::CheckpointIfDue() {
+  if (wal_pages_ < checkpoint_pages_) return false;
+  SG_RETURN_IF_ERROR(Checkpoint("main"));
+  return true;
 }
 
 absl::StatusOr<Statement> Database::Prepare(std::string_view sql) {

@@ -28,6 +28,7 @@
 // A `Database` is not thread-safe: its owner (the `Catalog`) serializes calls.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -52,6 +53,17 @@ struct DatabaseOptions {
   bool synchronous_full = true;
   // How long a statement waits for another connection's lock.
   absl::Duration busy_timeout = absl::Seconds(5);
+  // Write-ahead log checkpoints (copying the log into the database file).
+  // By default, SQLite's own rule: the commit that takes the log to
+  // `checkpoint_pages` pages runs the checkpoint before it returns. With
+  // `deferred_checkpoints`, that commit returns at once and the checkpoint
+  // waits for the owner's `CheckpointIfDue` (a moment when no one waits on
+  // a commit); only a log that reaches `kDeferredLimit` times
+  // `checkpoint_pages` is checkpointed inside a commit, so a log no one
+  // checkpoints stays bounded.
+  int64_t checkpoint_pages = 1000;
+  bool deferred_checkpoints = false;
+  static constexpr int64_t kDeferredLimit = 4;
 };
 
 // A prepared statement in use. Bind indices are 1-based, column indices
@@ -111,7 +123,16 @@ class Database {
 
   // PRAGMA journal_mode=WAL. Writes the file header, so call it only once the
   // file is known to be ours. In-memory databases keep their memory journal.
+  // Checkpoints then follow DatabaseOptions' rule.
   absl::Status EnableWriteAheadLog();
+
+  // Pages in the write-ahead log as of the last commit; 0 before any, and
+  // after a checkpoint that copied all of it (the next commit starts the log
+  // over).
+  int64_t wal_pages() const { return wal_pages_; }
+  // A passive checkpoint (it waits for no reader or writer) when the log
+  // holds `checkpoint_pages` pages or more. True when one ran.
+  absl::StatusOr<bool> CheckpointIfDue();
 
   // Returns the cached statement for `sql`, preparing it on first use. If the
   // cached one is still held by another `Statement`, a one-off is prepared.
@@ -139,10 +160,21 @@ class Database {
     bool in_use = false;
   };
 
-  Database(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
+  Database(sqlite3* db, std::string path, const DatabaseOptions& options)
+      : db_(db),
+        path_(std::move(path)),
+        checkpoint_pages_(std::max<int64_t>(1, options.checkpoint_pages)),
+        deferred_checkpoints_(options.deferred_checkpoints) {}
+  // sqlite3_wal_hook: runs after every commit in WAL mode.
+  static int OnWalCommit(void* self, sqlite3* db, const char* schema, int pages);
+  // Checkpoints `schema`; notes an emptied log.
+  absl::Status Checkpoint(const char* schema);
 
   sqlite3* db_;
   std::string path_;
+  const int64_t checkpoint_pages_;
+  const bool deferred_checkpoints_;
+  int64_t wal_pages_ = 0;
   // Node-based so `&entry.in_use` stays valid while the map grows.
   absl::node_hash_map<std::string, CachedStatement> cache_;
 };

@@ -1,5 +1,6 @@
 #include "daemon/ingest/group_commit.h"
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <functional>
@@ -13,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "storage/catalog/catalog.h"
+#include "tests/storage/catalog/temp_dir.h"
 
 namespace spikeguard::daemon {
 namespace {
@@ -405,6 +407,114 @@ TEST_F(GroupCommitTest, AConsumerThatFallsBehindCostsOneJoinWindowNotOnePerGroup
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   EXPECT_EQ(handed.load(), 20);
   EXPECT_EQ(ingest.joined_groups(), 0);
+}
+
+TEST_F(GroupCommitTest, AHeldGroupLetsInWhoeverWaitsForTheCatalog) {
+  // The consumer must read the catalog before it can judge the spike (a
+  // first read of the run's history, say). The group holds the catalog
+  // until its records are judged: it must let that read in rather than
+  // keep it waiting for the whole join window.
+  constexpr int64_t kSpike = 3, kSteps = 6;
+  GroupCommitter::Options options;
+  options.join_window = absl::Seconds(60);
+  std::unique_ptr<GroupCommitter> ingest;
+  absl::StatusOr<v1::Run> read = absl::UnknownError("never read");
+  std::optional<absl::Status> joined = absl::UnknownError("never tried");
+  auto pipeline = std::make_unique<Pipeline>([&](const storage::CompletedStep& c) {
+    if (c.record.step() == kSpike) {
+      read = catalog_->GetRun("r");
+      // Its group committed to let the read in: nothing is left to join.
+      joined = ingest->Join([](storage::Catalog::OpenGroup&) { return absl::OkStatus(); });
+    }
+    ingest->Judged(1);
+  });
+  ingest = std::make_unique<GroupCommitter>(
+      catalog_.get(), options,
+      [&](std::vector<storage::CompletedStep> done, absl::Time) { pipeline->HandOver(std::move(done)); });
+  const absl::Time start = absl::Now();
+  for (int64_t step = 0; step < kSteps; ++step) {
+    ASSERT_TRUE(ingest->Commit(Batch("r", 0, 1, step, step)).status.ok());
+  }
+  pipeline.reset();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30))
+      << "the consumer's read waited out the join window";
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->name(), "r");
+  EXPECT_FALSE(joined.has_value()) << "a group was still open to join after the read";
+  EXPECT_EQ(catalog_->lock_waiters(), 0);
+}
+
+TEST_F(GroupCommitTest, ARunWhoseRanksReportFurtherApartThanTheWindowIsWaitedFor) {
+  // Two ranks 40 ms apart, far over the 1 ms window: the first step is two
+  // groups; once the committer has seen how far apart the run's ranks
+  // report, each step is one. A committer held to the 1 ms window keeps
+  // committing each rank alone.
+  v1::Run wide;
+  wide.set_name("wide");
+  wide.set_world_size(2);
+  ASSERT_TRUE(catalog_->CreateRun(wide).ok());
+  auto groups_per_step = [&](absl::Duration max_window, int64_t first_step) {
+    GroupCommitter::Options options;
+    options.step_window = absl::Milliseconds(1);
+    options.max_step_window = max_window;
+    GroupCommitter ingest(catalog_.get(), options, nullptr);
+    std::vector<int64_t> per_step;
+    for (int64_t step = first_step; step < first_step + 11; ++step) {
+      const int64_t before = ingest.groups();
+      std::atomic<int> answered{0};
+      auto send = [&](uint32_t rank) {
+        ingest.CommitAsync(Batch("wide", rank, 2, step, step), [&](storage::BatchOutcome o) {
+          EXPECT_TRUE(o.status.ok()) << o.status;
+          ++answered;
+        });
+      };
+      send(0);
+      absl::SleepFor(absl::Milliseconds(40));
+      send(1);
+      while (answered.load() < 2) absl::SleepFor(absl::Milliseconds(1));
+      per_step.push_back(ingest.groups() - before);
+    }
+    return per_step;
+  };
+  const std::vector<int64_t> fitted = groups_per_step(absl::Seconds(2), 0);
+  const std::vector<int64_t> fixed = groups_per_step(absl::Milliseconds(1), 100);
+  EXPECT_EQ(fitted[0], 2) << "the first step was waited for before any spread was seen";
+  const auto ones = [](const std::vector<int64_t>& v) {
+    return std::count(v.begin() + 1, v.end(), int64_t{1});
+  };
+  EXPECT_GE(ones(fitted), 8) << "steps after the first were not committed as one group";
+  EXPECT_LE(ones(fixed), 2) << "a 1 ms window held a rank 40 ms";
+}
+
+TEST(GroupCommitLogTest, TheCommitterCheckpointsTheLogBetweenGroups) {
+  // A catalog that leaves checkpoints to its owner: the committer runs one
+  // after answering a group, so the log never grows to the limit at which
+  // a commit would have to.
+  storage::testing::TempDir dir;
+  constexpr int64_t kPages = 8;
+  storage::CatalogOptions catalog_options;
+  catalog_options.path = dir.File("catalog.db");
+  catalog_options.checkpoint_pages = kPages;
+  catalog_options.deferred_checkpoints = true;
+  auto catalog = storage::Catalog::Open(catalog_options);
+  ASSERT_TRUE(catalog.ok()) << catalog.status();
+  v1::Run run;
+  run.set_name("r");
+  run.set_world_size(1);
+  ASSERT_TRUE((*catalog)->CreateRun(run).ok());
+  int64_t most = 0;
+  {
+    GroupCommitter ingest(catalog->get(), {}, nullptr);
+    for (int64_t from = 0; from < 3000; from += 10) {
+      ASSERT_TRUE(ingest.Commit(Batch("r", 0, 1, from, from + 9)).status.ok());
+      most = std::max(most, (*catalog)->wal_pages());
+    }
+  }  // the last group's checkpoint, if due, is done once the committer stops
+  EXPECT_LT(most, storage::DatabaseOptions::kDeferredLimit * kPages);
+  EXPECT_LT((*catalog)->wal_pages(), kPages);
+  auto last = (*catalog)->CommittedStep("r", 0, 0);
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_EQ(*last, 2999);
 }
 
 }  // namespace

@@ -122,6 +122,96 @@ TEST_F(CatalogTest, ListRunsStateAndProgress) {
   EXPECT_EQ((*runs)[1].last_step(), 1234);
 }
 
+// --- Write-ahead log checkpoints ---------------------------------------------------
+
+// A catalog file with one run of one rank; `Write` ingests the next ten steps.
+struct LogProbe {
+  explicit LogProbe(CatalogOptions options) {
+    auto opened = Catalog::Open(options);
+    EXPECT_TRUE(opened.ok()) << opened.status();
+    catalog = std::move(*opened);
+    v1::Run run;
+    run.set_name("log");
+    run.set_world_size(1);
+    EXPECT_TRUE(catalog->CreateRun(run).ok());
+  }
+  void Write() {
+    auto done = catalog->IngestReports("log", 0, 0, Batch(next, next + 9, 0));
+    EXPECT_TRUE(done.ok()) << done.status();
+    next += 10;
+  }
+  std::unique_ptr<Catalog> catalog;
+  int64_t next = 0;
+};
+
+TEST(CatalogLogTest, ByDefaultTheCommitThatFillsTheLogCheckpointsIt) {
+  TempDir dir;
+  constexpr int64_t kPages = 16;
+  LogProbe probe({.path = dir.File("catalog.db"), .checkpoint_pages = kPages});
+  int64_t most = 0;
+  int restarts = 0;
+  for (int i = 0; i < 300; ++i) {
+    const int64_t before = probe.catalog->wal_pages();
+    probe.Write();
+    const int64_t after = probe.catalog->wal_pages();
+    most = std::max(most, after);
+    if (after < before) ++restarts;
+  }
+  // SQLite's own rule: never a commit past the limit left unchecked, and
+  // nothing left for the owner to do.
+  EXPECT_LT(most, kPages);
+  EXPECT_GT(restarts, 0) << "the log was never checkpointed";
+  auto ran = probe.catalog->CheckpointIfDue();
+  ASSERT_TRUE(ran.ok()) << ran.status();
+  EXPECT_FALSE(*ran);
+}
+
+TEST(CatalogLogTest, DeferredCheckpointsWaitForTheOwnerUpToFourTimesTheLimit) {
+  TempDir dir;
+  constexpr int64_t kPages = 16;
+  const std::string path = dir.File("catalog.db");
+  LogProbe probe({.path = path, .checkpoint_pages = kPages, .deferred_checkpoints = true});
+  // Due, and not done by the commits: the log grows past the limit.
+  int writes = 0;
+  while (probe.catalog->wal_pages() < 2 * kPages && writes < 1000) {
+    const int64_t before = probe.catalog->wal_pages();
+    probe.Write();
+    ++writes;
+    ASSERT_GE(probe.catalog->wal_pages(), before) << "a commit checkpointed a deferred log";
+  }
+  ASSERT_GE(probe.catalog->wal_pages(), 2 * kPages);
+  // The owner's checkpoint copies all of it; the next commit starts over.
+  auto ran = probe.catalog->CheckpointIfDue();
+  ASSERT_TRUE(ran.ok()) << ran.status();
+  EXPECT_TRUE(*ran);
+  EXPECT_EQ(probe.catalog->wal_pages(), 0);
+  probe.Write();
+  EXPECT_LT(probe.catalog->wal_pages(), kPages);
+  // An owner that never checkpoints: the commit that reaches four times the
+  // limit does, so the log stays bounded.
+  int64_t most = 0;
+  int restarts = 0;
+  for (int i = 0; i < 400; ++i) {
+    const int64_t before = probe.catalog->wal_pages();
+    probe.Write();
+    most = std::max(most, probe.catalog->wal_pages());
+    if (probe.catalog->wal_pages() < before) ++restarts;
+  }
+  EXPECT_GT(restarts, 0);
+  EXPECT_LT(most, DatabaseOptions::kDeferredLimit * kPages);
+  EXPECT_GE(most, kPages) << "the commits checkpointed at the plain limit";
+  // Everything written is there, whichever way the log was copied.
+  probe.catalog.reset();
+  auto reopened = Catalog::Open({.path = path});
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  auto last = (*reopened)->CommittedStep("log", 0, 0);
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_EQ(*last, probe.next - 1);
+  auto steps = (*reopened)->QueryTelemetry("log", 0, probe.next - 100, std::nullopt, 0);
+  ASSERT_TRUE(steps.ok()) << steps.status();
+  EXPECT_EQ(steps->size(), 100u);
+}
+
 TEST_F(CatalogTest, EndRunChangesTheStateAndDropsTheLaunchRecordsTogether) {
   MakeRun("a");
   MakeRun("b");
