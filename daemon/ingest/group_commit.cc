@@ -177,9 +177,12 @@ absl::Time GroupCommitter::RankDeadline(const std::vector<Pending*>& group) cons
         it->second.ranks.size() >= b.world_size) {
       continue;
     }
-    const absl::Duration fit =
-        std::clamp(it->second.spread * 1.5, options_.step_window,
-                   std::max(options_.step_window, options_.max_step_window));
+    // Ranks further apart than the longest wait would not be caught by
+    // it: waiting would only delay the acks of those already in.
+    const absl::Duration want = it->second.spread * 1.5;
+    const absl::Duration fit = want <= options_.max_step_window
+                                   ? std::max(want, options_.step_window)
+                                   : options_.step_window;
     until = std::max(until, it->second.first + fit);
   }
   return until;

@@ -78,8 +78,9 @@ class GroupCommitter {
     // completes one commit (an fsync) later. 0: never waits. The wait fits
     // each run: counted from a step's first report, half as long again as
     // its ranks' reports of a step lately came apart (first to last, a
-    // slowly decaying maximum), never
-    // less than `step_window` nor more than `max_step_window`.
+    // slowly decaying maximum), at least `step_window`. A run whose ranks
+    // came further apart than `max_step_window` allows gets `step_window`
+    // only: a wait that cannot catch its last rank only delays the others.
     absl::Duration step_window = absl::Milliseconds(1);
     absl::Duration max_step_window = absl::Milliseconds(5);
     // How long a group's COMMIT may wait for the records it handed over to

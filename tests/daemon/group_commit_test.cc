@@ -447,8 +447,9 @@ TEST_F(GroupCommitTest, AHeldGroupLetsInWhoeverWaitsForTheCatalog) {
 TEST_F(GroupCommitTest, ARunWhoseRanksReportFurtherApartThanTheWindowIsWaitedFor) {
   // Two ranks 40 ms apart, far over the 1 ms window: the first step is two
   // groups; once the committer has seen how far apart the run's ranks
-  // report, each step is one. A committer held to the 1 ms window keeps
-  // committing each rank alone.
+  // report, each step is one. A committer held to the 1 ms window, or one
+  // whose longest wait is shorter than the spread, keeps committing each
+  // rank alone.
   v1::Run wide;
   wide.set_name("wide");
   wide.set_world_size(2);
@@ -478,12 +479,15 @@ TEST_F(GroupCommitTest, ARunWhoseRanksReportFurtherApartThanTheWindowIsWaitedFor
   };
   const std::vector<int64_t> fitted = groups_per_step(absl::Seconds(2), 0);
   const std::vector<int64_t> fixed = groups_per_step(absl::Milliseconds(1), 100);
+  // A longest wait of 20 ms cannot catch a rank 40 ms behind: not waited for.
+  const std::vector<int64_t> beyond = groups_per_step(absl::Milliseconds(20), 200);
   EXPECT_EQ(fitted[0], 2) << "the first step was waited for before any spread was seen";
   const auto ones = [](const std::vector<int64_t>& v) {
     return std::count(v.begin() + 1, v.end(), int64_t{1});
   };
   EXPECT_GE(ones(fitted), 8) << "steps after the first were not committed as one group";
   EXPECT_LE(ones(fixed), 2) << "a 1 ms window held a rank 40 ms";
+  EXPECT_LE(ones(beyond), 2) << "a 20 ms limit held a rank 40 ms";
 }
 
 TEST(GroupCommitLogTest, TheCommitterCheckpointsTheLogBetweenGroups) {
