@@ -376,6 +376,8 @@ void Daemon::Shutdown(absl::Duration grace) {
   server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(grace));
   server_->Wait();
   supervisor_->Stop();
+  // The ingest stage lets go of the catalog before it closes.
+  worker_service_->StopIngest();
   state_->supervisor = nullptr;
   supervisor_.reset();
   catalog_.reset();

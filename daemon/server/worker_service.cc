@@ -650,10 +650,13 @@ WorkerServiceImpl::WorkerServiceImpl(DaemonState* state)
   pool_ = std::make_unique<TaskPool>(4);
 }
 
-WorkerServiceImpl::~WorkerServiceImpl() {
+WorkerServiceImpl::~WorkerServiceImpl() { StopIngest(); }
+
+void WorkerServiceImpl::StopIngest() {
   // The supervisor may outlive this service: it stops reporting to the
   // group commit before the commit goes.
   if (state_->supervisor != nullptr) state_->supervisor->ConnectIngest(nullptr);
+  ingest_.reset();
 }
 
 grpc::ServerBidiReactor<WorkerMessage, ControllerMessage>* WorkerServiceImpl::Attach(

@@ -49,6 +49,11 @@ class WorkerServiceImpl final : public spikeguard::v1::WorkerService::CallbackSe
   explicit WorkerServiceImpl(DaemonState* state);
   ~WorkerServiceImpl() override;
 
+  // Ends the ingest stage: commits what is queued, then lets go of the
+  // catalog (its contention observer included). Call once the server has
+  // ended every stream, before the catalog closes.
+  void StopIngest();
+
   grpc::ServerBidiReactor<spikeguard::v1::WorkerMessage, spikeguard::v1::ControllerMessage>*
   Attach(grpc::CallbackServerContext* context) override;
 
