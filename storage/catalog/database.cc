@@ -209,8 +209,9 @@ absl::Status Database::EnableWriteAheadLog() {
 int Database::OnWalCommit(void* self, sqlite3* /*db*/, const char* schema, int pages) {
   auto* db = static_cast<Database*>(self);
   db->wal_pages_ = pages;
-  const int64_t limit = db->deferred_checkpoints_ ? db->checkpoint_pages_ * DatabaseOptions::kDeferredLimit
-                                                  : db->checkpoint_pages_;
+  const int64_t limit = db->deferred_checkpoints_
+                            ? db->checkpoint_pages_ * DatabaseOptions::kDeferredLimit
+                            : db->checkpoint_pages_;
   // As SQLite's own hook: the commit is durable whatever the checkpoint
   // does; a failed one is retried at the next commit past the limit.
   if (pages >= limit) db->Checkpoint(schema).IgnoreError();
