@@ -352,24 +352,30 @@ absl::StatusOr<int64_t> CatalogIncidentStore::AppendEvent(int64_t incident_id,
 
 namespace {
 
-// `in_group` in the open group `ingest` holds, durable with it; else
-// `alone`, a transaction of its own.
+// `in_group` in the open group `ingest` holds, durable with it (`durable`
+// then runs on the commit thread, right after the commit); else `alone`, a
+// transaction of its own (then `durable` runs here).
 absl::StatusOr<int64_t> JoinedOrAlone(
     GroupCommitter* ingest,
     const std::function<absl::StatusOr<int64_t>(storage::Catalog::OpenGroup&)>& in_group,
-    const std::function<absl::StatusOr<int64_t>()>& alone) {
+    const std::function<absl::StatusOr<int64_t>()>& alone,
+    const incident::IncidentStore::DurableFn& durable) {
   if (ingest != nullptr) {
     absl::StatusOr<int64_t> written = absl::UnknownError("not written");
-    std::optional<absl::Status> joined = ingest->Join([&](storage::Catalog::OpenGroup& group) {
-      written = in_group(group);
-      return written.status();
-    });
+    std::optional<absl::Status> joined = ingest->Join(
+        [&](storage::Catalog::OpenGroup& group) {
+          written = in_group(group);
+          return written.status();
+        },
+        durable);
     if (joined.has_value()) {
       if (!joined->ok()) return *joined;
       return written;
     }
   }
-  return alone();
+  absl::StatusOr<int64_t> written = alone();
+  if (written.ok() && durable) durable();
+  return written;
 }
 
 }  // namespace
@@ -377,26 +383,30 @@ absl::StatusOr<int64_t> JoinedOrAlone(
 absl::StatusOr<int64_t> CatalogIncidentStore::AppendAndSave(int64_t incident_id,
                                                             const std::string& kind,
                                                             const std::string& payload,
-                                                            const ApplyFn& apply) {
+                                                            const ApplyFn& apply,
+                                                            const DurableFn& durable) {
   return JoinedOrAlone(
       ingest_.load(),
       [&](storage::Catalog::OpenGroup& group) {
         return group.AppendIncidentEventAndUpdate(incident_id, kind, payload, apply);
       },
-      [&] { return catalog_->AppendIncidentEventAndUpdate(incident_id, kind, payload, apply); });
+      [&] { return catalog_->AppendIncidentEventAndUpdate(incident_id, kind, payload, apply); },
+      durable);
 }
 
 absl::StatusOr<int64_t> CatalogIncidentStore::CreateWithEvent(const std::string& run,
                                                               const v1::Incident& initial,
                                                               const std::string& kind,
                                                               const std::string& payload,
-                                                              const OpenFn& apply) {
+                                                              const OpenFn& apply,
+                                                              const DurableFn& durable) {
   return JoinedOrAlone(
       ingest_.load(),
       [&](storage::Catalog::OpenGroup& group) {
         return group.CreateIncidentWithEvent(run, initial, kind, payload, apply);
       },
-      [&] { return catalog_->CreateIncidentWithEvent(run, initial, kind, payload, apply); });
+      [&] { return catalog_->CreateIncidentWithEvent(run, initial, kind, payload, apply); },
+      durable);
 }
 
 absl::StatusOr<std::vector<incident::IncidentStore::StoredEvent>> CatalogIncidentStore::Events(

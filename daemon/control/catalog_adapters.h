@@ -108,11 +108,12 @@ class CatalogIncidentStore final : public incident::IncidentStore {
   absl::StatusOr<int64_t> AppendEvent(int64_t incident_id, const std::string& kind,
                                       const std::string& payload) override;
   absl::StatusOr<int64_t> AppendAndSave(int64_t incident_id, const std::string& kind,
-                                        const std::string& payload, const ApplyFn& apply) override;
+                                        const std::string& payload, const ApplyFn& apply,
+                                        const DurableFn& durable) override;
   absl::StatusOr<int64_t> CreateWithEvent(const std::string& run,
                                           const spikeguard::v1::Incident& initial,
                                           const std::string& kind, const std::string& payload,
-                                          const OpenFn& apply) override;
+                                          const OpenFn& apply, const DurableFn& durable) override;
   absl::StatusOr<std::vector<StoredEvent>> Events(int64_t incident_id) override;
   absl::StatusOr<std::vector<spikeguard::v1::Incident>> OpenIncidents() override;
   absl::StatusOr<std::vector<spikeguard::v1::Incident>> RunIncidents(const std::string& run) override;

@@ -148,6 +148,10 @@ class Supervisor {
   void ResetMonitor(const std::string& run, int64_t generation, int64_t first_step, Monitor* m);
   std::vector<incident::Detection> Detect(const std::string& run, Monitor* m,
                                           const spikeguard::v1::StepRecord& record);
+  // The engine's listener: queues the update for every watcher of its run.
+  // Runs as soon as the event is durable, on the thread that committed it
+  // (the ingest stage's, when it joined a group, while the engine's caller
+  // still holds mu_ and waits for it), so it only enqueues.
   void Publish(const spikeguard::v1::Incident& incident, const spikeguard::v1::IncidentEvent& event);
   void TickLoop();
 

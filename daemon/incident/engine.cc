@@ -85,19 +85,23 @@ v1::Mode IncidentEngine::State::ModeFor(const std::string& run) {
   return view->PolicyFor(run).mode();
 }
 
+void IncidentEngine::State::Tell(const IncidentCase& s) {
+  if (listener) listener(s.inc, s.inc.events(s.inc.events_size() - 1));
+}
+
 absl::Status IncidentEngine::State::Emit(IncidentCase& s, EventKind kind,
                                          lg::EventPayload payload) {
   payload.set_unix_ms(clock->NowUnixMillis());
   // The event and the record it leaves, in one transaction.
-  SG_RETURN_IF_ERROR(store
-                         ->AppendAndSave(s.id(), EventKindName(kind), ToText(payload),
-                                         [&](int64_t seq) -> const v1::Incident& {
-                                           Apply(s, seq, kind, payload);
-                                           return s.inc;
-                                         })
-                         .status());
-  if (listener) listener(s.inc, s.inc.events(s.inc.events_size() - 1));
-  return absl::OkStatus();
+  return store
+      ->AppendAndSave(
+          s.id(), EventKindName(kind), ToText(payload),
+          [&](int64_t seq) -> const v1::Incident& {
+            Apply(s, seq, kind, payload);
+            return s.inc;
+          },
+          [&] { Tell(s); })
+      .status();
 }
 
 absl::Status IncidentEngine::State::EmitNote(IncidentCase& s, const std::string& note) {

@@ -256,26 +256,38 @@ class IncidentStore {
   // as `apply(seq)` leaves it (apply must not call the store). A store that
   // can does both in one transaction (one fsync); this default does
   // AppendEvent then SaveIncident. Returns the seq.
+  //
+  // `durable` (may be empty) runs once, as soon as both writes are durable
+  // and before the call returns; not when they failed. A store that
+  // commits them on another thread may run it there, so the news of the
+  // event goes out without waiting for this caller to be woken: it must
+  // only enqueue, and may read what `apply` left.
   using ApplyFn = std::function<const spikeguard::v1::Incident&(int64_t seq)>;
+  using DurableFn = std::function<void()>;
   virtual absl::StatusOr<int64_t> AppendAndSave(int64_t incident_id, const std::string& kind,
-                                                const std::string& payload, const ApplyFn& apply) {
+                                                const std::string& payload, const ApplyFn& apply,
+                                                const DurableFn& durable) {
     absl::StatusOr<int64_t> seq = AppendEvent(incident_id, kind, payload);
     if (!seq.ok()) return seq.status();
     if (absl::Status s = SaveIncident(apply(*seq)); !s.ok()) return s;
+    if (durable) durable();
     return *seq;
   }
   // Opening: CreateIncident and its first event, saved as `apply(id, seq)`
-  // leaves it; one transaction where the store can. Returns the id.
+  // leaves it; one transaction where the store can; `durable` as above.
+  // Returns the id.
   using OpenFn = std::function<const spikeguard::v1::Incident&(int64_t id, int64_t seq)>;
   virtual absl::StatusOr<int64_t> CreateWithEvent(const std::string& run,
                                                   const spikeguard::v1::Incident& initial,
                                                   const std::string& kind,
-                                                  const std::string& payload, const OpenFn& apply) {
+                                                  const std::string& payload, const OpenFn& apply,
+                                                  const DurableFn& durable) {
     absl::StatusOr<int64_t> id = CreateIncident(run, initial);
     if (!id.ok()) return id.status();
     absl::StatusOr<int64_t> seq = AppendEvent(*id, kind, payload);
     if (!seq.ok()) return seq.status();
     if (absl::Status s = SaveIncident(apply(*id, *seq)); !s.ok()) return s;
+    if (durable) durable();
     return *id;
   }
   struct StoredEvent {
@@ -356,6 +368,9 @@ class IncidentEngine {
   std::optional<spikeguard::v1::Incident> Get(int64_t incident_id) const;
   std::vector<spikeguard::v1::Incident> Active() const;
 
+  // Told of each event once it is durable (IncidentStore's `durable`):
+  // possibly on the thread that committed it, while the engine call that
+  // emitted it waits for it; it must only enqueue.
   void SetListener(Listener listener);
 
  private:

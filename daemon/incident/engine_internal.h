@@ -73,8 +73,11 @@ struct IncidentEngine::State {
   bool IsProbeGeneration(const std::string& run, int64_t generation);
   IncidentCase* ActiveFor(const std::string& run);
   spikeguard::v1::Mode ModeFor(const std::string& run);
-  // Appends the event, applies it, saves the incident and tells the listener.
+  // Appends the event, applies it, saves the incident and tells the
+  // listener (as soon as it is durable: IncidentStore's `durable`).
   absl::Status Emit(IncidentCase& s, EventKind kind, lg::EventPayload payload);
+  // Tells the listener of `s`'s newest event.
+  void Tell(const IncidentCase& s);
   absl::Status EmitNote(IncidentCase& s, const std::string& note);
   // The "localized" event of an incident opened with a deferred
   // localization (Detection::localize); none when no series departed

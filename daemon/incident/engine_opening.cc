@@ -91,9 +91,9 @@ absl::Status IncidentEngine::OnDetection(const std::string& run, const Detection
                                         inc.inc.set_id(new_id);
                                         Apply(inc, seq, EventKind::kOpened, p);
                                         return inc.inc;
-                                      }));
+                                      },
+                                      [&] { st.Tell(inc); }));
   st.incidents[id] = std::move(s);
-  if (st.listener) st.listener(inc.inc, inc.inc.events(inc.inc.events_size() - 1));
   if (d.localize) SG_RETURN_IF_ERROR(st.EmitLocalized(inc, d));
   return st.Advance(inc);
 }

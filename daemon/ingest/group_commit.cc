@@ -78,9 +78,11 @@ int64_t GroupCommitter::joined_groups() const {
   return joined_groups_;
 }
 
-std::optional<absl::Status> GroupCommitter::Join(const JoinedWork& work) {
+std::optional<absl::Status> GroupCommitter::Join(const JoinedWork& work,
+                                                 const std::function<void()>& durable) {
   Joiner joiner;
   joiner.work = &work;
+  joiner.durable = &durable;
   absl::MutexLock lock(&mu_);
   if (!joinable_ || stopping_) return std::nullopt;
   joiners_.push_back(&joiner);
@@ -121,12 +123,15 @@ void GroupCommitter::AtCommit(storage::Catalog::OpenGroup& group) {
 }
 
 void GroupCommitter::AnswerJoiners(const absl::Status& commit) {
-  absl::MutexLock lock(&mu_);
-  joinable_ = false;
+  // The joiners wait in Join until `done`: their work, status and
+  // `durable` are the commit thread's until then.
   for (Joiner* j : served_) {
     if (j->status.ok() && !commit.ok()) j->status = commit;
-    j->done = true;
+    if (j->status.ok() && *j->durable) (*j->durable)();
   }
+  absl::MutexLock lock(&mu_);
+  joinable_ = false;
+  for (Joiner* j : served_) j->done = true;
   served_.clear();
   // Queued but never served (the group failed before its COMMIT): they
   // write on their own.

@@ -132,7 +132,12 @@ class GroupCommitter {
   // durable, with the work's status (or, if the work went through, the
   // group's failure). nullopt: no group could take it (none open, its
   // commit under way, or joining off); the caller writes on its own.
-  std::optional<absl::Status> Join(const JoinedWork& work);
+  // `durable` (may be empty) runs on the commit thread as soon as the work
+  // went through and the group is durable, before Join returns and before
+  // the group's batches are answered; it must only enqueue (the caller is
+  // not woken before it ran: what it tells is not held up by that wake-up).
+  std::optional<absl::Status> Join(const JoinedWork& work,
+                                   const std::function<void()>& durable = nullptr);
   // The consumer of `on_completed` judged `records` of the records handed
   // over: their detectors ran, and what they opened has joined or been
   // written. Every record handed over is counted once, stale ones too.
@@ -179,6 +184,7 @@ class GroupCommitter {
   void AnswerJoiners(const absl::Status& commit);
   struct Joiner {
     const JoinedWork* work = nullptr;
+    const std::function<void()>* durable = nullptr;
     absl::Status status;
     bool served = false;
     bool done = false;

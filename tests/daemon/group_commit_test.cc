@@ -290,20 +290,37 @@ TEST_F(GroupCommitTest, AnIncidentOpenedFromAGroupsRecordsIsDurableWithThatGroup
   absl::StatusOr<int64_t> opened = absl::UnknownError("never opened");
   std::optional<absl::Status> joined;
   int64_t groups_when_answered = -1;
+  // Told the incident is durable: on the commit thread, before the joiner
+  // is woken and before the spike's batch is acknowledged.
+  std::atomic<bool> spike_acked{false};
+  int durable_calls = 0;
+  bool durable_before_join_returned = false, durable_before_ack = false;
+  int64_t durable_saw_id = -1;
+  std::thread::id pipeline_thread, durable_thread;
   auto pipeline = std::make_unique<Pipeline>([&](const storage::CompletedStep& c) {
     if (c.record.step() != kSpike) {
       ingest->Judged(1);  // calm: the group commits without waiting
       return;
     }
-    joined = ingest->Join([&](storage::Catalog::OpenGroup& group) {
-      opened = group.CreateIncidentWithEvent(
-          "r", Opening(kSpike), "opened", "payload", [&](int64_t id, int64_t) -> const v1::Incident& {
-            stored = Opening(kSpike);
-            stored.set_id(id);
-            return stored;
-          });
-      return opened.status();
-    });
+    pipeline_thread = std::this_thread::get_id();
+    joined = ingest->Join(
+        [&](storage::Catalog::OpenGroup& group) {
+          opened = group.CreateIncidentWithEvent(
+              "r", Opening(kSpike), "opened", "payload",
+              [&](int64_t id, int64_t) -> const v1::Incident& {
+                stored = Opening(kSpike);
+                stored.set_id(id);
+                return stored;
+              });
+          return opened.status();
+        },
+        [&] {
+          ++durable_calls;
+          durable_thread = std::this_thread::get_id();
+          durable_before_join_returned = !joined.has_value();
+          durable_before_ack = !spike_acked.load();
+          durable_saw_id = stored.id();
+        });
     groups_when_answered = ingest->groups();
     ingest->Judged(1);
   });
@@ -314,6 +331,7 @@ TEST_F(GroupCommitTest, AnIncidentOpenedFromAGroupsRecordsIsDurableWithThatGroup
   for (int64_t step = 0; step < kSteps; ++step) {
     storage::BatchOutcome o = ingest->Commit(Batch("r", 0, 1, step, step));
     ASSERT_TRUE(o.status.ok()) << o.status;
+    if (step == kSpike) spike_acked = true;
   }
   EXPECT_LT(absl::Now() - start, absl::Seconds(20))
       << "a group waited out its join window: Judged did not release it";
@@ -331,6 +349,11 @@ TEST_F(GroupCommitTest, AnIncidentOpenedFromAGroupsRecordsIsDurableWithThatGroup
   ASSERT_TRUE(events.ok());
   ASSERT_EQ(events->size(), 1u);
   EXPECT_EQ((*events)[0].kind, "opened");
+  EXPECT_EQ(durable_calls, 1);
+  EXPECT_NE(durable_thread, pipeline_thread) << "told on the joiner's thread, after its wake-up";
+  EXPECT_TRUE(durable_before_join_returned);
+  EXPECT_TRUE(durable_before_ack) << "told after the spike's batch was acknowledged";
+  EXPECT_EQ(durable_saw_id, *opened) << "told before the write it reports was applied";
 }
 
 TEST_F(GroupCommitTest, AJoinedWriteThatFailsIsUndoneAloneAndTheGroupCommits) {
@@ -339,19 +362,22 @@ TEST_F(GroupCommitTest, AJoinedWriteThatFailsIsUndoneAloneAndTheGroupCommits) {
   std::unique_ptr<GroupCommitter> ingest;
   std::optional<absl::Status> joined;
   v1::Incident wrong;
+  bool told = false;
   auto pipeline = std::make_unique<Pipeline>([&](const storage::CompletedStep&) {
-    joined = ingest->Join([&](storage::Catalog::OpenGroup& group) {
-      // The record it would store names another incident: refused after
-      // the incident row and its event were inserted.
-      return group
-          .CreateIncidentWithEvent("r", Opening(3), "opened", "payload",
-                                   [&](int64_t id, int64_t) -> const v1::Incident& {
-                                     wrong = Opening(3);
-                                     wrong.set_id(id + 1000);
-                                     return wrong;
-                                   })
-          .status();
-    });
+    joined = ingest->Join(
+        [&](storage::Catalog::OpenGroup& group) {
+          // The record it would store names another incident: refused
+          // after the incident row and its event were inserted.
+          return group
+              .CreateIncidentWithEvent("r", Opening(3), "opened", "payload",
+                                       [&](int64_t id, int64_t) -> const v1::Incident& {
+                                         wrong = Opening(3);
+                                         wrong.set_id(id + 1000);
+                                         return wrong;
+                                       })
+              .status();
+        },
+        [&] { told = true; });
     ingest->Judged(1);
   });
   ingest = std::make_unique<GroupCommitter>(
@@ -363,6 +389,7 @@ TEST_F(GroupCommitTest, AJoinedWriteThatFailsIsUndoneAloneAndTheGroupCommits) {
   ingest.reset();
   ASSERT_TRUE(joined.has_value());
   EXPECT_TRUE(absl::IsInvalidArgument(*joined)) << *joined;
+  EXPECT_FALSE(told) << "a write that failed was reported durable";
   // Nothing of the failed write is left; the group's step is stored.
   EXPECT_TRUE(catalog_->ListIncidents({})->empty());
   auto stored = catalog_->QueryTelemetry("r", 0, 3, 3, 0);
