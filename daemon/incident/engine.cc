@@ -31,7 +31,7 @@ void IncidentEngine::State::LoadHistory(const std::string& run) {
     return;
   }
   for (const v1::Incident& i : *all) {
-    if (incidents.count(i.id())) continue;
+    if (incidents.count(i.id()) || retired.count(i.id())) continue;
     Past p;
     p.id = i.id();
     p.generation = i.generation();
@@ -42,36 +42,56 @@ void IncidentEngine::State::LoadHistory(const std::string& run) {
   }
 }
 
-// Every incident of the run this process knows, as Past records.
-std::vector<IncidentEngine::State::Past> IncidentEngine::State::Known(const std::string& run) {
-  LoadHistory(run);
-  std::vector<Past> out = history[run];
-  for (const auto& [id, s] : incidents) {
-    if (s->run() != run) continue;
-    Past p;
-    p.id = id;
-    p.generation = s->opened.generation();
-    p.onset = s->onset();
-    for (const v1::Probe& pr : s->inc.probes()) p.probe_generations.push_back(pr.generation());
-    if (s->inc.has_continued_generation()) p.continued_generation = s->inc.continued_generation();
-    out.push_back(std::move(p));
+IncidentEngine::State::Past IncidentEngine::State::PastOf(int64_t id, const IncidentCase& s) {
+  Past p;
+  p.id = id;
+  p.generation = s.opened.generation();
+  p.onset = s.onset();
+  for (const v1::Probe& pr : s.inc.probes()) p.probe_generations.push_back(pr.generation());
+  if (s.inc.has_continued_generation()) p.continued_generation = s.inc.continued_generation();
+  return p;
+}
+
+void IncidentEngine::State::Retire() {
+  for (auto it = incidents.begin(); it != incidents.end();) {
+    if (it->second->stage != Stage::kClosed) {
+      ++it;
+      continue;
+    }
+    history[it->second->run()].push_back(PastOf(it->first, *it->second));
+    retired[it->first] = it->second->inc.state();
+    it = incidents.erase(it);
   }
-  return out;
+}
+
+void IncidentEngine::State::ForEachKnown(const std::string& run,
+                                         const std::function<bool(const Past&)>& visit) {
+  LoadHistory(run);
+  for (const Past& p : history[run]) {
+    if (!visit(p)) return;
+  }
+  for (const auto& [id, s] : incidents) {
+    if (s->run() == run && !visit(PastOf(id, *s))) return;
+  }
 }
 
 // A probe's generation is an experiment, not the run: its spikes are the
 // probe's outcome and never open incidents, unless the run was let go on
 // with it (then it is the run's timeline).
 bool IncidentEngine::State::IsProbeGeneration(const std::string& run, int64_t generation) {
-  bool probe = false;
-  for (const Past& p : Known(run)) {
-    if (p.continued_generation && *p.continued_generation == generation) return false;
+  bool probe = false, continued = false;
+  ForEachKnown(run, [&](const Past& p) {
+    if (p.continued_generation && *p.continued_generation == generation) {
+      continued = true;
+      return false;
+    }
     if (std::find(p.probe_generations.begin(), p.probe_generations.end(), generation) !=
         p.probe_generations.end()) {
       probe = true;
     }
-  }
-  return probe;
+    return true;
+  });
+  return probe && !continued;
 }
 
 IncidentCase* IncidentEngine::State::ActiveFor(const std::string& run) {
@@ -257,6 +277,7 @@ absl::Status IncidentEngine::Recover() {
 
 absl::Status IncidentEngine::OnStep(const std::string& run, const StepObservation& step) {
   State& st = *state_;
+  st.Retire();
   int64_t& watched = st.watched[run];
   watched = std::max(watched, step.generation);
   // The run's past incidents are read with its first steps, not at its
@@ -280,6 +301,7 @@ absl::Status IncidentEngine::OnStep(const std::string& run, const StepObservatio
 absl::Status IncidentEngine::OnGenerationEnded(const std::string& run, int64_t generation,
                                                int64_t last_step, const std::string& reason) {
   State& st = *state_;
+  st.Retire();
   auto [it, fresh] = st.ended.try_emplace({run, generation}, last_step, reason);
   if (!fresh) {
     if (it->second.first <= last_step) return absl::OkStatus();  // an earlier rank said more
@@ -303,6 +325,7 @@ absl::Status IncidentEngine::OnGenerationEnded(const std::string& run, int64_t g
 absl::Status IncidentEngine::OnCommandFailed(const std::string& run, const std::string& command_id,
                                              const std::string& message) {
   State& st = *state_;
+  st.Retire();
   IncidentCase* s = st.ActiveFor(run);
   if (s == nullptr) return absl::OkStatus();
   const bool probe_command = s->stage == Stage::kProbing && !s->pending && s->probe &&
@@ -335,6 +358,7 @@ absl::Status IncidentEngine::OnCommandFailed(const std::string& run, const std::
 
 absl::Status IncidentEngine::Tick() {
   State& st = *state_;
+  st.Retire();
   absl::Status first;
   const absl::Time now = st.clock->Now();
   std::vector<IncidentCase*> active;
@@ -364,8 +388,14 @@ absl::Status IncidentEngine::Tick() {
 
 absl::Status IncidentEngine::Approve(int64_t incident_id) {
   State& st = *state_;
+  st.Retire();
   auto it = st.incidents.find(incident_id);
   if (it == st.incidents.end()) {
+    if (auto r = st.retired.find(incident_id); r != st.retired.end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("incident ", incident_id, " is not awaiting approval (state ",
+                       v1::IncidentState_Name(r->second), ")"));
+    }
     return absl::NotFoundError(absl::StrCat("incident ", incident_id, " is not active"));
   }
   IncidentCase& s = *it->second;
@@ -382,8 +412,14 @@ absl::Status IncidentEngine::Approve(int64_t incident_id) {
 
 absl::Status IncidentEngine::Abort(int64_t incident_id, const std::string& reason) {
   State& st = *state_;
+  st.Retire();
   auto it = st.incidents.find(incident_id);
   if (it == st.incidents.end()) {
+    if (auto r = st.retired.find(incident_id); r != st.retired.end()) {
+      if (r->second == v1::ABORTED) return absl::OkStatus();
+      return absl::FailedPreconditionError(
+          absl::StrCat("incident ", incident_id, " is already closed"));
+    }
     return absl::NotFoundError(absl::StrCat("incident ", incident_id, " is not active"));
   }
   IncidentCase& s = *it->second;

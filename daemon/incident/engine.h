@@ -364,7 +364,9 @@ class IncidentEngine {
   // daemon holds for the engine no probe can start between them.
   absl::StatusOr<int64_t> OperatorRewind(const std::string& run, const RewindSpec& spec);
 
-  // Current materialized state.
+  // Current materialized state of an incident the engine holds: one not
+  // closed, or closed since the engine's last call (it then keeps only
+  // what deduplication needs; the catalog has the rest). nullopt for others.
   std::optional<spikeguard::v1::Incident> Get(int64_t incident_id) const;
   std::vector<spikeguard::v1::Incident> Active() const;
 

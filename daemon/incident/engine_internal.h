@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -45,6 +46,9 @@ struct IncidentEngine::State {
   IncidentStore* store;
   Options options;
   Listener listener;
+  // The incidents not yet closed, and those closed since the last call
+  // into the engine (Retire moves them to `history` and `retired`): a
+  // daemon's per-step work and memory do not grow with its past incidents.
   std::map<int64_t, std::unique_ptr<IncidentCase>> incidents;
   // The newest generation seen per run: the one a detection must be of.
   std::map<std::string, int64_t> watched;
@@ -61,12 +65,22 @@ struct IncidentEngine::State {
     std::vector<int64_t> probe_generations;
     std::optional<int64_t> continued_generation;
   };
+  // Per run: its incidents closed before this process (LoadHistory) and
+  // those it closed (Retire).
   std::map<std::string, std::vector<Past>> history;
+  // How each incident this process closed ended (CLOSED or ABORTED), for
+  // an operator's late Approve or Abort.
+  std::map<int64_t, spikeguard::v1::IncidentState> retired;
 
   // ---- Bookkeeping (engine.cc) ----------------------------------------------
   void LoadHistory(const std::string& run);
-  // Every incident of the run this process knows, as Past records.
-  std::vector<Past> Known(const std::string& run);
+  // Moves closed incidents out of `incidents`. Called first by each engine
+  // entry that may act, so no IncidentCase& is held across it.
+  void Retire();
+  static Past PastOf(int64_t id, const IncidentCase& s);
+  // Every incident of the run this process knows, as Past records, in
+  // `history` order then the open ones.
+  void ForEachKnown(const std::string& run, const std::function<bool(const Past&)>& visit);
   // A probe's generation is an experiment, not the run: its spikes are the
   // probe's outcome and never open incidents, unless the run was let go on
   // with it (then it is the run's timeline).

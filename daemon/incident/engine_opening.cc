@@ -5,6 +5,7 @@
 // published first, then the deferred localization as a "localized" event,
 // then the engine acts (IncidentEngine::State::Advance).
 #include <cstdlib>
+#include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -20,6 +21,7 @@ namespace v1 = spikeguard::v1;
 
 absl::Status IncidentEngine::OnDetection(const std::string& run, const Detection& d) {
   State& st = *state_;
+  st.Retire();
   auto it = st.watched.try_emplace(run, d.generation).first;
   if (d.generation < it->second) return absl::OkStatus();  // a stale timeline
   it->second = d.generation;
@@ -31,11 +33,16 @@ absl::Status IncidentEngine::OnDetection(const std::string& run, const Detection
   const v1::Policy policy = st.view->PolicyFor(run);
   const v1::ProbePolicy& probe = policy.probe();
   const int64_t same_event = std::max<int64_t>(8, probe.skip_before() + probe.skip_after());
-  for (const State::Past& past : st.Known(run)) {
+  std::optional<int64_t> same;
+  st.ForEachKnown(run, [&](const State::Past& past) {
     if (past.generation != d.generation || std::llabs(past.onset - d.onset_step) > same_event) {
-      continue;
+      return true;
     }
-    auto open = st.incidents.find(past.id);
+    same = past.id;
+    return false;
+  });
+  if (same) {
+    auto open = st.incidents.find(*same);
     if (open != st.incidents.end() && open->second->stage != Stage::kClosed) {
       lg::EventPayload p;
       p.set_detail(absl::StrFormat("also %s at step %d (peak %.4g, baseline %.4g)",

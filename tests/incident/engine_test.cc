@@ -1117,6 +1117,53 @@ TEST_F(IncidentEngineTest, OneEventOneIncidentAfterItClosed) {
   EXPECT_EQ(store.incidents.size(), 2u);
 }
 
+TEST_F(IncidentEngineTest, ClosedIncidentsLeaveTheEngineAndStillCount) {
+  // A long-lived daemon closes thousands of incidents: the engine keeps
+  // only the open ones (a closed one is read from the catalog), yet every
+  // closed one still counts for deduplication and for operators' calls.
+  view.policy.set_mode(v1::MODE_OBSERVE);
+  Start({.poison = {1000}});
+  constexpr int kSpikes = 20;
+  std::vector<int64_t> ids;
+  for (int k = 0; k < kSpikes; ++k) {
+    Detect(Spike(kOnset + 100 * k));
+    ASSERT_EQ(store.incidents.size(), static_cast<size_t>(k + 1));
+    ids.push_back(store.incidents.rbegin()->first);
+    ASSERT_EQ(store.incidents.rbegin()->second.state(), v1::CLOSED);
+  }
+  ASSERT_TRUE(engine->Tick().ok());
+  EXPECT_TRUE(engine->Active().empty());
+  for (int64_t id : ids) EXPECT_FALSE(engine->Get(id).has_value()) << "incident " << id;
+  // The same events again (another detector, a step later) open nothing.
+  for (int k = 0; k < kSpikes; ++k) {
+    Detection grad = Spike(kOnset + 100 * k + 1);
+    grad.kind = Detection::Kind::kGradNormSpike;
+    Detect(grad);
+  }
+  EXPECT_EQ(store.incidents.size(), static_cast<size_t>(kSpikes));
+  // Operators get the same answers as while the engine held them.
+  EXPECT_EQ(engine->Abort(ids.front(), "late").code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(engine->Approve(ids.back()).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(engine->Approve(12345).code(), absl::StatusCode::kNotFound);
+  // A new event still opens its incident.
+  Detect(Spike(kOnset + 100 * kSpikes));
+  EXPECT_EQ(store.incidents.size(), static_cast<size_t>(kSpikes + 1));
+}
+
+TEST_F(IncidentEngineTest, AnAbortedIncidentCanBeAbortedAgainAfterItLeftTheEngine) {
+  Start({.poison = {1000}});
+  Detect();
+  world->Feed(engine.get(), kRun, 2, 901, 950);
+  const int64_t id = Only().id();
+  ASSERT_TRUE(engine->Abort(id, "operator takes over").ok());
+  world->Pump(engine.get(), kRun, 1600);
+  ASSERT_EQ(Only().state(), v1::ABORTED);
+  ASSERT_TRUE(engine->Tick().ok());
+  EXPECT_FALSE(engine->Get(id).has_value());
+  EXPECT_TRUE(engine->Abort(id, "again").ok());  // idempotent
+  EXPECT_EQ(engine->Approve(id).code(), absl::StatusCode::kFailedPrecondition);
+}
+
 // The skip's own spike on another batch is analysed there; when the spikes
 // keep coming at other batches, the model is fragile.
 TEST_F(IncidentEngineTest, SpikesAtEveryOtherBatchAreFragility) {
