@@ -111,7 +111,7 @@ class Daemon {
 
     // Benchmarks: each step record's exact detection latency (see
     // Supervisor::SetLatencyObserver); called on the runs' pipelines.
-    std::function<void(absl::Duration latency, bool opened)> detection_latency_observer;
+    std::function<void(const metrics::DetectionLatency&)> detection_latency_observer;
     // How long a group commit holds its COMMIT for an incident opened from
     // its records to join it (GroupCommitter::Options::join_window); 0: an
     // incident commits on its own, after the group (benchmarks compare).

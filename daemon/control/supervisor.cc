@@ -69,6 +69,8 @@ absl::Status Supervisor::Start() {
     engine_->SetListener([this](const v1::Incident& incident, const v1::IncidentEvent& event) {
       Publish(incident, event);
     });
+    engine_->SetDecisionObserver(
+        [this](const std::string&) { decided_at_ns_.store(absl::GetCurrentTimeNanos()); });
     if (absl::Status s = engine_->Recover(); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("incident recovery: ", s.message()));
     }
@@ -386,9 +388,10 @@ void Supervisor::Deliver(Pipeline* p, std::vector<storage::CompletedStep> record
     if (detections.empty()) Judged(1);
     const incident::StepObservation observation = ToObservation(r);
     m.next_step = r.step() + 1;
-    int64_t opened_ns = 0;
+    int64_t decided_ns = 0, opened_ns = 0;
     {
       absl::MutexLock lock(&mu_);
+      decided_at_ns_.store(0);
       opened_at_ns_.store(0);
       if (engine_) {
         if (absl::Status s = engine_->OnStep(p->run, observation); !s.ok()) {
@@ -400,19 +403,25 @@ void Supervisor::Deliver(Pipeline* p, std::vector<storage::CompletedStep> record
           }
         }
       }
+      decided_ns = decided_at_ns_.load();
       opened_ns = opened_at_ns_.load();
     }
     if (!detections.empty()) Judged(1);
     // Arrival -> the decision: this record's detectors and engine done, or
-    // for a record that opened an incident, its "opened" event persisted
-    // and published (what the engine then does, a rewind or observe mode's
-    // close, is the incident's work, not detection).
-    const absl::Duration latency =
-        (opened_ns != 0 ? absl::FromUnixNanos(opened_ns) : absl::Now()) - arrived;
+    // for a record that opened an incident, the engine's decision to open
+    // it; and for that record, -> its "opened" event durable and published
+    // (what the engine then does, a rewind or observe mode's close, is the
+    // incident's work, not detection).
+    metrics::DetectionLatency latency;
+    latency.decision = (decided_ns != 0 ? absl::FromUnixNanos(decided_ns) : absl::Now()) - arrived;
+    if (opened_ns != 0) latency.opened = absl::FromUnixNanos(opened_ns) - arrived;
     if (metrics_ != nullptr) {
-      metrics_->detection_latency_seconds->Observe(absl::ToDoubleSeconds(latency));
+      metrics_->detection_latency_seconds->Observe(absl::ToDoubleSeconds(latency.decision));
+      if (latency.opened) {
+        metrics_->incident_open_latency_seconds->Observe(absl::ToDoubleSeconds(*latency.opened));
+      }
     }
-    if (latency_observer_) latency_observer_(latency, opened_ns != 0);
+    if (latency_observer_) latency_observer_(latency);
   }
 }
 

@@ -67,11 +67,11 @@ class Supervisor {
   // Before any record arrives.
   void SetMetrics(metrics::DaemonMetrics* metrics) { metrics_ = metrics; }
   // Before any record arrives. Called on a run's pipeline with each
-  // record's detection latency (arrival -> its detectors and the engine
-  // done; for a record that opened an incident, -> its "opened" event
-  // persisted and published) and whether it opened one: exact figures for
-  // benchmarks (the histogram has buckets).
-  using LatencyObserver = std::function<void(absl::Duration latency, bool opened)>;
+  // record's detection latency (metrics::DetectionLatency: to the decision,
+  // and for a record that opened an incident, also to its "opened" event
+  // durable and published): exact figures for benchmarks (the histograms
+  // have buckets).
+  using LatencyObserver = std::function<void(const metrics::DetectionLatency&)>;
   void SetLatencyObserver(LatencyObserver observer) { latency_observer_ = std::move(observer); }
   static constexpr int64_t kMaxQueuedRecords = 65536;
   // Waits until every pipeline has processed what it was handed.
@@ -167,8 +167,10 @@ class Supervisor {
   metrics::DaemonMetrics* metrics_ = nullptr;
   LatencyObserver latency_observer_;
   std::atomic<GroupCommitter*> ingest_{nullptr};
-  // When the last "opened" event was published (ns since the epoch; 0:
-  // none since Deliver reset it): a record's detection latency ends there.
+  // When the engine last decided to open an incident, and when the last
+  // "opened" event was published (ns since the epoch; 0: none since
+  // Deliver reset them): an opening record's latencies end there.
+  std::atomic<int64_t> decided_at_ns_{0};
   std::atomic<int64_t> opened_at_ns_{0};
 
   absl::Mutex exec_mu_;

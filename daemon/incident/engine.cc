@@ -230,6 +230,10 @@ IncidentEngine::~IncidentEngine() = default;
 
 void IncidentEngine::SetListener(Listener listener) { state_->listener = std::move(listener); }
 
+void IncidentEngine::SetDecisionObserver(DecisionObserver observer) {
+  state_->decided = std::move(observer);
+}
+
 absl::Status IncidentEngine::Recover() {
   State& st = *state_;
   SG_ASSIGN_OR_RETURN(std::vector<v1::Incident> open, st.store->OpenIncidents());

@@ -374,6 +374,12 @@ class IncidentEngine {
   // possibly on the thread that committed it, while the engine call that
   // emitted it waits for it; it must only enqueue.
   void SetListener(Listener listener);
+  // Told on the engine caller's thread when the engine has decided to open
+  // an incident for `run` and formed it, just before its opening is
+  // written (the listener hears "opened" once that write is durable). The
+  // daemon's detection latency ends there: it must only note the time.
+  using DecisionObserver = std::function<void(const std::string& run)>;
+  void SetDecisionObserver(DecisionObserver observer);
 
  private:
   struct State;

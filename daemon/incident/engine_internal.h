@@ -46,6 +46,7 @@ struct IncidentEngine::State {
   IncidentStore* store;
   Options options;
   Listener listener;
+  DecisionObserver decided;
   // The incidents not yet closed, and those closed since the last call
   // into the engine (Retire moves them to `history` and `retired`): a
   // daemon's per-step work and memory do not grow with its past incidents.

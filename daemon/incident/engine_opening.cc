@@ -92,8 +92,10 @@ absl::Status IncidentEngine::OnDetection(const std::string& run, const Detection
   // The incident and its "opened" event in one transaction: no incident
   // is ever stored without the event that explains it.
   p.set_unix_ms(st.clock->NowUnixMillis());
+  const std::string text = ToText(p);
+  if (st.decided) st.decided(run);
   SG_ASSIGN_OR_RETURN(int64_t id, st.store->CreateWithEvent(
-                                      run, initial, EventKindName(EventKind::kOpened), ToText(p),
+                                      run, initial, EventKindName(EventKind::kOpened), text,
                                       [&](int64_t new_id, int64_t seq) -> const v1::Incident& {
                                         inc.inc.set_id(new_id);
                                         Apply(inc, seq, EventKind::kOpened, p);

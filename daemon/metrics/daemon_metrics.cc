@@ -16,6 +16,10 @@ DaemonMetrics::DaemonMetrics(Registry* r)
       detection_latency_seconds(r->GetHistogram(
           "spikeguard_detection_latency_seconds",
           "Step report arrival to the detectors' decision on its step, in seconds.",
+          Histogram::LatencyBuckets())),
+      incident_open_latency_seconds(r->GetHistogram(
+          "spikeguard_incident_open_latency_seconds",
+          "Step report arrival to the incident it opened durable and published, in seconds.",
           Histogram::LatencyBuckets())) {}
 
 }  // namespace spikeguard::metrics

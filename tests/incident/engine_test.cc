@@ -493,6 +493,29 @@ TEST_F(IncidentEngineTest, ObserveModeOpensAndClosesWithoutProbes) {
   EXPECT_TRUE(ctl.pause_calls.empty());
 }
 
+TEST_F(IncidentEngineTest, TheDecisionToOpenIsToldOnceBeforeTheIncidentIsWritten) {
+  // The daemon's detection latency ends at this decision; "opened" follows
+  // once the incident is durable.
+  view.policy.set_mode(v1::MODE_PROPOSE);
+  Start({.poison = {1000}});
+  std::vector<std::string> decided;
+  size_t stored_when_decided = 99;
+  engine->SetDecisionObserver([&](const std::string& run) {
+    decided.push_back(run);
+    stored_when_decided = store.incidents.size();
+    EXPECT_TRUE(heard.empty()) << "decided after \"" << heard.front() << "\" was told";
+  });
+  Detect();
+  EXPECT_THAT(decided, ElementsAre(kRun));
+  EXPECT_EQ(stored_when_decided, 0u);
+  ASSERT_FALSE(heard.empty());
+  EXPECT_EQ(heard.front(), "opened");
+  // A detection while the incident is active opens nothing: no decision.
+  Detect(Spike(kOnset + 5));
+  EXPECT_EQ(decided.size(), 1u);
+  EXPECT_EQ(store.incidents.size(), 1u);
+}
+
 TEST_F(IncidentEngineTest, ADeferredLocalizationFollowsTheOpenedEventAndSurvivesRecovery) {
   // The daemon opens the incident before the per-layer fit (about a
   // millisecond at 32 layers) and localizes it right after: the "opened"
