@@ -309,13 +309,14 @@ void LocalLauncher::MonitorLoop() {
         Rank& rk = r.ranks[rank];
         if (rk.done) continue;
         all_done = false;
-        bool crashed = false;
+        // Why the rank is down, when it is (then it is restarted, or the
+        // run fails with this reason).
+        std::string crashed;
         int status = 0;
         if (rk.lost) {
           rk.lost = false;
-          SG_LOG(WARNING) << "run " << name << ": rank " << rank
-                          << " was lost while the daemon was down";
-          crashed = true;
+          crashed = absl::StrCat("rank ", rank, " was lost while the daemon was down");
+          SG_LOG(WARNING) << "run " << name << ": " << crashed;
         } else if (rk.pid <= 0) {
           continue;
         } else if (rk.adopted) {
@@ -330,9 +331,8 @@ void LocalLauncher::MonitorLoop() {
               SG_LOG(INFO) << "run " << name << ": adopted rank " << rank << " finished";
               continue;
             }
-            SG_LOG(WARNING) << "run " << name << ": adopted rank " << rank
-                            << " is gone before the run's end";
-            crashed = true;
+            crashed = absl::StrCat("adopted rank ", rank, " is gone before the run's end");
+            SG_LOG(WARNING) << "run " << name << ": " << crashed;
           }
         }
         const pid_t got = (rk.pid > 0 && !rk.adopted) ? waitpid(rk.pid, &status, WNOHANG) : 0;
@@ -345,50 +345,57 @@ void LocalLauncher::MonitorLoop() {
             continue;
           }
           if (code == 3) {
-            SG_LOG(ERROR) << "run " << name << ": rank " << rank
-                          << " was rejected by the daemon; not restarting";
-            r.finished = true;
+            Fail(name, r,
+                 absl::StrCat("rank ", rank,
+                              " was rejected by the daemon (exit code 3); not restarting"));
             break;
           }
-          SG_LOG(WARNING) << "run " << name << ": rank " << rank << " exited with " << code;
-          crashed = true;
-        } else if (!crashed && rk.pid > 0) {
+          crashed = WIFEXITED(status)
+                        ? absl::StrCat("rank ", rank, " exited with code ", code)
+                        : absl::StrCat("rank ", rank, " was killed by signal ", WTERMSIG(status));
+          SG_LOG(WARNING) << "run " << name << ": " << crashed;
+        } else if (crashed.empty() && rk.pid > 0) {
           // Hung: attached once, silent past the heartbeat timeout.
           for (const auto& s : live) {
             if (s.rank() != rank || s.last_seen_unix_ms() == 0) continue;
             const int64_t silent = clock_->NowUnixMillis() - s.last_seen_unix_ms();
             if (silent > heartbeat_ms && clock_->Now() - rk.started > absl::Milliseconds(heartbeat_ms)) {
-              SG_LOG(WARNING) << "run " << name << ": rank " << rank << " silent for " << silent
-                              << " ms; killing it";
+              crashed = absl::StrCat("rank ", rank, " was silent for ", silent,
+                                     " ms (heartbeat timeout ", heartbeat_ms, " ms) and killed");
+              SG_LOG(WARNING) << "run " << name << ": " << crashed;
               kill(rk.pid, SIGKILL);
               if (!rk.adopted) waitpid(rk.pid, &status, 0);
               rk.pid = -1;
               rk.adopted = false;
-              crashed = true;
               break;
             }
           }
         }
-        if (crashed) {
+        if (!crashed.empty()) {
           if (rk.restarts >= max_restarts) {
-            SG_LOG(ERROR) << "run " << name << ": rank " << rank << " out of restarts ("
-                          << max_restarts << ")";
-            r.finished = true;
+            Fail(name, r,
+                 absl::StrCat(crashed, "; out of restarts (", rk.restarts, " of ", max_restarts,
+                              " spent)"));
             break;
           }
           if (r.spec.restart_all_ranks() && r.world_size > 1) {
-            RestartAll(name, r, rank);
-            break;  // every rank was just started again
+            // Every rank was just started again, or the run failed.
+            if (absl::Status s = RestartAll(name, r, rank); !s.ok()) {
+              Fail(name, r, absl::StrCat(crashed, "; the ranks could not be restarted: ",
+                                         s.message()));
+            }
+            break;
           }
-          if (auto s = StartRank(name, r, rank, /*restart=*/true); !s.ok()) {
-            SG_LOG(ERROR) << "run " << name << ": restart of rank " << rank << " failed: " << s;
+          if (absl::Status s = StartRank(name, r, rank, /*restart=*/true); !s.ok()) {
+            // Not running and never to be restarted: the run cannot end
+            // any other way.
+            Fail(name, r, absl::StrCat(crashed, "; the restart could not be started: ",
+                                       s.message()));
+            break;
           }
         }
       }
-      // A run ends with its state and its launch records changed together.
-      if (r.finished) {
-        (void)catalog_->EndRun(name, "failed");
-      } else if (all_done) {
+      if (!r.finished && all_done) {
         r.finished = true;
         (void)catalog_->EndRun(name, "finished");
         SG_LOG(INFO) << "run " << name << " finished";
@@ -397,7 +404,22 @@ void LocalLauncher::MonitorLoop() {
   }
 }
 
-void LocalLauncher::RestartAll(const std::string& run, Run& r, uint32_t dead_rank) {
+void LocalLauncher::Fail(const std::string& run, Run& r, const std::string& reason) {
+  r.finished = true;
+  // As the Slurm launcher: whoever sees the run failed (spikectl, a
+  // watcher) finds why in the audit log. The state and the launch records
+  // change together (EndRun).
+  SG_LOG(ERROR) << "run " << run << " failed: " << reason;
+  if (absl::StatusOr<int64_t> a = catalog_->AppendAudit("launcher", "run-failed", run, reason);
+      !a.ok()) {
+    SG_LOG(ERROR) << "run " << run << ": could not record why it failed: " << a.status();
+  }
+  if (absl::Status s = catalog_->EndRun(run, "failed"); !s.ok()) {
+    SG_LOG(ERROR) << "run " << run << ": could not record the run failed: " << s;
+  }
+}
+
+absl::Status LocalLauncher::RestartAll(const std::string& run, Run& r, uint32_t dead_rank) {
   SG_LOG(WARNING) << "run " << run << ": rank " << dead_rank
                   << " died; stopping the other ranks to restart all of them together";
   std::vector<pid_t> pids;
@@ -407,8 +429,8 @@ void LocalLauncher::RestartAll(const std::string& run, Run& r, uint32_t dead_ran
   TerminateAndReap(pids, absl::Seconds(5));
   auto port = FreeLoopbackPort();
   if (!port.ok()) {
-    SG_LOG(ERROR) << "run " << run << ": no free port to restart the ranks: " << port.status();
-    return;
+    return absl::Status(port.status().code(),
+                        absl::StrCat("no free port for the ranks: ", port.status().message()));
   }
   r.master_port = *port;
   for (uint32_t rank = 0; rank < r.ranks.size(); ++rank) {
@@ -417,11 +439,13 @@ void LocalLauncher::RestartAll(const std::string& run, Run& r, uint32_t dead_ran
     rk.done = false;
     // Every rank resumes from the same checkpoint; only the dead one spends
     // a restart.
-    if (auto s = StartRank(run, r, rank, /*restart=*/true, /*count_restart=*/rank == dead_rank);
+    if (absl::Status s =
+            StartRank(run, r, rank, /*restart=*/true, /*count_restart=*/rank == dead_rank);
         !s.ok()) {
-      SG_LOG(ERROR) << "run " << run << ": restart of rank " << rank << " failed: " << s;
+      return absl::Status(s.code(), absl::StrCat("rank ", rank, ": ", s.message()));
     }
   }
+  return absl::OkStatus();
 }
 
 void LocalLauncher::StopAll(absl::Duration grace) {

@@ -134,8 +134,13 @@ class LocalLauncher : public Launcher {
                          bool count_restart = true)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MonitorLoop();
-  // Stops every other live rank of `r`, then starts all of them again.
-  void RestartAll(const std::string& run, Run& r, uint32_t dead_rank)
+  // Stops every other live rank of `r`, then starts all of them again. An
+  // error: some rank could not be started (the run cannot go on).
+  absl::Status RestartAll(const std::string& run, Run& r, uint32_t dead_rank)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The run is over and failed: `reason` goes to the log and the audit log
+  // ("run-failed") before the run's state says so.
+  void Fail(const std::string& run, Run& r, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecordRank(const std::string& run, uint32_t rank, const Rank& rk, int64_t generation);
 

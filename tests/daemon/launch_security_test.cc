@@ -458,6 +458,20 @@ TEST_F(LaunchSecurityTest, TheLauncherResumesOnlyFromAVerifiedCheckpoint) {
     if (run.state() != "failed") absl::SleepFor(absl::Milliseconds(100));
   }
   EXPECT_EQ(run.state(), "failed");
+  // Why, for whoever finds it failed: on record before the state said so.
+  {
+    grpc::ClientContext ctx;
+    v1::ListAuditRequest req;
+    req.set_run("l");
+    v1::ListAuditResponse audit;
+    ASSERT_TRUE(supervisor_->ListAudit(&ctx, req, &audit).ok());
+    std::string failed;
+    for (const v1::AuditEntry& e : audit.entries()) {
+      if (e.rpc() == "run-failed") failed += e.detail();
+    }
+    EXPECT_THAT(failed, HasSubstr("rank 0 exited with code "));
+    EXPECT_THAT(failed, HasSubstr("out of restarts (1 of 1 spent)"));
+  }
   absl::SleepFor(absl::Milliseconds(500));
   size_t starts = 0;
   for (size_t at = 0; (at = Slurp(log).find("unrecognized option", at)) != std::string::npos; ++at) {
