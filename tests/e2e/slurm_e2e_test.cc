@@ -199,7 +199,18 @@ TEST_F(SlurmE2E, ScancelMidRunRestartsTheJobFromItsNewestCheckpoint) {
     return false;
   }, absl::Seconds(60)));
   const int64_t before = ReportsSeen();
-  ASSERT_TRUE(SlurmCluster::WaitFor([&] { return ReportsSeen() > before; }, absl::Seconds(120)));
+  // On failure, what the cluster and the daemon were doing (the job may
+  // pend, the node drain, or the launcher not resubmit).
+  ASSERT_TRUE(SlurmCluster::WaitFor([&] { return ReportsSeen() > before; }, absl::Seconds(120)))
+      << [&] {
+           auto node = slurm_->Run({"/usr/bin/scontrol", "show", "node", "-o"});
+           const std::string log = ReadFile(dir_.File("daemon-first.err"));
+           return absl::StrCat("jobs: ", absl::StrJoin(Jobs(), "; "),
+                               "\nnode: ", node.ok() ? node->out : node.status().ToString(),
+                               "\njob output: ", JobOutput("relaunch", RunningJob()).substr(0, 2000),
+                               "\ndaemon log (tail): ",
+                               log.substr(log.size() > 6000 ? log.size() - 6000 : 0));
+         }();
   const absl::Duration to_first_report = absl::Now() - cancelled;
   const std::string second = RunningJob();
   EXPECT_NE(second, first);
