@@ -13,6 +13,11 @@ CTEST_ARGS ?=
 SAN_BUILD ?= build-clang
 SANITIZE ?= 1
 FUZZ_SECONDS ?= 60
+# The compiler cache (CMakeLists.txt): hash paths relative to this checkout,
+# so a clean clone in another folder hits the objects of an earlier build.
+export CCACHE_BASEDIR ?= $(CURDIR)
+export CCACHE_NOHASHDIR ?= 1
+export CCACHE_MAXSIZE ?= 8G
 # What the checking build leaves out: Python (an ASan-built extension cannot
 # load into Debian's python3), end-to-end scenarios and benchmarks (minutes of
 # real processes; the main build runs them), the browser and Slurm tests

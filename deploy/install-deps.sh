@@ -5,6 +5,8 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake ninja-build pkg-config
+  # A compiler cache: a clean clone on the same machine reuses earlier objects
+  ccache
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libsqlite3-dev sqlite3 libgtest-dev libgmock-dev
   libbenchmark-dev libopenblas-dev libssl-dev openssl
