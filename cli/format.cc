@@ -169,13 +169,21 @@ std::string FormatRun(const v1::Run& r) {
 
 std::string FormatCheckpoints(const v1::ListCheckpointsResponse& response) {
   if (response.checkpoints().empty()) return "No checkpoints.\n";
-  Table t({"STEP", "GEN", "DATA POS", "COMPLETE", "PINNED", "SIZE", "CHECKSUM", "CREATED", "URI"});
-  for (size_t c : {0, 1, 2, 5}) t.AlignRight(c);
+  // REWIND TARGET: whether a rewind of the run's current generation may
+  // start there; when not, why (another timeline, incomplete); "-" when the
+  // daemon did not say.
+  Table t({"STEP", "GEN", "DATA POS", "COMPLETE", "PINNED", "REWIND TARGET", "SIZE", "CHECKSUM",
+           "CREATED", "URI"});
+  for (size_t c : {0, 1, 2, 6}) t.AlignRight(c);
   for (const v1::Checkpoint& c : response.checkpoints()) {
     t.AddRow({absl::StrCat(c.step()), absl::StrCat(c.generation()), absl::StrCat(c.data_position()),
-              FormatBool(c.complete()), FormatBool(c.pinned()), FormatBytes(c.bytes()),
-              OrDash(c.checksum().substr(0, 16)), FormatUnixMillis(c.created_unix_ms()),
-              c.uri()});
+              FormatBool(c.complete()),
+              c.rolling_pin() ? "yes (rolling)" : FormatBool(c.pinned()),
+              c.rewind_target()         ? std::string("yes")
+              : c.rewind_note().empty() ? std::string("-")
+                                        : absl::StrCat("no: ", c.rewind_note()),
+              FormatBytes(c.bytes()), OrDash(c.checksum().substr(0, 16)),
+              FormatUnixMillis(c.created_unix_ms()), c.uri()});
   }
   return t.Render();
 }

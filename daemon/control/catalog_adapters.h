@@ -44,6 +44,10 @@ class CatalogRunView final : public incident::RunView {
                                                               int64_t generation, int64_t from,
                                                               int64_t to) override;
   absl::StatusOr<spikeguard::v1::DataPlan> Plan(const std::string& run, int64_t generation) override;
+  absl::StatusOr<std::vector<spikeguard::v1::Generation>> Generations(
+      const std::string& run) override {
+    return catalog_->ListGenerations(run);
+  }
   absl::StatusOr<std::vector<spikeguard::v1::DocumentRef>> Documents(const std::string& run,
                                                                      int64_t generation,
                                                                      int64_t from,

@@ -118,10 +118,11 @@ absl::Status ValidateOptionalRunName(const std::string& run, const Limits& limit
   return run.empty() ? absl::OkStatus() : ValidateRunName(run, limits);
 }
 
-// Newest complete catalog checkpoint at or before `step` (highest generation
-// wins a tie); FAILED_PRECONDITION when there is none, or when that one does
-// not verify (outside the run's checkpoint root, file gone or changed),
-// naming why: an operator's rewind never silently goes further back.
+// Newest complete catalog checkpoint at or before `step` on the line of the
+// run's current generation (checkpoint_choice.h; its own generation wins a
+// tie); FAILED_PRECONDITION when there is none, or when that one does not
+// verify (outside the run's checkpoint root, file gone or changed), naming
+// why: an operator's rewind never silently goes further back.
 absl::StatusOr<incident::CheckpointInfo> CheckpointAtOrBefore(storage::Catalog* catalog,
                                                             CheckpointGuard* guard,
                                                             const std::string& run, int64_t step) {
@@ -129,13 +130,21 @@ absl::StatusOr<incident::CheckpointInfo> CheckpointAtOrBefore(storage::Catalog* 
   if (!list.ok()) return list.status();
   std::vector<incident::CheckpointInfo> all;
   for (const auto& c : *list) all.push_back(incident::ToCheckpointInfo(c));
+  auto row = catalog->GetRunWithoutRanks(run);
+  if (!row.ok()) return row.status();
+  auto tree = catalog->ListGenerations(run);
+  if (!tree.ok()) return tree.status();
   incident::CheckpointQuery query;
   query.max_step = step;
+  query.lineage = incident::Lineage::Of(*tree, row->current_generation());
+  query.preferred_generation = row->current_generation();
   query.ties_to_highest_generation = true;
   auto best = incident::ChooseCheckpoint(all, query);
   if (!best.ok()) {
     return absl::FailedPreconditionError(absl::StrFormat(
-        "run '%s' has no complete checkpoint at or before step %d", run, step));
+        "run '%s' has no complete checkpoint at or before step %d on the line of its current "
+        "generation %d",
+        run, step, row->current_generation()));
   }
   if (guard != nullptr) {
     const size_t row = std::find_if(all.begin(), all.end(),
@@ -426,6 +435,17 @@ absl::StatusOr<Page<v1::Checkpoint>> DaemonOperatorHandler::ListCheckpoints(
   if (auto row = ExistingRun(run); !row.ok()) return row.status();
   auto list = state_->catalog->ListCheckpoints(run);
   if (!list.ok()) return list.status();
+  auto row = state_->catalog->GetRunWithoutRanks(run);
+  if (!row.ok()) return row.status();
+  auto tree = state_->catalog->ListGenerations(run);
+  if (!tree.ok()) return tree.status();
+  const incident::Lineage line = incident::Lineage::Of(*tree, row->current_generation());
+  for (v1::Checkpoint& c : *list) {
+    const std::string why = c.complete() ? line.WhyNot(c.generation(), c.step())
+                                         : std::string("incomplete");
+    c.set_rewind_target(why.empty());
+    c.set_rewind_note(why);
+  }
   return CutPage(std::move(*list), page_token, state_->limits.max_response_bytes);
 }
 

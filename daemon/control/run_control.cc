@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
+#include "daemon/control/rolling_pin.h"
 #include "daemon/ingest/limits.h"
 #include "base/status_macros.h"
 
@@ -59,16 +60,14 @@ int RunControl::SendNow(const std::string& run, const v1::ControllerMessage& mes
 
 absl::Status RunControl::Issue(const std::string& run, int64_t generation, v1::Command command) {
   // Every command tells the workers which checkpoints their retention must
-  // keep: the run's pinned ones, and the one a rewind loads.
+  // keep: the run's pinned ones (rolling_pin.h), and the one a rewind loads.
   command.clear_pinned_uris();
   std::set<std::string> pinned;
   if (command.kind() == v1::Command::REWIND && !command.checkpoint().uri().empty()) {
     pinned.insert(command.checkpoint().uri());
   }
-  SG_ASSIGN_OR_RETURN(std::vector<v1::Checkpoint> checkpoints, catalog_->ListCheckpoints(run));
-  for (const auto& c : checkpoints) {
-    if (c.pinned()) pinned.insert(c.uri());
-  }
+  SG_ASSIGN_OR_RETURN(std::vector<std::string> retained, RetainedPins(catalog_, run));
+  pinned.insert(retained.begin(), retained.end());
   for (const auto& uri : pinned) command.add_pinned_uris(uri);
   absl::Status put = catalog_->PutCommand(command.id(), run, generation, KindName(command.kind()),
                                           command.SerializeAsString(), "pending");
@@ -121,9 +120,16 @@ absl::StatusOr<int64_t> RunControl::Rewind(const std::string& run, const inciden
   int64_t next = current.current_generation() + 1;
   for (const auto& g : generations) next = std::max(next, g.generation() + 1);
 
+  // The new line leaves the generation that saved the checkpoint, at its
+  // step (the generation tree of checkpoint_choice.h): not the generation
+  // running now, which may be a probe of another data plan.
+  int64_t parent = current.current_generation();
+  for (const auto& g : generations) {
+    if (g.generation() == spec.checkpoint.generation) parent = g.generation();
+  }
   v1::Generation gen;
   gen.set_generation(next);
-  gen.set_parent(current.current_generation());
+  gen.set_parent(parent);
   gen.set_from_checkpoint_step(spec.checkpoint.step);
   gen.set_reason(spec.reason);
   *gen.mutable_data_plan() = spec.plan;
@@ -145,6 +151,9 @@ absl::StatusOr<int64_t> RunControl::Rewind(const std::string& run, const inciden
   command.set_new_generation(next);
   *command.mutable_data_plan() = spec.plan;
   command.set_stop_after_step(spec.stop_after_step);
+  if (spec.checkpoint_at_step > spec.checkpoint.step) {
+    command.set_checkpoint_at_step(spec.checkpoint_at_step);
+  }
   const auto& h = gen.hparams();
   if (h.has_lr_scale() || h.has_extra_warmup_steps() || h.has_clip_norm() || h.has_beta2() ||
       h.has_eps()) {

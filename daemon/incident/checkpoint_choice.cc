@@ -11,12 +11,49 @@ CheckpointInfo ToCheckpointInfo(const spikeguard::v1::Checkpoint& c) {
   return CheckpointInfo{c.generation(), c.step(), c.uri(), c.checksum(), c.complete()};
 }
 
+Lineage Lineage::Of(const std::vector<spikeguard::v1::Generation>& tree, int64_t generation) {
+  Lineage l;
+  l.generation_ = generation;
+  std::map<int64_t, const spikeguard::v1::Generation*> by_number;
+  for (const auto& g : tree) by_number[g.generation()] = &g;
+  int64_t limit = std::numeric_limits<int64_t>::max();
+  int64_t g = generation;
+  // Up the tree; a parent is always an older generation, and a malformed
+  // tree (a cycle) stops at the first generation seen twice.
+  while (l.last_step_.emplace(g, limit).second) {
+    const auto it = by_number.find(g);
+    if (it == by_number.end() || it->second->parent() < 0 || it->second->parent() == g) break;
+    limit = std::min(limit, it->second->from_checkpoint_step());
+    g = it->second->parent();
+  }
+  return l;
+}
+
+std::string Lineage::WhyNot(int64_t generation, int64_t step) const {
+  const auto it = last_step_.find(generation);
+  if (it == last_step_.end()) {
+    return absl::StrCat("saved by generation ", generation, ", not on generation ", generation_,
+                        "'s line");
+  }
+  if (step > it->second) {
+    return absl::StrCat("saved at step ", step, ", after generation ", generation_,
+                        "'s line left generation ", generation, " at step ", it->second);
+  }
+  return std::string();
+}
+
+bool Lineage::Holds(int64_t generation, int64_t step) const {
+  const auto it = last_step_.find(generation);
+  return it != last_step_.end() && step <= it->second;
+}
+
 namespace {
 
 bool Qualifies(const CheckpointInfo& c, const CheckpointQuery& q) {
   if (!c.complete || c.step < q.min_step || c.step > q.max_step) return false;
   if (q.max_generation && c.generation > *q.max_generation) return false;
   if (q.generation && c.generation != *q.generation) return false;
+  if (q.lineage && !q.lineage->Holds(c.generation, c.step)) return false;
   return std::find(q.excluded_uris.begin(), q.excluded_uris.end(), c.uri) ==
          q.excluded_uris.end();
 }
@@ -55,6 +92,8 @@ absl::StatusOr<CheckpointInfo> ChooseCheckpoint(const std::vector<CheckpointInfo
       query.generation ? absl::StrCat(" of generation ", *query.generation) : std::string(),
       query.max_generation ? absl::StrCat(" of generation <= ", *query.max_generation)
                            : std::string(),
+      query.lineage ? absl::StrCat(" on generation ", query.lineage->generation(), "'s line")
+                    : std::string(),
       query.excluded_uris.empty()
           ? std::string()
           : absl::StrCat(" (", query.excluded_uris.size(), " excluded)")));

@@ -9,16 +9,27 @@
 // checkpoint that fails to `excluded_uris` and asks again.
 //
 //   CheckpointQuery q;
-//   q.max_step = onset - 1;                 // strictly before the onset
-//   q.max_generation = watched_generation;  // the run's timeline so far
+//   q.max_step = onset - 1;                        // strictly before the onset
+//   q.lineage = Lineage::Of(generations, watched);  // the watched timeline's history
 //   q.preferred_generation = watched_generation;
 //   absl::StatusOr<CheckpointInfo> c = ChooseCheckpoint(all, q);  // NOT_FOUND: none
 //
 // Only complete checkpoints are ever chosen.
+//
+// Lineage. Every rewind starts a new generation whose parent is the
+// generation that saved the checkpoint it started from, and whose branch
+// step is that checkpoint's step; the generations form a tree. A checkpoint
+// of generation G at step s lies on generation H's history only if G is H,
+// or G is an ancestor of H and s <= the step where H's line left G (the
+// smallest branch step on the path from H up to G). Anything else was saved
+// on another timeline: a probe's (another data plan, other hparams), or the
+// run's own before a fix changed its trajectory. Replaying from it would not
+// reproduce H, so it is never a rewind target of H.
 #pragma once
 
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -39,6 +50,30 @@ struct CheckpointInfo {
 // The catalog's row as the chooser sees it.
 CheckpointInfo ToCheckpointInfo(const spikeguard::v1::Checkpoint& c);
 
+// The history of one generation: which checkpoints lie on it.
+class Lineage {
+ public:
+  // `tree`: the run's generations (parent and from_checkpoint_step). A
+  // generation that is not in it (generation 0 of a run its workers
+  // started) is a root.
+  static Lineage Of(const std::vector<spikeguard::v1::Generation>& tree, int64_t generation);
+
+  int64_t generation() const { return generation_; }
+  // Empty when a checkpoint of `generation` at `step` lies on the history;
+  // otherwise why not, for an operator ("saved by generation 4, not on
+  // generation 7's line", "saved at step 900, after generation 7's line
+  // left generation 0 at step 600").
+  std::string WhyNot(int64_t generation, int64_t step) const;
+  bool Holds(int64_t generation, int64_t step) const;
+  // The ancestors (this generation first) with the last step of each on
+  // the history.
+  const std::map<int64_t, int64_t>& last_steps() const { return last_step_; }
+
+ private:
+  int64_t generation_ = 0;
+  std::map<int64_t, int64_t> last_step_;
+};
+
 struct CheckpointQuery {
   // Candidates: complete, step in [min_step, max_step], not excluded, and of
   // the generations below.
@@ -46,6 +81,8 @@ struct CheckpointQuery {
   int64_t max_step = std::numeric_limits<int64_t>::max();
   // Only generations <= this (a probe never starts from a later timeline).
   std::optional<int64_t> max_generation;
+  // Only checkpoints on this history (see Lineage).
+  std::optional<Lineage> lineage;
   // Only this generation (a relaunch resumes its own generation).
   std::optional<int64_t> generation;
   std::vector<std::string> excluded_uris;

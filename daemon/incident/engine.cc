@@ -176,6 +176,7 @@ absl::StatusOr<bool> IncidentEngine::State::Decide(IncidentCase& s) {
         if (outcome == ProbeOutcome::kClean) {
           SG_RETURN_IF_ERROR(EmitTransient(s));
         } else {
+          SG_RETURN_IF_ERROR(FindWindowCheckpoint(s));
           SG_RETURN_IF_ERROR(ProposeSkip(s));
         }
         return true;

@@ -42,8 +42,9 @@
 //   run's watched generation (the newest generation seen in OnStep or in a
 //   detection); detections of older generations, and any detection while an
 //   incident is active, are ignored.
-// - Checkpoint (checkpoint_choice.h): the newest complete one (generation <=
-//   the watched one) in [onset − max_steps_before_onset,
+// - Checkpoint (checkpoint_choice.h): the newest complete one on the watched
+//   generation's line (its own, or an ancestor's saved before the line left
+//   it; never a probe's or an abandoned branch's) in [onset − max_steps_before_onset,
 //   onset − min_steps_before_onset], onset being the precursor onset when
 //   earlier; else the nearest older one, with a note; else INCONCLUSIVE and
 //   the run keeps training.
@@ -180,6 +181,8 @@ struct RewindSpec {
   spikeguard::v1::DataPlan plan;
   // Run up to and including this step, report, wait. 0 = no horizon.
   int64_t stop_after_step = 0;
+  // Also save a checkpoint at this step (the state before it runs); 0 = none.
+  int64_t checkpoint_at_step = 0;
   spikeguard::v1::HParams hparams;
   std::string reason;
 };
@@ -210,6 +213,14 @@ class RunView {
   virtual absl::StatusOr<std::vector<StepObservation>> Steps(const std::string& run,
                                                             int64_t generation, int64_t from,
                                                             int64_t to) = 0;
+  // The run's generation tree (each generation's parent and branch step):
+  // rewind targets lie on the watched generation's line (checkpoint_choice.h).
+  // A view that does not know it returns none: every generation up to the
+  // watched one then counts.
+  virtual absl::StatusOr<std::vector<spikeguard::v1::Generation>> Generations(
+      const std::string& run) {
+    return std::vector<spikeguard::v1::Generation>();
+  }
   // The data plan the generation trains with.
   virtual absl::StatusOr<spikeguard::v1::DataPlan> Plan(const std::string& run,
                                                         int64_t generation) = 0;

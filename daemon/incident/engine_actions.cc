@@ -41,7 +41,8 @@ absl::Status IncidentEngine::State::RequestRewind(
     int64_t stop_after, const std::optional<v1::HParams>& overrides, int64_t judge_from, int rung,
     int64_t hole_begin, int64_t hole_end, const std::string& why,
     const std::vector<int64_t>& include, const std::vector<std::pair<int64_t, int64_t>>& holes,
-    int64_t sample_position, const std::vector<int64_t>& kept_documents) {
+    int64_t sample_position, const std::vector<int64_t>& kept_documents,
+    int64_t checkpoint_at_step) {
   const v1::Policy& pol = s.policy;
   const std::string kind_name = ProbeKindName(probe_kind);
   stop_after = Clamp(s, stop_after);
@@ -65,6 +66,9 @@ absl::Status IncidentEngine::State::RequestRewind(
   *a.mutable_checkpoint() = ToRecord(ckpt);
   *a.mutable_plan() = plan;
   a.set_stop_after_step(stop_after);
+  if (checkpoint_at_step > ckpt.step && checkpoint_at_step <= stop_after) {
+    a.set_checkpoint_at_step(checkpoint_at_step);
+  }
   if (hparams) {
     *a.mutable_hparams() = *hparams;
     a.set_with_hparams(true);
@@ -88,6 +92,9 @@ absl::Status IncidentEngine::State::RequestRewind(
   a.set_reason(absl::StrCat(kind_name, " probe: rewind to step ", ckpt.step, ", plan ",
                             PlanText(plan), ", horizon step ", stop_after,
                             hparams ? absl::StrCat(", ", HParamsString(*hparams)) : "",
+                            a.checkpoint_at_step() > 0
+                                ? absl::StrCat(", checkpoint at step ", a.checkpoint_at_step())
+                                : "",
                             why.empty() ? "" : " (", why, why.empty() ? "" : ")"));
   lg::EventPayload p;
   p.set_detail(a.reason());
@@ -98,10 +105,22 @@ absl::Status IncidentEngine::State::RequestRewind(
 absl::Status IncidentEngine::State::RequestContinue(IncidentCase& s, bool needs_approval,
                                                     int64_t verify_generation, int64_t verify_from,
                                                     int64_t verify_until, const std::string& why) {
+  // The verification horizon, clamped to the schedule and said so.
+  std::string reason = why;
   if (verify_until > 0) {
+    const int64_t asked = verify_until;
     verify_until = Clamp(s, verify_until);
-    // Nothing of the schedule is left to verify.
-    if (verify_until < verify_from) verify_until = 0;
+    if (verify_until < verify_from) {
+      // Nothing of the schedule is left to verify.
+      verify_until = 0;
+      absl::StrAppend(&reason, "; nothing to verify: the run's schedule ends at step ",
+                      Clamp(s, asked));
+    } else if (verify_until < asked) {
+      absl::StrAppend(&reason, "; verify through step ", verify_until,
+                      ", the last step of the run's schedule (", asked, " asked)");
+    } else {
+      absl::StrAppend(&reason, "; verify through step ", verify_until);
+    }
   }
   lg::Action a;
   a.set_kind(ActionKindName(ActionKind::kContinue));
@@ -110,9 +129,9 @@ absl::Status IncidentEngine::State::RequestContinue(IncidentCase& s, bool needs_
   a.set_verify_generation(verify_generation);
   a.set_judge_from(verify_from);
   a.set_verify_until(verify_until);
-  a.set_reason(why);
+  a.set_reason(reason);
   lg::EventPayload p;
-  p.set_detail(why);
+  p.set_detail(reason);
   *p.mutable_action() = a;
   return Emit(s, EventKind::kContinueRequested, p);
 }
@@ -169,6 +188,7 @@ absl::Status IncidentEngine::State::Execute(IncidentCase& s) {
       spec.checkpoint = FromRecord(a.checkpoint());
       spec.plan = a.plan();
       spec.stop_after_step = a.stop_after_step();
+      spec.checkpoint_at_step = a.checkpoint_at_step();
       if (a.with_hparams()) spec.hparams = a.hparams();
       spec.reason = a.reason();
       absl::StatusOr<int64_t> gen = controller->Rewind(s.run(), spec);

@@ -79,8 +79,9 @@ absl::Status IncidentEngine::State::BisectStep(IncidentCase& s) {
       for (const auto& [lo, hi] : PositionRuns(*b.need)) {
         parts.push_back(hi == lo + 1 ? absl::StrCat(lo) : absl::StrCat(lo, "–", hi - 1));
       }
-      return RequestRewind(s, ProbeKind::kBisect, Chosen(s), plan, horizon, std::nullopt,
-                           std::max(first, s.chosen->checkpoint().step()), 0, 0, 0,
+      const CheckpointInfo start = DataProbeStart(s, window.front());
+      return RequestRewind(s, ProbeKind::kBisect, start, plan, horizon, std::nullopt,
+                           std::max(first, start.step), 0, 0, 0,
                            absl::StrCat("feed only position(s) ", absl::StrJoin(parts, ","),
                                         " of the window"),
                            *b.need, PositionRuns(skipped));
@@ -88,8 +89,13 @@ absl::Status IncidentEngine::State::BisectStep(IncidentCase& s) {
     b.partial = true;
     b.need.reset();
   }
-  if (pol.probe().bisect_documents() && !b.partial && !b.none_reproduced && !b.culprits.empty()) {
-    return SampleBisectStep(s, b);
+  if (!b.partial && !b.none_reproduced && !b.culprits.empty()) {
+    if (pol.probe().bisect_documents()) return SampleBisectStep(s, b);
+    SG_RETURN_IF_ERROR(EmitNote(s, "document bisect is off (probe.bisect_documents: false): "
+                                   "every document of the culprit batch(es) is named"));
+  } else if (b.partial && pol.probe().bisect_documents()) {
+    SG_RETURN_IF_ERROR(EmitNote(s, "no document bisect: the probe budget ran out before bisect "
+                                   "named a culprit batch"));
   }
   return CulpritsFound(s, b);
 }
@@ -105,6 +111,9 @@ absl::Status IncidentEngine::State::SampleBisectStep(IncidentCase& s, const Bise
   const std::vector<int64_t> window = WindowPositions(s);
   std::map<int64_t, std::vector<v1::DocumentRef>> refined;
   std::vector<lg::SampleCulprit> results;
+  // Why a culprit batch's documents could not be named exactly: said in the
+  // incident, never left silent.
+  std::vector<std::string> why_not;
   for (int64_t p : b.culprits) {
     SG_ASSIGN_OR_RETURN(std::vector<SampleContent> rows,
                         view->Samples(s.run(), s.opened.generation(), p));
@@ -120,7 +129,18 @@ absl::Status IncidentEngine::State::SampleBisectStep(IncidentCase& s, const Bise
         row_docs[j].push_back(it->second);
       }
     }
-    if (docs.size() < 2 || rows.size() < 2) continue;  // unknown, or nothing to split
+    if (rows.empty()) {
+      why_not.push_back(absl::StrCat(
+          "batch ", p, ": no per-sample document map (no corpus manifest, and the trainer "
+          "reported no documents per sample), so its documents cannot be bisected"));
+      continue;
+    }
+    if (docs.size() < 2) continue;  // one document: named exactly already
+    if (rows.size() < 2) {
+      why_not.push_back(absl::StrCat("batch ", p, ": one sample holds all its ", docs.size(),
+                                     " documents, so they cannot be fed apart"));
+      continue;
+    }
     auto kept_rows = [&](const std::vector<int64_t>& kept_docs) {
       std::vector<int64_t> out;
       for (size_t j = 0; j < rows.size(); ++j) {
@@ -142,10 +162,17 @@ absl::Status IncidentEngine::State::SampleBisectStep(IncidentCase& s, const Bise
       r = NextBisect(all, -1, tests);
     }
     bool partial = false;
+    // The probes group testing needs for one culprit document among D:
+    // ceil(log2 D) + 1 (the policy's cap is raised to that, so a large batch
+    // is not cut short by a cap sized for a small one).
+    int64_t planned = 1;
+    while ((int64_t{1} << (planned - 1)) < static_cast<int64_t>(docs.size())) ++planned;
+    const int64_t allowance = std::max<int64_t>(pol.probe().max_document_probes(), planned);
     if (r.need) {
-      if (s.probes + 2 <= pol.budget().max_probes() &&
-          s.reexecuted < pol.budget().max_reexecuted_steps() &&
-          static_cast<int64_t>(probed.size()) < pol.probe().max_document_probes()) {
+      const bool probes_left = s.probes + 2 <= pol.budget().max_probes();
+      const bool steps_left = s.reexecuted < pol.budget().max_reexecuted_steps();
+      const bool doc_probes_left = static_cast<int64_t>(probed.size()) < allowance;
+      if (probes_left && steps_left && doc_probes_left) {
         const std::vector<int64_t> keep = kept_rows(*r.need);
         std::vector<int64_t> skipped;
         for (int64_t x : window) {
@@ -168,14 +195,23 @@ absl::Status IncidentEngine::State::SampleBisectStep(IncidentCase& s, const Bise
         for (int64_t k : *r.need) {
           names.push_back(absl::StrCat(docs[k].domain(), ":", docs[k].document_id()));
         }
+        const CheckpointInfo start = DataProbeStart(s, window.front());
         return RequestRewind(
-            s, ProbeKind::kSampleBisect, Chosen(s), plan, horizon, std::nullopt,
-            std::max(step, s.chosen->checkpoint().step()), 0, 0, 0,
+            s, ProbeKind::kSampleBisect, start, plan, horizon, std::nullopt,
+            std::max(step, start.step), 0, 0, 0,
             absl::StrCat("feed batch ", p, " alone with only the sample(s) ",
                          absl::StrJoin(keep, ","), " of document(s) ", absl::StrJoin(names, " ")),
             {p}, PositionRuns(skipped), p, *r.need);
       }
       partial = true;
+      why_not.push_back(absl::StrCat(
+          "batch ", p, ": the document probes stopped before its documents were told apart (",
+          !probes_left  ? absl::StrCat("budget.max_probes ", pol.budget().max_probes(), " spent")
+          : !steps_left ? absl::StrCat("budget.max_reexecuted_steps ",
+                                       pol.budget().max_reexecuted_steps(), " spent")
+                        : absl::StrCat(allowance, " document probes run for its ", docs.size(),
+                                       " documents"),
+          "); the documents not cleared stay named"));
     }
     std::set<int64_t> named;
     if (r.none_reproduced) {
@@ -217,6 +253,10 @@ absl::Status IncidentEngine::State::SampleBisectStep(IncidentCase& s, const Bise
     sc.set_named_documents(static_cast<int32_t>(named.size()));
     results.push_back(sc);
   }
+  if (!why_not.empty()) {
+    SG_RETURN_IF_ERROR(EmitNote(s, absl::StrCat("documents not named exactly: ",
+                                                absl::StrJoin(why_not, "; "))));
+  }
   return CulpritsFound(s, b, refined, results);
 }
 
@@ -225,7 +265,7 @@ absl::Status IncidentEngine::State::SampleBisectStep(IncidentCase& s, const Bise
 // documents named there (the rest of those batches become suspects).
 absl::Status IncidentEngine::State::CulpritsFound(
     IncidentCase& s, Bisection b, const std::map<int64_t, std::vector<v1::DocumentRef>>& refined,
-    const std::vector<lg::SampleCulprit>& samples) {
+    const std::vector<lg::SampleCulprit>& samples, bool after_escalation) {
   const std::vector<int64_t> window = WindowPositions(s);
   std::vector<int64_t> named = b.culprits;
   named.insert(named.end(), b.group.begin(), b.group.end());
@@ -336,6 +376,23 @@ absl::Status IncidentEngine::State::CulpritsFound(
         "the model state is fragile",
         FragilityRecommendationsFor(s), kFragilityFix);
   }
+  // Repeated DATA incidents: the incident's own evidence decides. A culprit
+  // batch that spikes alone keeps it DATA; without one, escalate.
+  std::string evidence;
+  if (!after_escalation) {
+    SG_ASSIGN_OR_RETURN(const bool escalate, EscalationDue(s));
+    if (escalate) {
+      if (b.untested || b.partial || b.culprits.empty()) {
+        return Escalate(s, b.untested ? "bisect is off, so no culprit batch was named"
+                                      : "bisect named no single culprit batch");
+      }
+      SG_ASSIGN_OR_RETURN(const int near, DataIncidentsNear(s));
+      evidence = absl::StrCat("; not escalated to FRAGILITY although the run has ", near + 1,
+                              " DATA incidents within ", s.policy.escalation().window_steps(),
+                              " steps: this one's skip was clean and its culprit batch(es) ",
+                              list(b.culprits), " spike alone");
+    }
+  }
   const double conf = b.untested || b.partial ? 0.85 : b.culprits.empty() ? 0.7 : 0.95;
   std::vector<std::string> holes;
   for (const auto& [lo, hi] : PositionRuns(named)) {
@@ -344,7 +401,7 @@ absl::Status IncidentEngine::State::CulpritsFound(
   return EmitVerdict(
       s, v1::DATA, Confidence(s, conf),
       absl::StrCat("skipping data position(s) ", list(window),
-                   " removed the spike; the data there triggers it"),
+                   " removed the spike; the data there triggers it", evidence),
       {"filter the near-duplicates of the quarantined documents from the corpus"},
       absl::StrCat("keep the hole(s) ", absl::StrJoin(holes, " "),
                    " in the data plan; quarantine ", docs.size(), " document(s)"),

@@ -108,6 +108,7 @@ struct IncidentEngine::State {
       const IncidentCase& s, const std::optional<spikeguard::v1::HParams>& overrides);
   // The horizon clamped to the last step the run's schedule executes.
   int64_t Clamp(const IncidentCase& s, int64_t step);
+  // `checkpoint_at_step` (replay): the step the workers also checkpoint at.
   absl::Status RequestRewind(IncidentCase& s, ProbeKind probe_kind, const CheckpointInfo& ckpt,
                              const spikeguard::v1::DataPlan& plan, int64_t stop_after,
                              const std::optional<spikeguard::v1::HParams>& overrides,
@@ -115,7 +116,8 @@ struct IncidentEngine::State {
                              const std::string& why, const std::vector<int64_t>& include = {},
                              const std::vector<std::pair<int64_t, int64_t>>& holes = {},
                              int64_t sample_position = -1,
-                             const std::vector<int64_t>& kept_documents = {});
+                             const std::vector<int64_t>& kept_documents = {},
+                             int64_t checkpoint_at_step = 0);
   absl::Status RequestContinue(IncidentCase& s, bool needs_approval, int64_t verify_generation,
                                int64_t verify_from, int64_t verify_until, const std::string& why);
   absl::Status RequestPause(IncidentCase& s, const std::string& why);
@@ -136,13 +138,39 @@ struct IncidentEngine::State {
   // a probe failed): give that checkpoint up and start over from the next
   // candidate, or say clearly that none is left.
   absl::Status RetryCheckpoint(IncidentCase& s, const std::string& why);
+  // The checkpoints a rewind of `generation` may start from: those on its
+  // line (view->Generations), or, when the view has no tree, every
+  // generation up to it.
+  absl::StatusOr<CheckpointQuery> OnLineOf(const std::string& run, int64_t generation);
   absl::Status PickProbeCheckpoint(IncidentCase& s, const std::vector<std::string>& excluded = {},
                                    const std::string& retry_note = "");
   CheckpointInfo Chosen(const IncidentCase& s) { return FromRecord(s.chosen->checkpoint()); }
   absl::Status ProposeReplay(IncidentCase& s);
+  // The step that consumes the first position of the skip window in the
+  // chosen plan (the replay checkpoints there), or -1.
+  int64_t WindowStartStep(const IncidentCase& s);
+  // After a spiked replay that was asked to checkpoint at the window's
+  // start: logs that checkpoint (kWindowCheckpoint) when the workers saved
+  // it and the replay was bit-exact up to it, else a note.
+  absl::Status FindWindowCheckpoint(IncidentCase& s);
+  // Where a probe starts whose plan differs from the chosen plan only at
+  // positions >= `first_changed` (same hparams): the window checkpoint when
+  // its step consumes no later position, else the probe checkpoint.
+  CheckpointInfo DataProbeStart(const IncidentCase& s, int64_t first_changed);
   std::pair<int64_t, int64_t> HoleAround(const IncidentCase& s, int64_t position);
   absl::Status ProposeSkip(IncidentCase& s, std::optional<int64_t> extra = std::nullopt);
   absl::Status VerdictAfterSkip(IncidentCase& s);
+  // The run's other DATA incidents with onsets within the escalation
+  // window of this one's.
+  absl::StatusOr<int> DataIncidentsNear(const IncidentCase& s);
+  // Whether repeated DATA incidents call for escalation to FRAGILITY.
+  absl::StatusOr<bool> EscalationDue(const IncidentCase& s);
+  // FRAGILITY by escalation, `why` saying which evidence of the incident's
+  // own was missing (no culprit batch named).
+  absl::Status Escalate(IncidentCase& s, const std::string& why);
+  // Escalated fixes all failed while the skip was clean: the DATA verdict
+  // and its fix stand instead of a pause.
+  absl::Status DataAfterFailedEscalation(IncidentCase& s, const std::string& why);
   absl::Status EmitTransient(IncidentCase& s);
 
   // ---- Bisect and the DATA verdict (engine_culprits.cc) ----------------------
@@ -155,10 +183,12 @@ struct IncidentEngine::State {
       const IncidentCase& s, const std::vector<int64_t>& positions);
   absl::Status BisectStep(IncidentCase& s);
   absl::Status SampleBisectStep(IncidentCase& s, const Bisection& b);
+  // `after_escalation`: the escalated fixes failed; the DATA verdict stands
+  // whatever the escalation count.
   absl::Status CulpritsFound(
       IncidentCase& s, Bisection b,
       const std::map<int64_t, std::vector<spikeguard::v1::DocumentRef>>& refined = {},
-      const std::vector<lg::SampleCulprit>& samples = {});
+      const std::vector<lg::SampleCulprit>& samples = {}, bool after_escalation = false);
 
   // ---- The fix ladder (fix_ladder.cc) ----------------------------------------
   absl::Status ProposeRung(IncidentCase& s, int rung);

@@ -62,6 +62,18 @@ absl::Status IncidentEngine::State::RetryCheckpoint(IncidentCase& s, const std::
                              absl::StrCat("checkpoint step ", failed_step, " given up: ", why));
 }
 
+absl::StatusOr<CheckpointQuery> IncidentEngine::State::OnLineOf(const std::string& run,
+                                                                 int64_t generation) {
+  SG_ASSIGN_OR_RETURN(std::vector<v1::Generation> tree, view->Generations(run));
+  CheckpointQuery q;
+  if (tree.empty()) {
+    q.max_generation = generation;
+  } else {
+    q.lineage = Lineage::Of(tree, generation);
+  }
+  return q;
+}
+
 absl::Status IncidentEngine::State::PickProbeCheckpoint(IncidentCase& s,
                                                         const std::vector<std::string>& excluded,
                                                         const std::string& retry_note) {
@@ -69,13 +81,13 @@ absl::Status IncidentEngine::State::PickProbeCheckpoint(IncidentCase& s,
   int64_t onset = s.opened.has_precursor() ? std::min(s.onset(), s.opened.precursor_onset_step())
                                            : s.onset();
   SG_ASSIGN_OR_RETURN(std::vector<CheckpointInfo> all, view->Checkpoints(s.run()));
+  SG_ASSIGN_OR_RETURN(const CheckpointQuery on_line, OnLineOf(s.run(), s.opened.generation()));
   std::optional<CheckpointInfo> in_window, older;
-  // The newest complete checkpoint strictly before `before` of the watched
-  // timeline (its own generation's at equal steps), in the probe window and
-  // overall.
+  // The newest complete checkpoint strictly before `before` on the watched
+  // generation's line (its own generation's at equal steps), in the probe
+  // window and overall.
   auto scan = [&](int64_t before) {
-    CheckpointQuery q;
-    q.max_generation = s.opened.generation();
+    CheckpointQuery q = on_line;
     q.preferred_generation = s.opened.generation();
     q.excluded_uris = excluded;
     q.max_step = before - 1;
@@ -147,8 +159,53 @@ absl::Status IncidentEngine::State::PickProbeCheckpoint(IncidentCase& s,
 
 absl::Status IncidentEngine::State::ProposeReplay(IncidentCase& s) {
   const int64_t stop = s.onset() + s.policy.probe().replay_steps_past_onset();
+  const int64_t at = s.policy.probe().window_checkpoint() ? WindowStartStep(s) : -1;
   return RequestRewind(s, ProbeKind::kReplay, Chosen(s), s.chosen->plan(), stop, std::nullopt,
-                       s.onset() - 2, 0, 0, 0, "same checkpoint, same data");
+                       s.onset() - 2, 0, 0, 0, "same checkpoint, same data", {}, {}, -1, {},
+                       std::max<int64_t>(at, 0));
+}
+
+int64_t IncidentEngine::State::WindowStartStep(const IncidentCase& s) {
+  if (!s.chosen) return -1;
+  const int64_t first = HoleAround(s, s.chosen->onset_position()).first;
+  return StepOfPosition(s.chosen->plan(), first);
+}
+
+absl::Status IncidentEngine::State::FindWindowCheckpoint(IncidentCase& s) {
+  if (!s.probe || s.probe_kind() != ProbeKind::kReplay || s.window_checkpoint) {
+    return absl::OkStatus();
+  }
+  const int64_t at = s.probe->checkpoint_at_step();
+  if (at <= 0) return absl::OkStatus();
+  const int64_t from = s.chosen->checkpoint().step();
+  if (s.nondet_step >= 0 && s.nondet_step < at) {
+    return EmitNote(s, absl::StrCat("the replay differed from the original before step ", at,
+                                    ": probes start from step ", from));
+  }
+  SG_ASSIGN_OR_RETURN(std::vector<CheckpointInfo> all, view->Checkpoints(s.run()));
+  for (const CheckpointInfo& c : all) {
+    if (c.generation != s.probe_generation || c.step != at || !c.complete) continue;
+    lg::EventPayload p;
+    *p.mutable_checkpoint()->mutable_checkpoint() = ToRecord(c);
+    p.set_detail(absl::StrCat("window checkpoint: the replay (generation ", c.generation,
+                              ") saved step ", at, " (", c.uri, "); probes that change only the "
+                              "window's data start there, not at step ", from));
+    if (absl::Status pin = store->PinCheckpoint(s.run(), at, true); !pin.ok()) {
+      SG_LOG(WARNING) << "incident " << s.id() << ": pin checkpoint step " << at << ": " << pin;
+    }
+    return Emit(s, EventKind::kWindowCheckpoint, p);
+  }
+  return EmitNote(s, absl::StrCat("the replay saved no checkpoint at step ", at,
+                                  " (the window's start): probes start from step ", from));
+}
+
+CheckpointInfo IncidentEngine::State::DataProbeStart(const IncidentCase& s,
+                                                     int64_t first_changed) {
+  if (s.window_checkpoint) {
+    const int64_t consumed = PositionOfStep(s.chosen->plan(), s.window_checkpoint->step());
+    if (consumed >= 0 && consumed <= first_changed) return FromRecord(*s.window_checkpoint);
+  }
+  return Chosen(s);
 }
 
 // Step s consumes the s-th position of the plan, and the checkpoint already
@@ -185,31 +242,21 @@ absl::Status IncidentEngine::State::ProposeSkip(IncidentCase& s, std::optional<i
   }
   holes = MergeRanges(holes);
   SG_ASSIGN_OR_RETURN(const v1::DataPlan plan, PlanWithHoles(s.chosen->plan(), holes));
-  return RequestRewind(s, ProbeKind::kSkip, Chosen(s), plan, horizon, std::nullopt,
-                       s.chosen->checkpoint().step(), 0, holes.front().first,
-                       holes.front().second, why, {}, holes);
+  const CheckpointInfo start = DataProbeStart(s, holes.front().first);
+  return RequestRewind(s, ProbeKind::kSkip, start, plan, horizon, std::nullopt, start.step, 0,
+                       holes.front().first, holes.front().second, why, {}, holes);
 }
 
 absl::Status IncidentEngine::State::VerdictAfterSkip(IncidentCase& s) {
   const v1::Policy& pol = s.policy;
   const auto skip = s.outcomes.find(ProbeKind::kSkip);
   if (skip != s.outcomes.end() && skip->second == ProbeOutcome::kClean) {
-    // Escalation: skipping only postpones the next spike of a fragile run.
-    SG_ASSIGN_OR_RETURN(std::vector<v1::Incident> all, store->RunIncidents(s.run()));
-    int near = 0;
-    for (const v1::Incident& other : all) {
-      if (other.id() == s.id() || other.verdict() != v1::DATA) continue;
-      if (std::llabs(other.onset_step() - s.onset()) <= pol.escalation().window_steps()) ++near;
-    }
-    if (near >= pol.escalation().data_incidents() - 1) {
-      return EmitVerdict(s, v1::FRAGILITY, Confidence(s, 0.8),
-                         absl::StrCat("escalated: ", near + 1, " DATA incidents within ",
-                                      pol.escalation().window_steps(),
-                                      " steps; skipping data only postpones the next spike"),
-                         FragilityRecommendationsFor(s), kFragilityFix, {},
-                         /*escalated=*/true);
-    }
+    // Repeated DATA incidents raise the prior on FRAGILITY, but this
+    // incident's own evidence decides: bisect first, and escalate only when
+    // it names no culprit batch (CulpritsFound).
     if (pol.probe().bisect()) return BisectStep(s);
+    SG_ASSIGN_OR_RETURN(const bool escalate, EscalationDue(s));
+    if (escalate) return Escalate(s, "bisect is off, so no culprit batch was named");
     Bisection whole;
     whole.culprits = WindowPositions(s);
     whole.untested = true;
@@ -246,6 +293,47 @@ absl::Status IncidentEngine::State::VerdictAfterSkip(IncidentCase& s) {
   return EmitVerdict(s, v1::FRAGILITY, Confidence(s, 0.8),
                      absl::StrCat(why, ": the model state is fragile"),
                      FragilityRecommendationsFor(s), kFragilityFix);
+}
+
+absl::StatusOr<int> IncidentEngine::State::DataIncidentsNear(const IncidentCase& s) {
+  SG_ASSIGN_OR_RETURN(std::vector<v1::Incident> all, store->RunIncidents(s.run()));
+  int near = 0;
+  for (const v1::Incident& other : all) {
+    if (other.id() == s.id() || other.verdict() != v1::DATA) continue;
+    if (std::llabs(other.onset_step() - s.onset()) <= s.policy.escalation().window_steps()) ++near;
+  }
+  return near;
+}
+
+absl::StatusOr<bool> IncidentEngine::State::EscalationDue(const IncidentCase& s) {
+  SG_ASSIGN_OR_RETURN(const int near, DataIncidentsNear(s));
+  return near >= s.policy.escalation().data_incidents() - 1;
+}
+
+absl::Status IncidentEngine::State::Escalate(IncidentCase& s, const std::string& why) {
+  SG_ASSIGN_OR_RETURN(const int near, DataIncidentsNear(s));
+  return EmitVerdict(s, v1::FRAGILITY, Confidence(s, 0.8),
+                     absl::StrCat("escalated: ", near + 1, " DATA incidents within ",
+                                  s.policy.escalation().window_steps(), " steps, and ", why,
+                                  "; skipping data may only postpone the next spike (if the "
+                                  "fixes fail, the clean skip's DATA fix stands)"),
+                     FragilityRecommendationsFor(s), kFragilityFix, {},
+                     /*escalated=*/true);
+}
+
+absl::Status IncidentEngine::State::DataAfterFailedEscalation(IncidentCase& s,
+                                                              const std::string& why) {
+  SG_RETURN_IF_ERROR(EmitNote(
+      s, absl::StrCat("the escalated FRAGILITY fixes failed (", why,
+                      ") while skipping the window removed the spike: the DATA fix stands")));
+  Bisection b;
+  if (s.bisect_done && !s.culprits.empty()) {
+    b.culprits = s.culprits;
+  } else {
+    b.culprits = WindowPositions(s);
+    b.untested = true;
+  }
+  return CulpritsFound(s, b, {}, {}, /*after_escalation=*/true);
 }
 
 absl::Status IncidentEngine::State::EmitTransient(IncidentCase& s) {

@@ -71,8 +71,7 @@ absl::Status IncidentEngine::State::ProposeTransplant(IncidentCase& s) {
   SG_ASSIGN_OR_RETURN(std::vector<CheckpointInfo> all, view->Checkpoints(s.run()));
   const int64_t probe_ckpt = s.chosen->checkpoint().step();
   const int64_t far = probe_ckpt - s.policy.probe().max_steps_before_onset();
-  CheckpointQuery q;
-  q.max_generation = s.opened.generation();
+  SG_ASSIGN_OR_RETURN(CheckpointQuery q, OnLineOf(s.run(), s.opened.generation()));
   q.max_step = std::min(far, probe_ckpt - 1);
   absl::StatusOr<CheckpointInfo> pick = ChooseCheckpoint(all, q);
   if (!pick.ok()) {
@@ -118,6 +117,7 @@ absl::Status IncidentEngine::State::Close(IncidentCase& s) {
       s.reexecuted, s.inc.cost().gpu_hours()));
   SG_RETURN_IF_ERROR(Emit(s, EventKind::kClosed, p));
   if (s.chosen) (void)store->PinCheckpoint(s.run(), s.chosen->checkpoint().step(), false);
+  if (s.window_checkpoint) (void)store->PinCheckpoint(s.run(), s.window_checkpoint->step(), false);
   return absl::OkStatus();
 }
 
@@ -158,8 +158,7 @@ absl::StatusOr<bool> IncidentEngine::State::FixStep(IncidentCase& s) {
         SG_RETURN_IF_ERROR(RequestContinue(
             s, ModeFor(s.run()) == v1::MODE_PROPOSE, s.probe_generation, horizon + 1,
             horizon + pol.fix().verify_steps(),
-            absl::StrCat("fix: continue from the replay (generation ", s.probe_generation,
-                         "), verify through step ", horizon + pol.fix().verify_steps())));
+            absl::StrCat("fix: continue from the replay (generation ", s.probe_generation, ")")));
         return true;
       }
       if (s.verified) {
@@ -185,8 +184,7 @@ absl::StatusOr<bool> IncidentEngine::State::FixStep(IncidentCase& s) {
               s, ModeFor(s.run()) == v1::MODE_PROPOSE, s.probe_generation, horizon + 1,
               horizon + pol.fix().verify_steps(),
               absl::StrCat("fix: continue the skip generation ", s.probe_generation,
-                           " with its hole(s); verify through step ",
-                           Clamp(s, horizon + pol.fix().verify_steps()))));
+                           " with its hole(s)")));
         } else {
           // Bisect or transplant moved the run: rewind once more, with
           // holes at the culprits only.
@@ -195,9 +193,11 @@ absl::StatusOr<bool> IncidentEngine::State::FixStep(IncidentCase& s) {
             parts.push_back(absl::StrCat("[", lo, ", ", hi, ")"));
           }
           SG_ASSIGN_OR_RETURN(const v1::DataPlan plan, PlanWithHoles(s.chosen->plan(), keep));
+          const CheckpointInfo start =
+              keep.empty() ? Chosen(s) : DataProbeStart(s, keep.front().first);
           SG_RETURN_IF_ERROR(RequestRewind(
-              s, ProbeKind::kFix, Chosen(s), plan,
-              s.onset() + pol.fix().verify_steps(), std::nullopt, s.chosen->checkpoint().step(),
+              s, ProbeKind::kFix, start, plan,
+              s.onset() + pol.fix().verify_steps(), std::nullopt, start.step,
               0, keep.empty() ? 0 : keep.front().first, keep.empty() ? 0 : keep.front().second,
               absl::StrCat("DATA fix: hole(s) ", absl::StrJoin(parts, " "), " only"), {},
               keep));
@@ -252,6 +252,9 @@ absl::StatusOr<bool> IncidentEngine::State::FixStep(IncidentCase& s) {
         }
         if (s.rung < 3) {
           SG_RETURN_IF_ERROR(ProposeRung(s, s.rung + 1));
+        } else if (s.escalated && s.outcomes.count(ProbeKind::kSkip) &&
+                   s.outcomes.at(ProbeKind::kSkip) == ProbeOutcome::kClean) {
+          SG_RETURN_IF_ERROR(DataAfterFailedEscalation(s, "all three fix rungs spiked again"));
         } else {
           SG_RETURN_IF_ERROR(Inconclusive(s, "all three fix rungs spiked again"));
         }

@@ -13,7 +13,7 @@ namespace v1 = spikeguard::v1;
 
 namespace {
 
-constexpr std::array<std::pair<EventKind, const char*>, 23> kEventNames = {{
+constexpr std::array<std::pair<EventKind, const char*>, 24> kEventNames = {{
     {EventKind::kOpened, "opened"},
     {EventKind::kLocalized, "localized"},
     {EventKind::kCheckpoint, "checkpoint"},
@@ -37,6 +37,7 @@ constexpr std::array<std::pair<EventKind, const char*>, 23> kEventNames = {{
     {EventKind::kNote, "note"},
     {EventKind::kClosed, "closed"},
     {EventKind::kAborted, "aborted"},
+    {EventKind::kWindowCheckpoint, "window_checkpoint"},
 }};
 
 constexpr std::array<std::pair<ActionKind, const char*>, 4> kActionNames = {{
@@ -314,6 +315,14 @@ void ApplyProbeFinished(IncidentCase& s, const lg::EventPayload& p) {
 
 void ApplyVerdict(IncidentCase& s, const lg::EventPayload& p) {
   const lg::VerdictRecord& v = p.verdict();
+  if (s.has_verdict && s.verdict == v1::FRAGILITY && v.verdict() == v1::DATA) {
+    // The escalated fixes failed and the clean skip stands: the DATA fix
+    // starts afresh (its own rewind, verification and quarantine).
+    s.fix_requested = false;
+    s.continued = false;
+    s.verified = false;
+  }
+  s.escalated = v.escalated();
   s.has_verdict = true;
   s.verdict = v.verdict();
   s.verdict_ms = p.unix_ms();
@@ -386,6 +395,11 @@ void ApplyKnown(IncidentCase& s, EventKind kind, const lg::EventPayload& p) {
       s.sample_tests.clear();
       s.probe.reset();
       s.last_finished.reset();
+      s.window_checkpoint.reset();
+      AppendNote(s, p.note());
+      return;
+    case EventKind::kWindowCheckpoint:
+      s.window_checkpoint = p.checkpoint().checkpoint();
       AppendNote(s, p.note());
       return;
     case EventKind::kRewindRequested:

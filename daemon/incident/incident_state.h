@@ -57,6 +57,9 @@ enum class EventKind {
   kNote,
   kClosed,
   kAborted,
+  // The replay's checkpoint where the skip window starts, found
+  // (payload.checkpoint): data-only probes start there.
+  kWindowCheckpoint,
 };
 const char* EventKindName(EventKind kind);
 // nullopt for a name this build does not know (such an event is kept in the
@@ -104,6 +107,8 @@ struct IncidentCase {
   Stage stage = Stage::kOpened;
   std::string base_note;
   std::optional<lg::CheckpointChosen> chosen;
+  // The replay's checkpoint where the skip window starts (kWindowCheckpoint).
+  std::optional<lg::CheckpointRecord> window_checkpoint;
 
   std::optional<lg::Action> pending;
   bool approved = false;
@@ -124,6 +129,9 @@ struct IncidentCase {
 
   bool has_verdict = false;
   spikeguard::v1::Verdict verdict = spikeguard::v1::VERDICT_UNSPECIFIED;
+  // The verdict is FRAGILITY by escalation (repeated DATA incidents), not by
+  // this incident's own skip probe.
+  bool escalated = false;
   bool leave_running = false;
   int64_t verdict_ms = 0;
 

@@ -168,8 +168,9 @@ v1::Policy DefaultPolicy() {
   // trigger the spike (two probes when the onset batch alone does).
   probe->set_bisect(true);
   probe->set_transplant(false);
-  probe->set_bisect_documents(false);
+  probe->set_bisect_documents(true);
   probe->set_max_document_probes(6);
+  probe->set_window_checkpoint(true);
 
   p.mutable_budget()->set_max_probes(12);
   p.mutable_budget()->set_max_reexecuted_steps(20000);

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/logging.h"
+#include "daemon/control/rolling_pin.h"
 #include "daemon/control/supervisor.h"
 #include "daemon/ingest/limits.h"
 #include "daemon/launch/checkpoint_guard.h"
@@ -325,7 +326,8 @@ absl::Status WorkerSession::StampRefused(absl::string_view what, const absl::Sta
   return absl::Status(why.code(), absl::StrCat(what, " refused: ", why.message()));
 }
 
-absl::Status WorkerSession::CheckpointSaved(const spikeguard::v1::CheckpointSaved& c) {
+absl::Status WorkerSession::CheckpointSaved(const spikeguard::v1::CheckpointSaved& c,
+                                            spikeguard::v1::Ack* pins) {
   if (absl::Status s = ValidateCheckpointSaved(c, state_->limits); !s.ok()) {
     return StampRefused("checkpoint", s);
   }
@@ -349,6 +351,17 @@ absl::Status WorkerSession::CheckpointSaved(const spikeguard::v1::CheckpointSave
   ckpt.set_created_unix_ms(state_->clock->NowUnixMillis());
   if (auto s = state_->catalog->UpsertCheckpoint(ckpt); !s.ok()) {
     SG_LOG(ERROR) << "run " << run() << ": checkpoint not recorded: " << s.status();
+    return absl::OkStatus();
+  }
+  // The run has reached this step: the rolling rewind target may move, and
+  // the worker learns what its retention must keep.
+  absl::StatusOr<std::vector<std::string>> keep =
+      UpdateRollingPin(state_->catalog, run(), c.step());
+  if (!keep.ok()) {
+    SG_LOG(WARNING) << "run " << run() << ": rolling pin not updated: " << keep.status();
+  } else if (pins != nullptr) {
+    pins->set_has_pins(true);
+    for (const std::string& uri : *keep) pins->add_pinned_uris(uri);
   }
   return absl::OkStatus();
 }

@@ -112,8 +112,12 @@ class WorkerSession {
                                                 const BatchTicket& ticket);
 
   // Notices: stored (a checkpoint confined to the run's root) or refused
-  // with a message for the worker.
-  absl::Status CheckpointSaved(const spikeguard::v1::CheckpointSaved& saved);
+  // with a message for the worker. A stored checkpoint moves the run's
+  // rolling rewind target (daemon/control/rolling_pin.h); `pins`, when
+  // given, receives the answer for the worker: the URIs its retention must
+  // keep now (has_pins set).
+  absl::Status CheckpointSaved(const spikeguard::v1::CheckpointSaved& saved,
+                               spikeguard::v1::Ack* pins = nullptr);
   absl::Status CheckpointDeleted(const spikeguard::v1::CheckpointDeleted& deleted);
   // Passed on to the supervisor; nothing goes back to the worker.
   void GenerationEnded(const spikeguard::v1::GenerationEnded& ended);

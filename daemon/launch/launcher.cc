@@ -138,6 +138,7 @@ absl::StatusOr<ResumePoint> ChooseResumePoint(storage::Catalog* catalog,
   own.generation = point.generation;
   incident::CheckpointQuery origin;
   origin.min_step = origin.max_step = origin_step;
+  origin.lineage = incident::Lineage::Of(gens, point.generation);
   std::vector<std::string> failed;
   for (incident::CheckpointQuery* query : {&own, &origin}) {
     while (point.resume.empty()) {

@@ -491,9 +491,14 @@ class WorkerServiceImpl::AttachReactor final
     switch (msg.body_case()) {
       case WorkerMessage::kReports:
         return HandleReports(msg);
-      case WorkerMessage::kCheckpoint:
-        AnswerNotice(session_.CheckpointSaved(msg.checkpoint()));
+      case WorkerMessage::kCheckpoint: {
+        // Stored: answered with the pins retention must keep (seq 0, no batch).
+        ControllerMessage pins;
+        const absl::Status saved = session_.CheckpointSaved(msg.checkpoint(), pins.mutable_ack());
+        AnswerNotice(saved);
+        if (saved.ok() && pins.ack().has_pins()) Send(std::move(pins));
         return true;
+      }
       case WorkerMessage::kCheckpointDeleted:
         AnswerNotice(session_.CheckpointDeleted(msg.checkpoint_deleted()));
         return true;

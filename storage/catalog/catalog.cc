@@ -66,10 +66,13 @@ ON CONFLICT (run_id, step, uri) DO UPDATE SET
 )sql";
 constexpr char kSelectCheckpointsSql[] =
     "SELECT step, uri, generation, data_position, bytes, checksum, complete, pinned, "
-    "has_rng_state, has_data_loader_state, created_unix_ms FROM checkpoints "
+    "has_rng_state, has_data_loader_state, created_unix_ms, rolling FROM checkpoints "
     "WHERE run_id = ?1 AND (?2 IS NULL OR step = ?2) ORDER BY step, uri";
 constexpr char kPinCheckpointSql[] =
     "UPDATE checkpoints SET pinned = ? WHERE run_id = ? AND step = ?";
+constexpr char kSetRollingPinSql[] =
+    "UPDATE checkpoints SET rolling = (step = ?2 AND uri = ?3) WHERE run_id = ?1 AND "
+    "rolling <> (step = ?2 AND uri = ?3)";
 constexpr char kDeleteCheckpointSql[] =
     "DELETE FROM checkpoints WHERE run_id = ? AND step = ? AND uri = ?";
 constexpr char kInsertManifestSql[] =
@@ -403,6 +406,7 @@ absl::StatusOr<std::vector<v1::Checkpoint>> Catalog::SelectCheckpointsLocked(
     c.set_has_rng_state(select.ColumnBool(8));
     c.set_has_data_loader_state(select.ColumnBool(9));
     c.set_created_unix_ms(select.ColumnInt64(10));
+    c.set_rolling_pin(select.ColumnBool(11));
   }
   return out;
 }
@@ -630,6 +634,14 @@ absl::StatusOr<v1::Checkpoint> Catalog::PinCheckpoint(std::string_view run, int6
                       SelectCheckpointsLocked(run_id, run, step));
   SG_RETURN_IF_ERROR(txn.Commit());
   return std::move(at_step.front());
+}
+
+absl::Status Catalog::SetRollingPin(std::string_view run, int64_t step, std::string_view uri) {
+  Held lock(this);
+  SG_ASSIGN_OR_RETURN(int64_t run_id, RunIdLocked(run));
+  SG_ASSIGN_OR_RETURN(Statement update, db_->Prepare(kSetRollingPinSql));
+  update.BindInt64(1, run_id).BindInt64(2, step).BindText(3, uri);
+  return update.Run();
 }
 
 absl::StatusOr<bool> Catalog::DeleteCheckpoint(std::string_view run, int64_t step,

@@ -232,6 +232,10 @@ class Catalog {
   absl::StatusOr<std::vector<v1::Checkpoint>> ListCheckpoints(std::string_view run);
   // Pins/unpins every checkpoint of the run at `step`; returns the first.
   absl::StatusOr<v1::Checkpoint> PinCheckpoint(std::string_view run, int64_t step, bool pinned);
+  // Makes (step, uri) the run's one rolling pin (Checkpoint.rolling_pin) and
+  // releases any other; a (step, uri) the run does not have releases them
+  // all. Independent of PinCheckpoint's pins.
+  absl::Status SetRollingPin(std::string_view run, int64_t step, std::string_view uri);
   // Forgets the checkpoint (run, step, uri) whose file is gone (the worker's
   // retention deleted it), pinned or not: ListCheckpoints no longer returns
   // it. True when it was known; false (not an error) when it was not, so a

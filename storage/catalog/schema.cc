@@ -204,6 +204,14 @@ CREATE TABLE launches (
 );
 )sql";
 
+// Version 6: the run's rolling rewind target (at most one checkpoint per run
+// has rolling = 1), pinned like `pinned` but set and released by the daemon
+// as newer checkpoints qualify; kept apart so an incident's unpin never
+// releases it.
+constexpr char kSchemaV6Sql[] = R"sql(
+ALTER TABLE checkpoints ADD COLUMN rolling INTEGER NOT NULL DEFAULT 0;
+)sql";
+
 // One migration step: `sql` then user_version = `to`, atomically.
 absl::Status Step(Database& db, const char* sql, int to) {
   SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&db));
@@ -241,6 +249,9 @@ absl::Status MigrateSchema(Database& db) {
       [[fallthrough]];
     case 4:
       SG_RETURN_IF_ERROR(Step(db, kSchemaV5Sql, 5));
+      [[fallthrough]];
+    case 5:
+      SG_RETURN_IF_ERROR(Step(db, kSchemaV6Sql, 6));
       [[fallthrough]];
     case kSchemaVersion:
       break;

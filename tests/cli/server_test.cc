@@ -177,11 +177,19 @@ TEST_F(SpikectlServerTest, UnimplementedRpcPrintsServerMessage) {
 TEST_F(SpikectlServerTest, CheckpointsListSendsRun) {
   supervisor_.SetResponse("ListCheckpoints", ParseText<v1::ListCheckpointsResponse>(R"pb(
     checkpoints { run: "r" step: 400 generation: 1 complete: true bytes: 1048576 uri: "file:///ckpt/400" }
+    checkpoints { run: "r" step: 500 generation: 1 complete: true uri: "file:///ckpt/500"
+                  rewind_target: true rolling_pin: true pinned: true }
+    checkpoints { run: "r" step: 600 generation: 2 complete: true uri: "file:///ckpt/600"
+                  rewind_note: "saved by generation 2, not on generation 3's line" }
   )pb"));
   Result r = Spikectl({"checkpoints", "list", "--run", "r"});
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(supervisor_.LastRequest<v1::ListCheckpointsRequest>("ListCheckpoints").run(), "r");
-  EXPECT_THAT(r.out, ::testing::ContainsRegex("400 +1 +0 +yes +no +1.0 MiB +- +- +file:///ckpt/400"));
+  EXPECT_THAT(r.out,
+              ::testing::ContainsRegex("400 +1 +0 +yes +no +- +1.0 MiB +- +- +file:///ckpt/400"));
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("500 +1 +0 +yes +yes \\(rolling\\) +yes +"));
+  EXPECT_THAT(r.out, ::testing::HasSubstr(
+                         "no: saved by generation 2, not on generation 3's line"));
 }
 
 TEST_F(SpikectlServerTest, TelemetrySendsRangeGenerationLimitAndFields) {

@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "base/clock.h"
 #include "daemon/control/supervisor.h"
 #include "daemon/launch/checkpoint_guard.h"
@@ -18,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/catalog/catalog.h"
+#include "storage/checkpoint/checksum.h"
 #include "tests/daemon/daemon_state_test.h"
 
 namespace spikeguard::daemon {
@@ -72,13 +74,17 @@ class OperatorHandlerTest : public testing::DaemonStateTest {
     const fs::path root = fs::path(dir_.path()) / "runs" / kRun;
     fs::create_directories(root);
     const std::string file = (root / ("ckpt-" + std::to_string(step) + ".pt")).string();
-    std::ofstream(file) << "weights at step " << step;
+    const std::string content = absl::StrCat("weights at step ", step);
+    std::ofstream(file) << content;
     v1::Checkpoint c;
     c.set_run(kRun);
     c.set_step(step);
     c.set_data_position(step * 512);
     c.set_uri(file);
     c.set_bytes(static_cast<int64_t>(fs::file_size(file)));
+    // The XXH64 of the whole file: a format the daemon cannot read verifies
+    // by its registered checksum.
+    c.set_checksum(storage::ChecksumHex(storage::Xxh64Of(content)));
     c.set_complete(true);
     return handler_->RegisterCheckpoint(c);
   }
@@ -208,7 +214,9 @@ TEST_F(OperatorHandlerTest, ARewindToAStepWithNoCheckpointIsRefusedSayingSo) {
   auto r = handler_->Rewind(rewind);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(r.status().message(), "run 'run-a' has no complete checkpoint at or before step 50");
+  EXPECT_EQ(r.status().message(),
+            "run 'run-a' has no complete checkpoint at or before step 50 on the line of its "
+            "current generation 0");
 
   // A replay or a skip comes down to the same rewind.
   EXPECT_EQ(handler_->Replay(kRun, 50, 0, "r1").status().code(),
@@ -218,6 +226,43 @@ TEST_F(OperatorHandlerTest, ARewindToAStepWithNoCheckpointIsRefusedSayingSo) {
   // An unknown run is NOT_FOUND, not a missing checkpoint.
   rewind.run = "ghost";
   EXPECT_EQ(handler_->Rewind(rewind).status().code(), absl::StatusCode::kNotFound);
+}
+
+// After a rewind, the checkpoints the old line saved past the branch point
+// are another timeline: the listing says so, and a later rewind never
+// starts from them.
+TEST_F(OperatorHandlerTest, RewindTargetsAreTheCurrentGenerationsLineAndTheListingSaysWhy) {
+  AddSupervisor();
+  for (int64_t step : {100, 200, 300}) ASSERT_TRUE(Register(step).ok());
+  auto first = handler_->Rewind(RewindTo(150));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->generation, 1);
+  auto tree = catalog_->ListGenerations(kRun);
+  ASSERT_TRUE(tree.ok()) << tree.status();
+  ASSERT_EQ(tree->size(), 2u);
+  EXPECT_EQ((*tree)[1].parent(), 0);
+  EXPECT_EQ((*tree)[1].from_checkpoint_step(), 100);
+
+  auto page = handler_->ListCheckpoints(kRun, "");
+  ASSERT_TRUE(page.ok()) << page.status();
+  ASSERT_EQ(page->items.size(), 3u);
+  EXPECT_TRUE(page->items[0].rewind_target());
+  EXPECT_EQ(page->items[0].rewind_note(), "");
+  for (int k : {1, 2}) {
+    EXPECT_FALSE(page->items[k].rewind_target());
+    EXPECT_EQ(page->items[k].rewind_note(),
+              absl::StrCat("saved at step ", page->items[k].step(),
+                           ", after generation 1's line left generation 0 at step 100"));
+  }
+  // Generation 0's step 300 is not where generation 1 was at step 300.
+  clock_.Advance(absl::Seconds(1));  // another request id
+  auto second = handler_->Rewind(RewindTo(300));
+  ASSERT_TRUE(second.ok()) << second.status();
+  tree = catalog_->ListGenerations(kRun);
+  ASSERT_TRUE(tree.ok()) << tree.status();
+  ASSERT_EQ(tree->size(), 3u);
+  EXPECT_EQ((*tree)[2].from_checkpoint_step(), 100);
+  EXPECT_EQ((*tree)[2].parent(), 0);
 }
 
 TEST_F(OperatorHandlerTest, ARewindNeverSilentlyGoesPastACheckpointThatNoLongerVerifies) {

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "base/clock.h"
 #include "daemon/launch/checkpoint_guard.h"
 #include "gmock/gmock.h"
@@ -376,6 +377,56 @@ TEST_F(WorkerSessionTest, CheckpointNoticesAreStoredOrRefusedWithAReason) {
   listed = catalog_->ListCheckpoints(kRun);
   ASSERT_TRUE(listed.ok());
   EXPECT_TRUE(listed->empty());
+}
+
+// Retention must not remove every rewind target: each checkpoint notice
+// moves the run's rolling pin to the newest checkpoint at least
+// min_steps_before_onset (100) behind, releases the older one, and answers
+// the worker with the pins its retention keeps.
+TEST_F(WorkerSessionTest, CheckpointNoticesMoveTheRollingPinAndAnswerWithThePins) {
+  auto session = Attached();
+  auto save = [&](int64_t step) {
+    v1::CheckpointSaved saved;
+    saved.set_step(step);
+    saved.set_data_position(step);
+    saved.set_uri(absl::StrCat("/ckpt/run-a/g0-step-", step));
+    saved.set_complete(true);
+    v1::Ack pins;
+    EXPECT_TRUE(session->CheckpointSaved(saved, &pins).ok());
+    EXPECT_TRUE(pins.has_pins());
+    return std::vector<std::string>(pins.pinned_uris().begin(), pins.pinned_uris().end());
+  };
+  auto rolling = [&]() {
+    std::vector<int64_t> out;
+    for (const auto& c : *catalog_->ListCheckpoints(kRun)) {
+      if (c.rolling_pin()) out.push_back(c.step());
+    }
+    return out;
+  };
+  auto uri = [](int64_t step) { return absl::StrCat("/ckpt/run-a/g0-step-", step); };
+  // Nothing 100 steps old yet; the oldest checkpoint is kept as the next
+  // target, so a worker keeping only its newest one does not delete it.
+  EXPECT_THAT(save(50), ::testing::ElementsAre(uri(50)));
+  EXPECT_TRUE(rolling().empty());
+  EXPECT_THAT(save(150), ::testing::ElementsAre(uri(150), uri(50)));
+  EXPECT_THAT(rolling(), ::testing::ElementsAre(50));
+  // 150 is too new, and stays the next target (not 200).
+  EXPECT_THAT(save(200), ::testing::ElementsAre(uri(150), uri(50)));
+  EXPECT_THAT(save(250), ::testing::ElementsAre(uri(150), uri(200)));
+  EXPECT_THAT(rolling(), ::testing::ElementsAre(150));  // 50 released
+  // An incident's pin is kept beside it, and an incident's unpin leaves the
+  // rolling pin alone.
+  ASSERT_TRUE(catalog_->PinCheckpoint(kRun, 50, true).ok());
+  EXPECT_THAT(save(300), ::testing::ElementsAre(uri(200), uri(250), uri(50)));
+  ASSERT_TRUE(catalog_->PinCheckpoint(kRun, 200, false).ok());
+  EXPECT_THAT(rolling(), ::testing::ElementsAre(200));
+  // Retention deleted the pinned one anyway (an older worker): the pin
+  // moves on to the newest that is left.
+  v1::CheckpointDeleted gone;
+  gone.set_step(200);
+  gone.set_uri(uri(200));
+  ASSERT_TRUE(session->CheckpointDeleted(gone).ok());
+  EXPECT_THAT(save(350), ::testing::ElementsAre(uri(250), uri(300), uri(50)));
 }
 
 TEST_F(WorkerSessionTest, CheckpointOutsideTheRunsRootIsRefusedBeforeItIsStored) {

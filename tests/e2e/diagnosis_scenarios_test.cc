@@ -59,6 +59,12 @@ class DiagnosisScenario : public IncidentE2E {
     }
   }
 
+  static std::string EventLines(const v1::Incident& i) {
+    std::string out;
+    for (const auto& e : i.events()) absl::StrAppend(&out, e.kind(), ": ", e.detail(), "\n");
+    return out;
+  }
+
   v1::Run ShowRun(const std::string& run) {
     v1::Run r;
     EXPECT_TRUE(cluster_.SpikectlJson({"runs", "show", run}, "run", &r));
@@ -237,6 +243,89 @@ TEST_F(DiagnosisScenario, CulpritAtTheProbesFirstStep) {
   EXPECT_THAT(Named(i), UnorderedElementsAreArray(poison));
   ExpectNoTimeout(i);
   Figures("culprit at the probe's first step", i);
+}
+
+// A run's life: 3,000 steps with three poisons of two kinds far apart and a
+// one-off gradient bit flip between them, on a worker that keeps only its
+// newest checkpoint. After each fix the run trains on another line
+// (holes in its plan); each later incident rewinds to a checkpoint of that
+// line (no "nondeterminism"), finds one still there (the rolling pin), and
+// ends right: DATA with exactly its documents, or TRANSIENT. The probes that
+// change only data start at the replay's window checkpoint.
+TEST_F(DiagnosisScenario, ALongRunStaysOnItsLineThroughEveryIncidentToItsEnd) {
+  MakeCorpus({"highbytes@500", "junk@1400", "highbytes@2300"}, /*seed=*/31);
+  const std::map<int64_t, std::vector<std::string>> poisons = {
+      {500, PoisonAt(500)}, {1400, PoisonAt(1400)}, {2300, PoisonAt(2300)}};
+  for (const auto& [at, docs] : poisons) ASSERT_FALSE(docs.empty()) << at << synth_out_;
+  Launch("life", "data",
+         {"--steps", "3000", "--set", "keep_checkpoints=1", "--fault", "bitflip:step=1900"});
+  // Every incident closed, and the run at its last step.
+  v1::Run run;
+  v1::ListIncidentsResponse list;
+  for (int k = 0; k < 1200; ++k) {
+    run = ShowRun("life");
+    list.Clear();
+    ASSERT_TRUE(cluster_.SpikectlJson({"incidents", "list", "--run", "life"}, "list", &list));
+    bool closed = true;
+    for (const auto& i : list.incidents()) closed = closed && Closed(i);
+    if (closed && run.last_step() >= 2999) break;
+    absl::SleepFor(absl::Milliseconds(500));
+  }
+  EXPECT_GE(run.last_step(), 2999) << run.ShortDebugString();
+  ASSERT_EQ(list.incidents_size(), 4) << list.ShortDebugString();
+  std::vector<v1::Incident> incidents;
+  for (const auto& brief : list.incidents()) incidents.push_back(Show(brief.id()));
+  std::sort(incidents.begin(), incidents.end(),
+            [](const v1::Incident& a, const v1::Incident& b) {
+              return a.onset_step() < b.onset_step();
+            });
+  int data = 0, transient = 0;
+  std::vector<std::string> all_poison;
+  for (const v1::Incident& i : incidents) {
+    SCOPED_TRACE(absl::StrCat("incident at step ", i.onset_step()));
+    EXPECT_EQ(i.state(), v1::CLOSED);
+    for (const auto& e : i.events()) EXPECT_NE(e.kind(), "nondeterminism") << e.detail();
+    ExpectNoTimeout(i);
+    Figures(absl::StrCat("life, onset ", i.onset_step()), i);
+    if (i.onset_step() >= 1895 && i.onset_step() <= 1910) {
+      ++transient;
+      EXPECT_EQ(i.verdict(), v1::TRANSIENT) << i.ShortDebugString();
+      continue;
+    }
+    ++data;
+    EXPECT_EQ(i.verdict(), v1::DATA) << i.ShortDebugString();
+    ASSERT_EQ(i.culprit_positions_size(), 1) << i.ShortDebugString();
+    const auto it = poisons.find(i.culprit_positions(0));
+    ASSERT_NE(it, poisons.end()) << i.ShortDebugString();
+    EXPECT_THAT(Named(i), UnorderedElementsAreArray(it->second));
+    all_poison.insert(all_poison.end(), it->second.begin(), it->second.end());
+    // Skip, bisect and document probes started at the replay's checkpoint
+    // at the window's start, after the (last) replay itself.
+    ASSERT_GE(i.probes_size(), 3);
+    EXPECT_EQ(i.probes(0).kind(), "replay");
+    int replay = 0;
+    for (int k = 0; k < i.probes_size(); ++k) {
+      if (i.probes(k).kind() == "replay") replay = k;
+    }
+    for (int k = replay + 1; k < i.probes_size(); ++k) {
+      EXPECT_GT(i.probes(k).checkpoint_step(), i.probes(replay).checkpoint_step())
+          << i.probes(k).ShortDebugString() << "\n" << EventLines(i);
+    }
+  }
+  EXPECT_EQ(data, 3);
+  EXPECT_EQ(transient, 1);
+  EXPECT_THAT(Quarantined("life"), UnorderedElementsAreArray(all_poison));
+  // The listing says which checkpoints the current line may rewind to; the
+  // rolling pin is one of them.
+  v1::ListCheckpointsResponse ckpts;
+  ASSERT_TRUE(cluster_.SpikectlJson({"checkpoints", "list", "--run", "life"}, "ckpts", &ckpts));
+  int rolling = 0;
+  for (const auto& c : ckpts.checkpoints()) {
+    if (!c.rolling_pin()) continue;
+    ++rolling;
+    EXPECT_TRUE(c.rewind_target()) << c.ShortDebugString();
+  }
+  EXPECT_EQ(rolling, 1) << ckpts.ShortDebugString();
 }
 
 // Classes 7 and 8: the data order the workers use is the run's. A worker

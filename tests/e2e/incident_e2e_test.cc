@@ -212,22 +212,46 @@ TEST_F(IncidentE2E, CleanRunHasNoIncident) {
   EXPECT_EQ(list.incidents_size(), 0) << list.ShortDebugString();
 }
 
-TEST_F(IncidentE2E, ThirdDataIncidentWithinTheWindowEscalatesToFragility) {
-  MakeCorpus({"highbytes@300", "highbytes@600", "highbytes@900"});
+// Three bad batches within the escalation window (3 DATA incidents in 5,000
+// steps): the third's own evidence (a clean skip, bisect naming its culprit
+// batch) keeps it DATA, and the run reaches its end with every culprit
+// document, not a fragility ladder that spikes and pauses the run.
+TEST_F(IncidentE2E, RepeatedDataIncidentsWithNamedCulpritsStayDataToTheRunsEnd) {
+  MakeCorpus({"highbytes@300", "junk@600", "highbytes@900"});
+  std::vector<std::string> poison;
+  for (int64_t at : {300, 600, 900}) {
+    const std::vector<std::string> docs = PoisonAt(at);
+    ASSERT_FALSE(docs.empty()) << at;
+    poison.insert(poison.end(), docs.begin(), docs.end());
+  }
   Launch("escalate", "data", {"--steps", "1300"});
   auto list = WaitIncidents("escalate", [](const auto& l) {
-    for (const auto& i : l.incidents()) {
-      if (i.verdict() == v1::FRAGILITY) return true;
-    }
-    return false;
+    int closed = 0;
+    for (const auto& i : l.incidents()) closed += Closed(i);
+    return closed >= 3;
   }, absl::Minutes(10));
-  int data = 0, fragility = 0;
-  for (const auto& i : list.incidents()) {
-    data += i.verdict() == v1::DATA;
-    fragility += i.verdict() == v1::FRAGILITY;
+  ASSERT_EQ(list.incidents_size(), 3) << list.ShortDebugString();
+  std::vector<std::string> named;
+  bool kept_by_evidence = false;
+  for (const auto& brief : list.incidents()) {
+    const v1::Incident i = Show(brief.id());
+    EXPECT_EQ(i.verdict(), v1::DATA) << i.ShortDebugString();
+    for (const auto& d : i.documents()) {
+      named.push_back(absl::StrCat(d.domain(), ":", d.document_id()));
+    }
+    kept_by_evidence |= i.note().find("not escalated to FRAGILITY") != std::string::npos;
   }
-  EXPECT_EQ(data, 2) << list.ShortDebugString();
-  EXPECT_EQ(fragility, 1);
+  EXPECT_TRUE(kept_by_evidence);
+  EXPECT_THAT(named, ::testing::UnorderedElementsAreArray(poison));
+  v1::Run run;
+  for (int k = 0; k < 600; ++k) {
+    run.Clear();
+    ASSERT_TRUE(cluster_.SpikectlJson({"runs", "show", "escalate"}, "run", &run));
+    if (run.last_step() >= 1299) break;
+    absl::SleepFor(absl::Milliseconds(500));
+  }
+  EXPECT_GE(run.last_step(), 1299);
+  EXPECT_NE(run.state(), "paused");
 }
 
 TEST_F(IncidentE2E, KillNineDuringReplayResumesFromTheEventLog) {

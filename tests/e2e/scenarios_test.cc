@@ -121,7 +121,7 @@ TEST_F(ScenarioTest, TransientBitflipSpikesOnceAndDoesNotReplay) {
 
   RunSpec replay = original;
   replay.telemetry = dir_.File("gen1.jsonl");
-  replay.generation = 1;  // the fault belongs to generation 0 only
+  replay.generation = 1;  // a process started in a later generation: no fault
   replay.resume_from = Ckpt(0, 200);
   auto gen1 = RunWorker(replay);
   ASSERT_EQ(gen1.size(), 150u);

@@ -51,6 +51,70 @@ TEST(CheckpointChoiceTest, GenerationsAndExclusions) {
   EXPECT_FALSE(ChooseCheckpoint(all, own).ok());
 }
 
+spikeguard::v1::Generation G(int64_t generation, int64_t parent, int64_t branch_step) {
+  spikeguard::v1::Generation g;
+  g.set_generation(generation);
+  g.set_parent(parent);
+  g.set_from_checkpoint_step(branch_step);
+  return g;
+}
+
+// A run's life: gen 0 trained to 1100; an incident probed from gen 0 @ 600
+// (replay 1, skip 2, a bisect 3 from the skip's checkpoint @ 800); the fix
+// continued gen 4 from gen 0 @ 600; a later incident's fix continued gen 5
+// from gen 4 @ 900.
+const std::vector<spikeguard::v1::Generation> kTree = {
+    G(0, -1, 0), G(1, 0, 600), G(2, 0, 600), G(3, 2, 800), G(4, 0, 600), G(5, 4, 900)};
+
+TEST(LineageTest, OnlyTheAncestryUpToWhereTheLineLeftEachAncestor) {
+  const Lineage l = Lineage::Of(kTree, 5);
+  EXPECT_TRUE(l.Holds(5, 1500));   // its own, any step
+  EXPECT_TRUE(l.Holds(4, 900));    // the parent up to the branch
+  EXPECT_FALSE(l.Holds(4, 1000));  // the parent after it
+  EXPECT_TRUE(l.Holds(0, 600));    // the grandparent up to where gen 4 left it
+  EXPECT_FALSE(l.Holds(0, 700));   // saved before gen 5's own branch, after gen 4's
+  EXPECT_FALSE(l.Holds(2, 700));   // a probe: never on the line
+  EXPECT_FALSE(l.Holds(3, 800));
+  EXPECT_EQ(l.WhyNot(0, 700),
+            "saved at step 700, after generation 5's line left generation 0 at step 600");
+  EXPECT_EQ(l.WhyNot(2, 700), "saved by generation 2, not on generation 5's line");
+  EXPECT_EQ(l.WhyNot(4, 900), "");
+  // A probe's own line: its parent's checkpoints before its branch.
+  const Lineage bisect = Lineage::Of(kTree, 3);
+  EXPECT_TRUE(bisect.Holds(2, 800));
+  EXPECT_TRUE(bisect.Holds(0, 600));
+  EXPECT_FALSE(bisect.Holds(4, 600));
+  // Generation 0 of a run its workers started has no record: a root.
+  EXPECT_TRUE(Lineage::Of({}, 0).Holds(0, 5000));
+  EXPECT_FALSE(Lineage::Of({}, 0).Holds(1, 10));
+  // A malformed tree (a cycle) ends.
+  EXPECT_TRUE(Lineage::Of({G(1, 2, 10), G(2, 1, 20)}, 1).Holds(2, 10));
+}
+
+TEST(LineageTest, TheChooserKeepsToTheLine) {
+  const std::vector<CheckpointInfo> all = {C(0, 500), C(0, 600), C(0, 700), C(0, 1000),
+                                           C(2, 800), C(3, 900), C(4, 700), C(4, 800)};
+  CheckpointQuery q;
+  q.max_step = 999;
+  q.lineage = Lineage::Of(kTree, 4);
+  EXPECT_EQ(ChooseCheckpoint(all, q)->generation, 4);
+  EXPECT_EQ(ChooseCheckpoint(all, q)->step, 800);
+  q.max_step = 650;
+  EXPECT_EQ(ChooseCheckpoint(all, q)->generation, 0);
+  EXPECT_EQ(ChooseCheckpoint(all, q)->step, 600);
+  // Without the lineage, the probe's newer checkpoint would have won.
+  CheckpointQuery by_number;
+  by_number.max_step = 999;
+  by_number.max_generation = 4;
+  EXPECT_EQ(ChooseCheckpoint(all, by_number)->generation, 3);
+  q.max_step = 550;
+  q.min_step = 520;
+  absl::StatusOr<CheckpointInfo> none = ChooseCheckpoint(all, q);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("on generation 4's line"), std::string::npos)
+      << none.status();
+}
+
 TEST(CheckpointChoiceTest, TiesAtTheSameStep) {
   const std::vector<CheckpointInfo> all = {C(1, 500), C(3, 500), C(2, 500)};
   CheckpointQuery q;

@@ -5,6 +5,7 @@
 #include "daemon/incident/engine.h"
 
 #include <cmath>
+#include <cstdio>
 #include <memory>
 #include <set>
 #include <string>
@@ -24,6 +25,7 @@ namespace v1 = spikeguard::v1;
 using ::testing::Contains;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testing::FakeController;
 using testing::FakeStore;
 using testing::FakeView;
@@ -317,21 +319,67 @@ class IncidentEscalationTest : public IncidentEngineTest {
     past.set_onset_step(onset);
     ASSERT_TRUE(store.CreateIncident(kRun, past).ok());
   }
+
+  // The run's third DATA incident within 5000 steps (two before it), run
+  // through the protocol; returns it.
+  v1::Incident ThirdDataIncident(Scenario scenario) {
+    AddPastData(3000);
+    AddPastData(5500);
+    Start(scenario);
+    RunProtocol();
+    return store.incidents.rbegin()->second;
+  }
 };
 
 TEST_F(IncidentEscalationTest, ThirdDataIncidentWithinTheWindowIsFragility) {
-  AddPastData(3000);
-  AddPastData(5500);
   // The poison spikes only at full lr: the lr rung fixes it.
-  Start({.poison = {1000}, .poison_needs_full_lr = true});
-  RunProtocol();
-  const v1::Incident inc = store.incidents.rbegin()->second;
+  const v1::Incident inc =
+      ThirdDataIncident({.poison = {1000}, .poison_needs_full_lr = true});
   EXPECT_EQ(inc.verdict(), v1::FRAGILITY);
   EXPECT_EQ(inc.state(), v1::CLOSED);
   EXPECT_THAT(inc.note(), HasSubstr("escalated: 3 DATA incidents within 5000 steps"));
   EXPECT_THAT(Kinds(inc), ElementsAre("replay:spiked", "skip:clean", "fix:clean"));
   EXPECT_DOUBLE_EQ(ctl.executed[2].hparams.lr_scale(), 0.7);
   EXPECT_TRUE(store.quarantine.empty());
+}
+
+// The incident's own evidence decides: a clean skip whose bisect names the
+// culprit batch stays DATA however many DATA incidents came before.
+TEST_F(IncidentEscalationTest, ACleanSkipWithANamedCulpritBatchIsNotEscalated) {
+  view.policy.mutable_probe()->set_bisect(true);
+  const v1::Incident inc = ThirdDataIncident({.poison = {1000}});
+  EXPECT_EQ(inc.verdict(), v1::DATA);
+  EXPECT_EQ(inc.state(), v1::CLOSED);
+  EXPECT_THAT(inc.culprit_positions(), ElementsAre(1000));
+  EXPECT_THAT(inc.note(), HasSubstr("not escalated to FRAGILITY although the run has 3 DATA "
+                                    "incidents within 5000 steps"));
+  for (const RewindSpec& spec : ctl.executed) EXPECT_FALSE(spec.hparams.has_lr_scale());
+  EXPECT_FALSE(store.quarantine.empty());
+  EXPECT_TRUE(ctl.pause_calls.empty());
+}
+
+// Escalated without a named culprit (bisect off), every fragility rung
+// spikes again, but skipping the window was clean: the DATA fix stands and
+// the run goes on instead of waiting for an operator.
+TEST_F(IncidentEscalationTest, FailedEscalatedFixesLeaveTheCleanSkipsDataFixStanding) {
+  const v1::Incident inc = ThirdDataIncident({.poison = {1000}});
+  EXPECT_EQ(inc.verdict(), v1::DATA);
+  EXPECT_EQ(inc.state(), v1::CLOSED);
+  EXPECT_THAT(Kinds(inc), ElementsAre("replay:spiked", "skip:clean", "fix:spiked", "fix:spiked",
+                                      "fix:spiked", "fix:clean"));
+  EXPECT_THAT(inc.note(), HasSubstr("escalated: 3 DATA incidents within 5000 steps"));
+  EXPECT_THAT(inc.note(), HasSubstr("the escalated FRAGILITY fixes failed (all three fix rungs "
+                                    "spiked again) while skipping the window removed the spike: "
+                                    "the DATA fix stands"));
+  // The DATA fix: the window's hole, no rung's hparams; documents quarantined.
+  const RewindSpec& fix = ctl.executed.back();
+  EXPECT_FALSE(fix.hparams.has_lr_scale());
+  EXPECT_FALSE(fix.hparams.has_beta2());
+  ASSERT_GT(fix.plan.ranges_size(), 1);
+  EXPECT_FALSE(store.quarantine.empty());
+  EXPECT_TRUE(ctl.pause_calls.empty());
+  EXPECT_FALSE(ctl.paused);
+  EXPECT_TRUE(ctl.continued.count(ctl.current_generation));
 }
 
 TEST_F(IncidentEscalationTest, DataIncidentsOutsideTheWindowDoNotEscalate) {
@@ -396,6 +444,84 @@ TEST_F(IncidentEngineTest, NoCheckpointIsInconclusiveAndLeavesTheRunTraining) {
   EXPECT_THAT(inc.note(), HasSubstr("no complete checkpoint before the onset"));
   EXPECT_EQ(ctl.rewind_calls, 0);
   EXPECT_TRUE(ctl.pause_calls.empty());
+}
+
+// After a fix changed the trajectory, a later incident rewinds only to a
+// checkpoint on the current generation's line: not one the original
+// generation saved after the fix branched off it, nor one of an earlier
+// incident's probes (another data plan, other hparams).
+TEST_F(IncidentEngineTest, LaterIncidentsRewindOnlyOnTheCurrentGenerationsLine) {
+  view.tree_of = &ctl;
+  Start({.fragile_until_rung = 2});
+  RunProtocol(Spike(), 1250);
+  const v1::Incident first = Only();
+  ASSERT_EQ(first.verdict(), v1::FRAGILITY);
+  ASSERT_EQ(first.state(), v1::CLOSED);
+  const int64_t line = ctl.current_generation;  // rung 2, continued from gen 1 @ 900
+  ASSERT_EQ(ctl.spec_of[line].checkpoint.step, 900);
+  // The skip probe (generation 3) saved step 1100; the line saved nothing
+  // yet in the window of an onset at 1300.
+  view.checkpoints.push_back({3, 1100, "file:///ckpt/g3-1100", "sum", true});
+  const size_t rewinds = ctl.executed.size();
+  Detect(Spike(1300, line));
+  ASSERT_EQ(store.incidents.size(), 2u);
+  ASSERT_GT(ctl.executed.size(), rewinds);
+  // Not gen 3 @ 1100, not gen 1 @ 950 (after the branch at 900).
+  EXPECT_EQ(ctl.executed[rewinds].checkpoint.generation, 1);
+  EXPECT_EQ(ctl.executed[rewinds].checkpoint.step, 900);
+  // The new generation's parent is the generation whose checkpoint it
+  // started from.
+  EXPECT_EQ(ctl.tree.back().parent(), 1);
+  EXPECT_EQ(ctl.tree.back().from_checkpoint_step(), 900);
+}
+
+// The replay saves a checkpoint where the skip window starts; the probes
+// that change only the window's data start there, with the same verdict and
+// culprit, and re-execute fewer steps.
+TEST_F(IncidentEngineTest, DataOnlyProbesStartAtTheReplaysWindowCheckpoint) {
+  view.policy.mutable_probe()->set_bisect(true);
+  view.tree_of = &ctl;
+  Start({.poison = {1000}});
+  world->save_asked_checkpoints = true;
+  RunProtocol();
+  const v1::Incident inc = Only();
+  EXPECT_EQ(inc.verdict(), v1::DATA);
+  EXPECT_EQ(inc.state(), v1::CLOSED);
+  EXPECT_THAT(inc.culprit_positions(), ElementsAre(1000));
+  EXPECT_FALSE(HasEvent(inc, "nondeterminism"));
+  ASSERT_TRUE(HasEvent(inc, "window_checkpoint"));
+  ASSERT_GE(ctl.executed.size(), 3u);
+  // The replay from 900 asks for step 995, the first of the window
+  // [995, 1006); every later probe starts there, from the replay's line.
+  EXPECT_EQ(ctl.executed[0].checkpoint.step, 900);
+  EXPECT_EQ(ctl.executed[0].checkpoint_at_step, 995);
+  for (size_t k = 1; k < ctl.executed.size(); ++k) {
+    EXPECT_EQ(ctl.executed[k].checkpoint.step, 995) << ctl.executed[k].reason;
+    EXPECT_EQ(ctl.executed[k].checkpoint.generation, 2) << ctl.executed[k].reason;
+  }
+  EXPECT_TRUE(store.pins.count(995));
+  EXPECT_FALSE(store.pins[995]);  // released at close
+  const int64_t with = inc.cost().steps_reexecuted();
+
+  // The same incident with workers that ignore the request.
+  engine.reset();
+  ctl = FakeController();
+  store = FakeStore();
+  view.steps.clear();
+  view.checkpoints.resize(6);  // SetUp's
+  Start({.poison = {1000}});
+  RunProtocol();
+  const v1::Incident without = Only();
+  EXPECT_EQ(without.verdict(), v1::DATA);
+  EXPECT_THAT(without.culprit_positions(), ElementsAre(1000));
+  EXPECT_THAT(without.note(), HasSubstr("the replay saved no checkpoint at step 995"));
+  EXPECT_EQ(ctl.executed.back().checkpoint.step, 900);
+  const int64_t before = without.cost().steps_reexecuted();
+  // Every probe after the replay saved 95 of its steps (900 -> 995); the
+  // ratio is diagnosis_bench's figure (0.46x on the demo's DATA incident).
+  EXPECT_EQ(before - with, 95 * static_cast<int64_t>(ctl.executed.size() - 1));
+  std::printf("steps re-executed: %lld with the window checkpoint, %lld without\n",
+              static_cast<long long>(with), static_cast<long long>(before));
 }
 
 // --- Budgets and timeouts ------------------------------------------------------------------------
@@ -669,6 +795,7 @@ TEST_F(IncidentEngineTest, BisectNamesTheCulpritBatchOffTheOnsetAndQuarantinesOn
 
 TEST_F(IncidentEngineTest, BisectFindsAnOnsetCulpritInTwoProbes) {
   view.policy.mutable_probe()->set_bisect(true);
+  view.policy.mutable_probe()->set_bisect_documents(false);
   Start({.poison = {1000}});
   RunProtocol();
   const v1::Incident inc = Only();
@@ -676,6 +803,8 @@ TEST_F(IncidentEngineTest, BisectFindsAnOnsetCulpritInTwoProbes) {
                                       "bisect:clean", "fix:clean"));
   EXPECT_THAT(inc.culprit_positions(), ElementsAre(1000));
   EXPECT_EQ(store.quarantine.size(), 2u);
+  // Batch-level culprits only, and the incident says why.
+  EXPECT_THAT(inc.note(), HasSubstr("document bisect is off (probe.bisect_documents: false)"));
 }
 
 // --- Sample (document-level) bisect --------------------------------------------------
@@ -746,7 +875,9 @@ TEST_F(IncidentEngineTest, ASpikingSampleSharedByTwoDocumentsNamesBoth) {
 TEST_F(IncidentEngineTest, SampleProbesRunningOutKeepTheSamplesNotCleared) {
   view.policy.mutable_probe()->set_bisect(true);
   view.policy.mutable_probe()->set_bisect_documents(true);
-  view.policy.mutable_probe()->set_max_document_probes(1);
+  // Replay, skip, two bisect probes, then room for one document probe (one
+  // probe always stays for the fix).
+  view.policy.mutable_budget()->set_max_probes(6);
   Start({.poison = {1000}, .poison_slots = {{1000, {6}}}});
   RunProtocol();
   const v1::Incident inc = Only();
@@ -757,15 +888,47 @@ TEST_F(IncidentEngineTest, SampleProbesRunningOutKeepTheSamplesNotCleared) {
   ASSERT_EQ(inc.documents_size(), 1);
   EXPECT_EQ(inc.documents(0).document_id(), 10001);
   EXPECT_THAT(inc.note(), HasSubstr("the document probes ran out"));
+  EXPECT_THAT(inc.note(), HasSubstr("documents not named exactly: batch 1000: the document "
+                                    "probes stopped before its documents were told apart "
+                                    "(budget.max_probes 6 spent)"));
 }
 
-TEST_F(IncidentEngineTest, SampleBisectIsOffByDefault) {
+// A cap sized for small batches does not cut document bisect short: a batch
+// of D documents gets ceil(log2 D) + 1 probes.
+TEST_F(IncidentEngineTest, DocumentProbesArePlannedFromTheBatchsDocumentCount) {
   view.policy.mutable_probe()->set_bisect(true);
+  view.policy.mutable_probe()->set_max_document_probes(1);
   Start({.poison = {1000}, .poison_slots = {{1000, {6}}}});
   RunProtocol();
   const v1::Incident inc = Only();
+  EXPECT_EQ(inc.verdict(), v1::DATA);
+  ASSERT_EQ(inc.documents_size(), 1);
+  EXPECT_EQ(inc.documents(0).document_id(), 10001);
+  EXPECT_THAT(inc.note(), Not(HasSubstr("documents not named exactly")));
+}
+
+// Exact documents are the default; off by policy, every document of the
+// culprit batch is named, and the incident says why.
+TEST_F(IncidentEngineTest, SampleBisectIsOnByDefaultAndSaysWhenItIsOff) {
+  view.policy.mutable_probe()->set_bisect(true);
+  Start({.poison = {1000}, .poison_slots = {{1000, {6}}}});
+  RunProtocol();
+  const v1::Incident exact = Only();
+  EXPECT_GE(CountKind(exact, "bisect_samples"), 1);
+  ASSERT_EQ(exact.documents_size(), 1);
+  EXPECT_EQ(exact.documents(0).document_id(), 10001);
+}
+
+TEST_F(IncidentEngineTest, DocumentBisectThatCannotRunSaysWhy) {
+  view.policy.mutable_probe()->set_bisect(true);
+  view.has_manifest = false;  // no per-sample document map
+  Start({.poison = {1000}});
+  RunProtocol();
+  const v1::Incident inc = Only();
+  EXPECT_EQ(inc.verdict(), v1::DATA);
   EXPECT_EQ(CountKind(inc, "bisect_samples"), 0);
-  EXPECT_EQ(inc.documents_size(), 2);
+  EXPECT_THAT(inc.note(), HasSubstr("documents not named exactly: batch 1000: no per-sample "
+                                    "document map"));
 }
 
 TEST_F(IncidentEngineTest, TransplantRecordsDataTimesState) {
@@ -944,6 +1107,26 @@ TEST_F(IncidentEngineTest, HorizonPastTheEndOfTheScheduleIsClamped) {
   ASSERT_EQ(ctl.executed.size(), 2u);
   EXPECT_EQ(ctl.executed[1].stop_after_step, 1030);  // onset + 200, clamped
   EXPECT_TRUE(ctl.pause_calls.empty());
+}
+
+// A verification horizon past the schedule's last step is clamped, and the
+// continue request says so rather than naming a step the run never reaches.
+TEST_F(IncidentEngineTest, VerificationPastTheEndOfTheScheduleIsClampedAndSaysSo) {
+  view.final_step = 1100;
+  Start({.transient = true});
+  world->final_step = 1100;
+  RunProtocol();
+  const v1::Incident inc = Only();
+  EXPECT_EQ(inc.verdict(), v1::TRANSIENT);
+  EXPECT_EQ(inc.state(), v1::CLOSED);
+  bool said = false;
+  for (const auto& e : inc.events()) {
+    if (e.kind() != "continue_requested") continue;
+    EXPECT_THAT(e.detail(), Not(HasSubstr("step 1210")));
+    said = said || e.detail().find("verify through step 1100, the last step of the run's "
+                                   "schedule (1210 asked)") != std::string::npos;
+  }
+  EXPECT_TRUE(said);
 }
 
 // Workers that end their schedule before a horizon the daemon did not know

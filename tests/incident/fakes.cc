@@ -28,6 +28,11 @@ absl::StatusOr<int64_t> FakeController::Rewind(const std::string& run, const Rew
   ++gen;
   generation_of[spec.request_id] = gen;
   spec_of[gen] = spec;
+  v1::Generation g;
+  g.set_generation(gen);
+  g.set_parent(spec.checkpoint.generation);
+  g.set_from_checkpoint_step(spec.checkpoint.step);
+  tree.push_back(g);
   executed.push_back(spec);
   current_generation = gen;
   paused = false;
@@ -309,6 +314,14 @@ int World::Pump(IncidentEngine* engine, const std::string& run, int64_t max_step
     view_->steps[gen][o.step] = o;
     ++it->second;
     ++fed;
+    // The checkpoint a rewind asked for, registered once the step before
+    // it ran (as the workers do).
+    if (save_asked_checkpoints && spec != controller_->spec_of.end() &&
+        spec->second.checkpoint_at_step == it->second) {
+      view_->checkpoints.push_back({gen, it->second,
+                                    absl::StrCat("file:///ckpt/g", gen, "-", it->second), "sum",
+                                    true});
+    }
     absl::Status s = engine->OnStep(run, o);
     EXPECT_TRUE(s.ok()) << s;
   }

@@ -47,6 +47,10 @@ class FakeController final : public RunController {
   bool paused = false;
   // Fails the next Rewind with this status (then clears it).
   absl::Status fail_next_rewind;
+  // The generation tree the rewinds made, as the daemon records it: each
+  // new generation's parent is the generation whose checkpoint it started
+  // from, its branch step that checkpoint's step.
+  std::vector<spikeguard::v1::Generation> tree;
 
   std::set<std::string> UniqueContinues() const {
     return {continue_calls.begin(), continue_calls.end()};
@@ -71,6 +75,14 @@ class FakeView final : public RunView {
     return it == hparams.end() ? spikeguard::v1::HParams() : it->second;
   }
   std::optional<int64_t> FinalStep(const std::string& run) override { return final_step; }
+  // The controller's generation tree when `tree_of` is set; none otherwise
+  // (the engine then counts every generation up to the watched one).
+  absl::StatusOr<std::vector<spikeguard::v1::Generation>> Generations(
+      const std::string& run) override {
+    if (tree_of == nullptr) return std::vector<spikeguard::v1::Generation>();
+    return tree_of->tree;
+  }
+  const FakeController* tree_of = nullptr;
   // One near-duplicate per document: id + 50000, similarity 0.9.
   absl::StatusOr<std::vector<spikeguard::v1::NearDuplicate>> NearDuplicates(
       const std::string& run, const std::vector<spikeguard::v1::DocumentRef>& documents) override;
@@ -174,6 +186,9 @@ class World {
   // Checkpoints the workers no longer have: a rewind there fails on the
   // worker (OnCommandFailed) and the generation never runs.
   std::set<std::string> missing_uris;
+  // The workers save the checkpoint a rewind asks for (checkpoint_at_step);
+  // off, they ignore the request (an older trainer).
+  bool save_asked_checkpoints = false;
 
  private:
   int Rung(int64_t generation) const;

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -471,11 +472,20 @@ TEST_F(ReferenceWorkerDaemonTest, CheckpointsRetentionDeletedLeaveTheCatalog) {
     ASSERT_TRUE(w.ok());
     ASSERT_TRUE(w.Join().ok());
   }
-  // Every notice is read before the worker's stream closes.
+  // Every notice is read before the worker's stream closes: the catalog
+  // lists exactly the files retention left. Those are the newest, and the
+  // oldest, which the daemon keeps pinned as the next rolling rewind target
+  // (its answer to each checkpoint notice) until one is old enough.
   const auto list = Checkpoints(kRun);
-  ASSERT_EQ(list.size(), 1u);
-  EXPECT_EQ(list[0].step(), 20);
-  EXPECT_TRUE(std::filesystem::exists(list[0].uri().substr(7)));
+  ASSERT_EQ(list.size(), 2u);
+  EXPECT_EQ(list[0].step(), 5);
+  EXPECT_EQ(list[1].step(), 20);
+  std::set<std::string> listed, on_disk;
+  for (const auto& c : list) listed.insert(c.uri().substr(7));
+  for (const auto& f : std::filesystem::directory_iterator(work.File("ckpt"))) {
+    if (f.path().extension() == ".sgck") on_disk.insert(f.path().string());
+  }
+  EXPECT_EQ(listed, on_disk);
 }
 
 TEST_F(ReferenceWorkerDaemonTest, CheckpointsPinnedInTheCatalogSurviveRetention) {
@@ -488,15 +498,15 @@ TEST_F(ReferenceWorkerDaemonTest, CheckpointsPinnedInTheCatalogSurviveRetention)
   ASSERT_TRUE(CreateRun(kRun).ok());
   auto w = std::make_unique<RunningWorker>(o);
   ASSERT_TRUE(w->ok());
-  // At its horizon: the checkpoint at step 10 is the only one left.
+  // At its horizon: the checkpoint at step 10 is the newest.
   auto only_step_10 = [&] {
     const auto list = Checkpoints(kRun);
-    return list.size() == 1 && list[0].step() == 10;
+    return !list.empty() && list.back().step() == 10;
   };
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
   while (!only_step_10() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
   ASSERT_TRUE(only_step_10());
-  const std::string pinned_uri = Checkpoints(kRun)[0].uri();
+  const std::string pinned_uri = Checkpoints(kRun).back().uri();
 
   // An operator pins it, and lets the run go on: every later command tells
   // the worker to keep it.
@@ -521,12 +531,15 @@ TEST_F(ReferenceWorkerDaemonTest, CheckpointsPinnedInTheCatalogSurviveRetention)
   ASSERT_TRUE(w->Join().ok());
   // Closing its stream, the worker lets the daemon read every notice first.
   w.reset();
+  // The pinned one, the newest, and the oldest (the next rolling rewind
+  // target the daemon keeps).
   const auto list = Checkpoints(kRun);
-  ASSERT_EQ(list.size(), 2u);
-  EXPECT_EQ(list[0].step(), 10);
-  EXPECT_TRUE(list[0].pinned());
-  EXPECT_EQ(list[0].uri(), pinned_uri);
-  EXPECT_EQ(list[1].step(), 25);
+  ASSERT_EQ(list.size(), 3u);
+  EXPECT_EQ(list[0].step(), 5);
+  EXPECT_EQ(list[1].step(), 10);
+  EXPECT_TRUE(list[1].pinned());
+  EXPECT_EQ(list[1].uri(), pinned_uri);
+  EXPECT_EQ(list[2].step(), 25);
   EXPECT_TRUE(std::filesystem::exists(pinned_uri.substr(7)));
   EXPECT_FALSE(std::filesystem::exists(work.File("ckpt/ckpt-g000000-s000000000015.sgck")));
 }

@@ -241,6 +241,13 @@ std::optional<v1::Reject> WorkerClient::rejection() const {
   return rejection_;
 }
 
+std::optional<std::vector<std::string>> WorkerClient::TakePins() {
+  absl::MutexLock lock(&mu_);
+  std::optional<std::vector<std::string>> out = std::move(pins_);
+  pins_.reset();
+  return out;
+}
+
 bool WorkerClient::connected() const {
   absl::MutexLock lock(&mu_);
   return connected_;
@@ -424,6 +431,7 @@ bool WorkerClient::RunConnection() {
             break;
           }
         }
+        if (ack.has_pins()) pins_.emplace(ack.pinned_uris().begin(), ack.pinned_uris().end());
         stats_.reports_acked += ack.accepted();
         stats_.reports_duplicate += ack.duplicates();
         stats_.reports_rejected += ack.rejected();
@@ -435,6 +443,9 @@ bool WorkerClient::RunConnection() {
         }
       } else if (in.has_command()) {
         commands_.push_back(in.command());
+        // The command's pins are newer than any answer to a notice read
+        // before it.
+        pins_.reset();
       } else if (in.has_reject()) {
         rejection_ = in.reject();
         stopping_ = true;

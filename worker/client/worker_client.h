@@ -141,6 +141,11 @@ class WorkerClient {
   void SetGeneration(int64_t generation);
 
   std::optional<spikeguard::v1::Reject> rejection() const;
+  // The run's pinned checkpoint URIs as the daemon last sent them in answer
+  // to a CheckpointSaved (Ack.pinned_uris), once: nullopt when none arrived
+  // since the last call or since the last command (whose pinned_uris are
+  // newer). Retention must keep them.
+  std::optional<std::vector<std::string>> TakePins();
   bool connected() const;
   Stats stats() const;
   // Stops the connection thread without waiting for acknowledgements. When
@@ -178,6 +183,7 @@ class WorkerClient {
   bool connected_ ABSL_GUARDED_BY(mu_) = false;
   bool welcomed_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<spikeguard::v1::Reject> rejection_ ABSL_GUARDED_BY(mu_);
+  std::optional<std::vector<std::string>> pins_ ABSL_GUARDED_BY(mu_);
   int64_t generation_ ABSL_GUARDED_BY(mu_);
   int64_t current_step_ ABSL_GUARDED_BY(mu_) = -1;
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;

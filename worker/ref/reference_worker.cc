@@ -87,6 +87,7 @@ absl::Status ReferenceWorker::Init() {
     (void)checkpoints_->CleanTemporaries();
   }
   generation_ = options_.generation;
+  bitflip_done_ = options_.generation > 0;
   stop_after_ = options_.stop_after_step;
 
   // Where to start.
@@ -205,6 +206,14 @@ absl::StatusOr<storage::CheckpointFileInfo> ReferenceWorker::SaveCheckpoint() {
   std::vector<uint8_t> state = trainer_->SaveState();
   ckpt.AddSection(kTrainerSection, state.data(), state.size());
   SG_ASSIGN_OR_RETURN(storage::CheckpointFileInfo info, checkpoints_->Write(ckpt));
+  // The daemon's pins as its last answer to a checkpoint notice gave them
+  // (the rolling rewind target among them).
+  if (client_) {
+    if (std::optional<std::vector<std::string>> pins = client_->TakePins()) {
+      pinned_paths_.clear();
+      for (const std::string& uri : *pins) pinned_paths_.insert(PathFromUri(uri));
+    }
+  }
   SG_ASSIGN_OR_RETURN(
       std::vector<storage::CheckpointFileInfo> deleted,
       checkpoints_->Retain(std::max(1, options_.config.keep_checkpoints), pinned_paths_));
@@ -240,7 +249,12 @@ absl::StatusOr<v1::StepReport> ReferenceWorker::TrainStep() {
   batch.tokens = std::move(data.tokens);
   batch.domain.assign(data.sample_domain.begin(), data.sample_domain.end());
   batch.num_domains = corpus_->num_domains();
-  if (generation_ == 0 && options_.bitflip_step == step_) trainer_->ArmGradientBitflip(step_);
+  // A transient fault: the first time this process trains that step, in
+  // whichever generation the run is by then; a replay does not repeat it.
+  if (!bitflip_done_ && options_.bitflip_step == step_) {
+    trainer_->ArmGradientBitflip(step_);
+    bitflip_done_ = true;
+  }
 
   const auto start = std::chrono::steady_clock::now();
   kernels::StepTelemetry t = trainer_->Step(batch, step_, options_.telemetry);
@@ -349,6 +363,9 @@ absl::Status ReferenceWorker::HandleCommand(const v1::Command& command, bool* st
         generation_ = command.new_generation();
         client_->SetGeneration(generation_);
         stop_after_ = command.stop_after_step() > 0 ? command.stop_after_step() : -1;
+        // A checkpoint the daemon asked for off the cadence (where a probe
+        // window starts): saved once this generation gets there.
+        checkpoint_at_ = command.checkpoint_at_step() > step_ ? command.checkpoint_at_step() : -1;
         paused_ = false;
         // Absolute: after the checkpoint (which restores the overrides it was
         // saved with), the configured base with the command's fields.
@@ -451,7 +468,10 @@ absl::Status ReferenceWorker::Run() {
     }
     SG_ASSIGN_OR_RETURN(v1::StepReport report, TrainStep());
     Emit(report);
-    if (checkpoints_ && cfg.checkpoint_every > 0 && step_ % cfg.checkpoint_every == 0) {
+    const bool asked = step_ == checkpoint_at_;
+    if (asked) checkpoint_at_ = -1;
+    if (checkpoints_ &&
+        (asked || (cfg.checkpoint_every > 0 && step_ % cfg.checkpoint_every == 0))) {
       SG_RETURN_IF_ERROR(SaveCheckpoint().status());
     }
   }

@@ -22,7 +22,9 @@
 // schedule ends before a horizon it was given (or at all), it tells the
 // daemon with GenerationEnded once its reports are delivered. Checkpoint
 // retention (keep_checkpoints) never deletes a checkpoint the last command
-// named as pinned, and every deletion is reported (CheckpointDeleted).
+// named as pinned, and every deletion is reported (CheckpointDeleted). A
+// REWIND's checkpoint_at_step adds one checkpoint off the cadence, at that
+// step of the new generation.
 //
 //   ReferenceWorker::Options o;
 //   o.corpus_dir = "/data/synth";
@@ -72,8 +74,10 @@ class ReferenceWorker {
     // Checkpoint to start from: a path, "newest" (newest valid one in
     // checkpoint_dir, fresh start when there is none), or "" (fresh start).
     std::string resume_from;
-    // Flip one gradient bit at this step, in generation 0 only (a transient
-    // hardware fault that a replay does not reproduce).
+    // Flip one gradient bit at this step, the first time this process
+    // trains it, in whatever generation it has reached by then (a transient
+    // hardware fault that a replay does not reproduce); never in a process
+    // started in a generation > 0 (a relaunched replay).
     int64_t bitflip_step = -1;
     // Stop after this step (inclusive): standalone, return; with a daemon,
     // report and wait for a command. -1 = none.
@@ -135,6 +139,11 @@ class ReferenceWorker {
   int64_t step_ = 0;
   int64_t generation_ = 0;
   int64_t stop_after_ = -1;
+  // The step of the current generation to checkpoint at besides the cadence
+  // (Command.checkpoint_at_step), -1 when none.
+  int64_t checkpoint_at_ = -1;
+  // The --fault bit flip fired (once per process).
+  bool bitflip_done_ = false;
   bool paused_ = false;
   std::set<std::string> executed_commands_;
   // Checkpoint paths the last command named as pinned: retention keeps them.

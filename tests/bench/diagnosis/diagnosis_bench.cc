@@ -34,6 +34,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "daemon/incident/policy.h"
+#include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
 #include "spikeguard/v1/supervisor.pb.h"
 #include "tests/e2e/launch_profile.h"
@@ -60,12 +61,18 @@ struct Scenario {
   std::vector<std::string> worker_args;
   v1::Verdict expected;
   std::string what;
+  // Knobs over the e2e probe policy (text format), e.g. a baseline.
+  std::string policy_over = "";
 };
 
 const std::vector<Scenario>& Scenarios() {
   static const auto* s = new std::vector<Scenario>{
       {"data", "data", {"highbytes@300"}, {"--steps", "600"}, v1::DATA,
        "poison documents (never-seen bytes) at data position 300"},
+      // The same incident with every probe starting at the probe checkpoint
+      // (before the replay saved a checkpoint at the window's start).
+      {"data-from-probe-checkpoint", "data", {"highbytes@300"}, {"--steps", "600"}, v1::DATA,
+       "the same, window checkpoint off (the baseline)", "probe { window_checkpoint: false }"},
       {"transient", "transient", {}, {"--steps", "450", "--fault", "bitflip:step=250"},
        v1::TRANSIENT, "one gradient bit flip at step 250, first attempt only"},
       {"numerics", "numerics", {}, {}, v1::NUMERICS,
@@ -177,7 +184,15 @@ class ScenarioRun {
       return "corpus synth: " + r.err;
     }
     // Policy.
-    std::ofstream(dir_.File("policy.textproto")) << kPolicy;
+    std::string policy = kPolicy;
+    if (!scenario_.policy_over.empty()) {
+      auto base = spikeguard::incident::ParsePolicyText(kPolicy, "bench policy");
+      auto over = spikeguard::incident::ParsePolicyText(scenario_.policy_over, "scenario policy");
+      if (!base.ok() || !over.ok()) return "policy: does not parse";
+      google::protobuf::TextFormat::PrintToString(
+          spikeguard::incident::MergePolicy(*base, *over), &policy);
+    }
+    std::ofstream(dir_.File("policy.textproto")) << policy;
     if (RunResult r = Spikectl({"policy", "set", "--file", dir_.File("policy.textproto")});
         r.code != 0) {
       return "policy set: " + r.err;
@@ -190,7 +205,9 @@ class ScenarioRun {
   }
 
   RunResult Spikectl(std::vector<std::string> args) {
-    std::vector<std::string> argv = {SPIKECTL, "--addr=" + addr_};
+    // The daemon makes its admin token on first start (DATA_DIR/admin.token).
+    std::vector<std::string> argv = {SPIKECTL, "--addr=" + addr_,
+                                     "--token-file=" + dir_.File("data/admin.token")};
     argv.insert(argv.end(), args.begin(), args.end());
     return RunCommand(argv, dir_.File(absl::StrCat("spikectl-", ++calls_)));
   }
@@ -271,7 +288,8 @@ int main(int argc, char** argv) {
     } else if (a == "--timeout-s") {
       if (!absl::SimpleAtoi(next(), &timeout_s) || timeout_s <= 0) Die("--timeout-s: not a number");
     } else {
-      std::cerr << "usage: diagnosis_bench --out DIR [--timeout-s N] [--only data|transient|numerics]\n";
+      std::cerr << "usage: diagnosis_bench --out DIR [--timeout-s N] [--only data|"
+                   "data-from-probe-checkpoint|transient|numerics]\n";
       return 2;
     }
   }
@@ -343,6 +361,28 @@ int main(int argc, char** argv) {
       "incident's event log, opened → closed is cost.wall_time_s, launch → verdict includes "
       "training up to the spike. Verdicts correct: %d of %d.\n\n",
       correct, static_cast<int>(outcomes.size()));
+
+  // The window checkpoint against its baseline, in the same process.
+  const Outcome* with = nullptr;
+  const Outcome* without = nullptr;
+  for (const Outcome& o : outcomes) {
+    if (o.scenario == "data") with = &o;
+    if (o.scenario == "data-from-probe-checkpoint") without = &o;
+  }
+  if (with != nullptr && without != nullptr &&
+      without->incident.cost().steps_reexecuted() > 0) {
+    const std::string line = absl::StrFormat(
+        "data: %d steps re-executed with the window checkpoint, %d from the probe checkpoint: "
+        "%.2fx (probes %d vs %d; culprits %s vs %s)",
+        with->incident.cost().steps_reexecuted(), without->incident.cost().steps_reexecuted(),
+        static_cast<double>(with->incident.cost().steps_reexecuted()) /
+            without->incident.cost().steps_reexecuted(),
+        with->incident.cost().probes(), without->incident.cost().probes(),
+        absl::StrJoin(with->incident.culprit_positions(), ","),
+        absl::StrJoin(without->incident.culprit_positions(), ","));
+    std::cout << line << "\n";
+    md += "## Window checkpoint against its baseline\n\n" + line + "\n\n";
+  }
 
   auto bench_policy = spikeguard::incident::ParsePolicyText(kPolicy, "bench policy");
   if (!bench_policy.ok()) Die(bench_policy.status().ToString());

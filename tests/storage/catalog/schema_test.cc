@@ -86,6 +86,7 @@ TEST(Schema, VersionOneFileMigratesToTheCurrentSchemaKeepingItsData) {
   }
   // Turn the file into what a version-1 binary left behind.
   RawExec(path,
+          "ALTER TABLE checkpoints DROP COLUMN rolling; "
           "DROP TABLE launches; DROP INDEX audit_by_target; ALTER TABLE audit DROP COLUMN role; "
           "ALTER TABLE audit DROP COLUMN outcome; ALTER TABLE audit DROP COLUMN peer; "
           "DROP TABLE policies; ALTER TABLE runs DROP COLUMN data_order; "
@@ -117,6 +118,7 @@ TEST(Schema, VersionTwoFileGainsTheRunsDataOrder) {
   }
   // What a version-2 binary left behind: runs without the two columns.
   RawExec(path,
+          "ALTER TABLE checkpoints DROP COLUMN rolling; "
           "DROP TABLE launches; DROP INDEX audit_by_target; ALTER TABLE audit DROP COLUMN role; "
           "ALTER TABLE audit DROP COLUMN outcome; ALTER TABLE audit DROP COLUMN peer; "
           "ALTER TABLE runs DROP COLUMN data_order; ALTER TABLE runs DROP COLUMN total_steps; "
@@ -144,7 +146,8 @@ TEST(Schema, VersionThreeFileKeepsItsAuditRowsAndGainsWhoAndHow) {
     ASSERT_TRUE((*catalog)->AppendAudit("operator", "rewind", "old-run", "to 200").ok());
   }
   // What a version-3 binary left behind: audit without role/outcome/peer.
-  RawExec(path, std::string("DROP TABLE launches; DROP INDEX audit_by_target; ALTER TABLE audit DROP COLUMN role; "
+  RawExec(path, std::string("ALTER TABLE checkpoints DROP COLUMN rolling; "
+                            "DROP TABLE launches; DROP INDEX audit_by_target; ALTER TABLE audit DROP COLUMN role; "
           "ALTER TABLE audit DROP COLUMN outcome; ALTER TABLE audit DROP COLUMN peer; "
           "PRAGMA user_version = 3;"));
   auto catalog = Catalog::Open({.path = path});
@@ -189,7 +192,9 @@ TEST(Schema, VersionFourFileGainsTheLaunchesTableAndKeepsItsRuns) {
     run.set_name("old-run");
     ASSERT_TRUE((*catalog)->CreateRun(run).ok());
   }
-  RawExec(path, "DROP TABLE launches; PRAGMA user_version = 4;");
+  RawExec(path,
+          "ALTER TABLE checkpoints DROP COLUMN rolling; DROP TABLE launches; "
+          "PRAGMA user_version = 4;");
   auto catalog = Catalog::Open({.path = path});
   ASSERT_TRUE(catalog.ok()) << catalog.status();
   EXPECT_TRUE((*catalog)->GetRun("old-run").ok());
@@ -213,6 +218,35 @@ TEST(Schema, VersionFourFileGainsTheLaunchesTableAndKeepsItsRuns) {
   EXPECT_EQ((*catalog)->ListLaunches()->size(), 1u);
   ASSERT_TRUE((*catalog)->DeleteLaunches("old-run").ok());
   EXPECT_TRUE((*catalog)->ListLaunches()->empty());
+}
+
+TEST(Schema, VersionFiveFileKeepsItsCheckpointsAndGainsTheRollingPin) {
+  TempDir dir;
+  const std::string path = dir.File("catalog.db");
+  {
+    auto catalog = Catalog::Open({.path = path});
+    ASSERT_TRUE(catalog.ok()) << catalog.status();
+    v1::Run run;
+    run.set_name("old-run");
+    ASSERT_TRUE((*catalog)->CreateRun(run).ok());
+    v1::Checkpoint c;
+    c.set_run("old-run");
+    c.set_step(100);
+    c.set_uri("/ckpt/100");
+    c.set_complete(true);
+    ASSERT_TRUE((*catalog)->UpsertCheckpoint(c).ok());
+  }
+  RawExec(path, "ALTER TABLE checkpoints DROP COLUMN rolling; PRAGMA user_version = 5;");
+  auto catalog = Catalog::Open({.path = path});
+  ASSERT_TRUE(catalog.ok()) << catalog.status();
+  auto listed = (*catalog)->ListCheckpoints("old-run");
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_FALSE(listed->at(0).rolling_pin());
+  ASSERT_TRUE((*catalog)->SetRollingPin("old-run", 100, "/ckpt/100").ok());
+  EXPECT_TRUE((*catalog)->ListCheckpoints("old-run")->at(0).rolling_pin());
+  ASSERT_TRUE((*catalog)->SetRollingPin("old-run", -1, "").ok());  // released
+  EXPECT_FALSE((*catalog)->ListCheckpoints("old-run")->at(0).rolling_pin());
 }
 
 TEST(Schema, InMemoryDatabaseMigratesToo) {
