@@ -322,6 +322,34 @@ def test_checkpoint_notices_and_the_end_of_a_generation(daemon, tmp_path):
     c.close()
 
 
+def test_the_answer_to_a_checkpoint_notice_carries_the_pins_retention_keeps(daemon):
+    """Each checkpoint_saved is answered with the run's pins: the rolling
+    rewind target (at least min_steps_before_onset = 100 steps behind) and
+    the checkpoint just saved; take_pins() hands them over once."""
+    daemon.create_run("pins")
+    c = client(daemon, "pins")
+    c.start(timeout=20)
+    assert c.take_pins() is None
+    uri = {s: (daemon.data_dir / "runs" / "pins" / f"g0-step{s}.pt").as_uri()
+           for s in (50, 150)}
+    for s in range(151):
+        c.report(step_report(s))
+        if s == 50:
+            c.checkpoint_saved(50, uri[50], data_position=51)
+            c.flush(timeout=20)
+            wait_until(lambda: c._pins is not None, timeout=10, what="the pins")
+            assert c.take_pins() == [uri[50]]  # only the one just saved
+            assert c.take_pins() is None
+    c.checkpoint_saved(150, uri[150], data_position=151)
+    c.flush(timeout=20)
+    wait_until(lambda: c._pins is not None, timeout=10, what="the pins")
+    assert sorted(c.take_pins()) == sorted([uri[50], uri[150]])
+    rolling = [int(x["step"]) for x in daemon.checkpoints("pins")
+               if x.get("rolling_pin") or x.get("rollingPin")]
+    assert rolling == [50]
+    c.close()
+
+
 def test_flush_times_out_while_the_daemon_is_away(daemon):
     daemon.create_run("away")
     c = client(daemon, "away")

@@ -264,7 +264,7 @@ def test_kill9_of_one_rank_restarts_both_from_the_newest_checkpoint(daemon, tmp_
     # Both ranks were started again, from the newest checkpoint (step 100).
     for rank in (0, 1):
         log = rank_log(daemon, "tkill", rank)
-        assert "step-000000100" in log and "loaded checkpoint" in log, log[-2000:]
+        assert "g000000-step-000000100.pt" in log and "loaded checkpoint" in log, log[-2000:]
     assert "restart all of them together" in daemon.log()
     assert incidents(daemon, "tkill") == []
 

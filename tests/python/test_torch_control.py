@@ -151,6 +151,86 @@ def test_failed_rewind_answers_not_ok_and_pauses_until_the_next_command():
     assert [s for _, s in tr.trained] == [0, 1, 2, 3, 4, 5]
 
 
+def test_rewind_checkpoint_at_step_is_due_once_at_that_step_of_the_new_generation():
+    """REWIND's checkpoint_at_step: checkpoint_due(step) is True once, at that
+    step of the new generation (asked after each trained step with the next
+    step, as train.py does); a later REWIND replaces the request, 0 clears it,
+    a step not after the rewind's checkpoint is ignored, a re-sent REWIND
+    does not re-arm it."""
+    c = FakeClient()
+    tr, ctl = make(c, total=10)
+    assert ctl.checkpoint_at == -1
+    pushed = set()
+    due = []
+
+    def rewind(cid, gen, to, at, **kw):
+        c.push(id=cid, kind=K.REWIND, new_generation=gen, checkpoint_at_step=at,
+               checkpoint=worker_pb2.CheckpointRef(uri=f"file:///ck/{to}"), **kw)
+
+    def daemon(step):
+        g = ctl.generation
+        once = (g, step) not in pushed
+        pushed.add((g, step))
+        if not once:
+            return
+        if g == 0 and step == 5:
+            rewind("r1", 1, 2, 6)       # asks for step 6 of generation 1 ...
+        elif g == 1 and step == 4:
+            rewind("r2", 2, 3, 5)       # ... replaced before it gets there: step 5
+        elif g == 2 and step == 6:
+            rewind("r1", 1, 2, 6)       # re-sent (a reconnect): answered, not re-armed
+        elif g == 2 and step == 7:
+            rewind("r3", 3, 6, 8)       # asks for step 8 of generation 3 ...
+        elif g == 3 and step == 6:
+            rewind("r4", 4, 6, 0)       # ... cleared by a rewind with 0
+        elif g == 4 and step == 8:
+            rewind("r5", 5, 7, 7)       # the rewind's own checkpoint step: ignored
+        elif g == 5 and step == 8:
+            rewind("r6", 6, 7, 3)       # before it: ignored
+
+    while ctl.step_boundary():
+        tr.trained.append((ctl.generation, tr.step))
+        daemon(tr.step)
+        tr.step += 1
+        if ctl.checkpoint_due(tr.step):
+            due.append((ctl.generation, tr.step))
+            assert not ctl.checkpoint_due(tr.step)  # once
+        assert len(tr.trained) < 100
+
+    assert [r[:2] for r in c.results] == [("r1", True), ("r2", True), ("r1", True), ("r3", True),
+                                          ("r4", True), ("r5", True), ("r6", True)]
+    assert c.results[2][2] == "already executed"
+    assert c.generations == [1, 2, 3, 4, 5, 6]
+    assert due == [(2, 5)]
+    assert ctl.checkpoint_at == -1
+    # Generation 2 got past step 5 (the rewind to step 3 trained 3..7).
+    assert [s for g, s in tr.trained if g == 2] == [3, 4, 5, 6, 7]
+
+
+def test_checkpoint_due_with_the_default_step_and_a_failed_rewind():
+    """checkpoint_due() asks about get_step(); a failed REWIND leaves the
+    request of the last successful one (as the C++ worker does)."""
+    c = FakeClient()
+    tr, ctl = make(c, total=10)
+    c.push(id="r", kind=K.REWIND, new_generation=1, checkpoint_at_step=4,
+           checkpoint=worker_pb2.CheckpointRef(uri="file:///ck/1"))
+    assert ctl.step_boundary() and tr.step == 1 and ctl.checkpoint_at == 4
+    c.push(id="bad", kind=K.REWIND, new_generation=2, checkpoint_at_step=0,
+           checkpoint=worker_pb2.CheckpointRef(uri="file:///gone/0"))
+    c.push(id="go", kind=K.CONTINUE)
+    assert ctl.step_boundary()
+    assert c.results[1][:2] == ("bad", False) and ctl.generation == 1
+    assert ctl.checkpoint_at == 4
+    for step in (1, 2, 3):
+        tr.step = step
+        assert not ctl.checkpoint_due()
+    tr.step = 4
+    assert ctl.checkpoint_due() and not ctl.checkpoint_due()
+    # No daemon: never due.
+    _, ctl0 = make(None)
+    assert not any(ctl0.checkpoint_due(s) for s in range(10))
+
+
 def test_pause_stop_unknown_and_linger():
     c = FakeClient()
     tr, ctl = make(c, total=3, linger_s=5.0)

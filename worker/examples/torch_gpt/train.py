@@ -3,7 +3,9 @@
 under spikeguard, on a corpus in spikeguard's format (spikeguard-worker
 corpus synth ...), behaving towards spikeguardd like the C++ reference
 worker (Hello with data order and total steps, per-step reports, checkpoint
-registration and retention with pins, horizons, GenerationEnded, commands).
+registration and retention with pins, horizons, GenerationEnded, commands;
+a REWIND's checkpoint_at_step adds one checkpoint off the cadence, at that
+step of the new generation).
 
     RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 \\
       /usr/bin/python3 worker/examples/torch_gpt/train.py --corpus C \\
@@ -77,7 +79,9 @@ def parse_args(argv=None):
     p.add_argument("--seq-len", type=int, default=0, help="0 = the corpus manifest")
     p.add_argument("--data-seed", type=int, default=None)
     p.add_argument("--generation", type=int, default=0)
-    p.add_argument("--resume", default="", help="PATH/URI of a checkpoint, or 'newest'")
+    p.add_argument("--resume", default="",
+                   help="PATH/URI of a checkpoint, or 'newest' (of the highest generation "
+                        "in --checkpoint-dir; legacy step-*.pt files count as the oldest)")
     p.add_argument("--plan", default="", help="data plan text, e.g. 0-300,305-")
     p.add_argument("--stop-after", type=int, default=-1, help="horizon: last step to train")
     p.add_argument("--linger-s", type=float, default=0.0)
@@ -214,8 +218,9 @@ class Trainer:
             self.generation = int(command.new_generation)
 
     def save(self) -> None:
-        """Rank 0 writes the checkpoint of self.step (steps 0..step-1 done),
-        applies retention (never a pinned URI), registers both with the daemon."""
+        """Rank 0 writes the checkpoint of self.step (steps 0..step-1 done) of
+        this generation, applies this generation's retention (never a pinned
+        URI, never another generation's file), registers both with the daemon."""
         if self.rank != 0 or not self.args.checkpoint_dir:
             return
         try:
@@ -224,11 +229,16 @@ class Trainer:
             position = -1
         extra = {"generation": self.generation, "plan": self.order.plan,
                  "hparams": self.hparams.to_dict(), "config_fingerprint": self.cfg.fingerprint()}
-        info = sgckpt.save_checkpoint(self.args.checkpoint_dir, self.step, model=self.model,
+        # The file is this generation's own (g<generation>-step-<step>.pt):
+        # a rewound generation saving a step another generation saved too
+        # writes a second file, and retention prunes only this generation's.
+        info = sgckpt.save_checkpoint(self.args.checkpoint_dir, self.step,
+                                      generation=self.generation, model=self.model,
                                       optimizer=self.optimizer, data_position=position, extra=extra,
                                       data_plan=self.order.plan)
         deleted = sgckpt.retain(self.args.checkpoint_dir, self.args.keep_checkpoints,
-                                pinned_uris=self.controller.pinned_uris)
+                                pinned_uris=self.controller.pinned_uris,
+                                generation=self.generation)
         if self.client is not None:
             for gone in deleted:
                 self.client.checkpoint_deleted(gone["step"], gone["uri"])
@@ -322,7 +332,11 @@ class Trainer:
             self.generation = self.controller.generation
             report = self.train_step()
             self.emit(report)
-            if every > 0 and self.step % every == 0:
+            # The cadence, or the checkpoint a REWIND asked for at this step
+            # (checkpoint_at_step: where the daemon starts later probes);
+            # asked on every rank, as it consumes the request.
+            asked = self.controller.checkpoint_due(self.step)
+            if asked or (every > 0 and self.step % every == 0):
                 self.save()
         if self.jsonl is not None:
             self.jsonl.flush()

@@ -5,17 +5,24 @@ original left off: model, optimizer and (optional) LR-scheduler state dicts,
 every RNG a trainer typically draws from (torch CPU, torch CUDA when
 available, Python's ``random``, NumPy's global RNG), the step (training steps
 completed: a resumed run's first step is ``step``) and the data position that
-step consumes, plus any picklable ``extra``. It records no generation: the
-daemon tracks generations and names the checkpoint to rewind to by its URI.
+step consumes, plus any picklable ``extra``. It also records the generation
+(the run's timeline: every rewind the daemon orders starts a new one) that
+saved it, in its header and in its file name, so that two generations that
+save the same step write two files: a probe generation never overwrites the
+checkpoint of another generation (which the daemon would then refuse, its
+checksum having changed). The daemon names the checkpoint to rewind to by
+its URI.
 
     from spikeguard.checkpoint import save_checkpoint, load_checkpoint, retain
     from spikeguard.data import plan_text
 
-    info = save_checkpoint(ckpt_dir, step, model=model, optimizer=opt,
+    info = save_checkpoint(ckpt_dir, step, generation=client.generation,
+                           model=model, optimizer=opt,
                            scheduler=sched, data_position=order.position_for_step(step),
                            data_plan=order.plan)
     client.checkpoint_saved(info["step"], info["uri"], ...)   # register it
-    retain(ckpt_dir, keep=3, pinned_uris=pinned)                # old ones go
+    retain(ckpt_dir, keep=3, pinned_uris=pinned,                # this generation's
+           generation=client.generation)                        # old ones go
     ...
     state = load_checkpoint(uri, model=model, optimizer=opt, scheduler=sched)
     step = state["step"]
@@ -23,12 +30,19 @@ daemon tracks generations and names the checkpoint to rewind to by its URI.
     # checkpoint (as the reference worker does); without that, the default.
     order = order.with_plan(plan_text(command.data_plan) or state["data_plan"] or "")
 
-File ``step-000000100.pt`` (``step-000000100-rank3.pt`` for rank 3):
+File ``g000003-step-000000100.pt`` for step 100 of generation 3
+(``g000003-step-000000100-rank3.pt`` for rank 3; the numbers are zero-padded
+to at least 6 and 9 digits). Files named ``step-000000100.pt`` (and
+``step-000000100-rank3.pt``), as earlier versions wrote them without the
+generation, are still listed, loaded, resumed from and cleaned up, as
+checkpoints of an unknown generation (``generation`` None), older than any
+named one:
 
     b"SGTORCH1"                       8-byte magic
     u32 little-endian header length   then the header, UTF-8 JSON:
-        {"format": 1, "step", "data_position", "data_plan", "rank",
-         "payload_bytes", "sha256" (of the payload), "saved_unix"}
+        {"format": 1, "step", "generation", "data_position", "data_plan",
+         "rank", "payload_bytes", "sha256" (of the payload), "saved_unix"}
+                                      ("generation" absent in older files)
     payload                           torch.save() of the state dict
 
 so ``torch.load`` alone does not read it; ``load_checkpoint`` does, after
@@ -36,8 +50,15 @@ checking the length and SHA-256 of the payload. Writes are atomic: the
 bytes go to a hidden temporary file in the same directory, which is flushed
 and fsynced, renamed to its final name, and the directory fsynced. A crash
 leaves either no checkpoint or the complete one, plus at most a hidden
-``.step-*.tmp-*`` file, which listings ignore and ``clean_temporaries``
-removes.
+``.g*-step-*.tmp-*`` (earlier: ``.step-*.tmp-*``) file, which listings
+ignore and ``clean_temporaries`` removes.
+
+Retention (``retain``) acts per generation: it prunes the files of the
+generation it is given and never deletes another generation's file (nor a
+legacy one), so a short probe generation cannot delete the checkpoints the
+run's own generation (or the daemon's rewind target) still needs. The files
+of a generation the run has left stay until retention is run for that
+generation; the daemon decides which of them it still needs (pins).
 """
 
 from __future__ import annotations
@@ -73,8 +94,10 @@ MAGIC = b"SGTORCH1"
 FORMAT = 1
 _HEADER_LEN = struct.Struct("<I")
 _MAX_HEADER = 1 << 20
-_NAME = re.compile(r"^step-(\d{9,})(?:-rank(\d+))?\.pt$")
-_TEMP = re.compile(r"^\.step-\d+.*\.tmp-")
+# g<generation>-step-<step>[-rank<rank>].pt; the generation part is absent
+# in the legacy names (generation unknown).
+_NAME = re.compile(r"^(?:g(\d{6,})-)?step-(\d{9,})(?:-rank(\d+))?\.pt$")
+_TEMP = re.compile(r"^\.(?:g\d+-)?step-\d+.*\.tmp-")
 
 
 class CheckpointError(Exception):
@@ -101,10 +124,23 @@ def _uri_of(path: str) -> str:
     return "file://" + urllib.parse.quote(os.path.abspath(path))
 
 
-def checkpoint_path(directory, step: int, rank: int = 0) -> str:
-    """Where save_checkpoint puts the checkpoint of `step` (and `rank`)."""
-    name = f"step-{int(step):09d}.pt" if rank == 0 else f"step-{int(step):09d}-rank{int(rank)}.pt"
-    return os.path.join(os.path.abspath(os.fspath(directory)), name)
+def _check_generation(generation) -> None:
+    if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
+        raise ValueError(f"generation must be an int >= 0, got {generation!r}")
+
+
+def checkpoint_path(directory, step: int, rank: int = 0,
+                    generation: Optional[int] = None) -> str:
+    """Where save_checkpoint puts the checkpoint of `step` (and `rank`) saved
+    by `generation`. generation None: the legacy name earlier versions
+    wrote (no generation), which save_checkpoint no longer writes."""
+    name = f"step-{int(step):09d}"
+    if generation is not None:
+        _check_generation(generation)
+        name = f"g{int(generation):06d}-{name}"
+    if rank != 0:
+        name += f"-rank{int(rank)}"
+    return os.path.join(os.path.abspath(os.fspath(directory)), name + ".pt")
 
 
 def _fsync_dir(directory: str) -> None:
@@ -139,11 +175,16 @@ def _set_rng_state(state: Dict[str, Any]) -> None:
                 torch.cuda.set_rng_state(s, i)
 
 
-def save_checkpoint(directory, step: int, *, model, optimizer, scheduler=None,
-                    data_position: int, extra: Optional[dict] = None, rank: int = 0,
-                    data_plan: Optional[str] = None) -> dict:
-    """Writes the checkpoint of `step` atomically; returns dict(path, uri,
-    step, data_position, bytes, checksum, rank). `model` may be a DDP
+def save_checkpoint(directory, step: int, *, generation: int, model, optimizer,
+                    scheduler=None, data_position: int, extra: Optional[dict] = None,
+                    rank: int = 0, data_plan: Optional[str] = None) -> dict:
+    """Writes the checkpoint of `step`, saved by `generation` (the generation
+    the trainer runs: its Client's ``generation``, the REWIND command's
+    new_generation), atomically; returns dict(path, uri, step, generation,
+    data_position, bytes, checksum, rank). The file name holds the
+    generation, so no other generation's checkpoint is ever replaced; the
+    same generation saving the same step again replaces its own file.
+    `model` may be a DDP
     wrapper (its .module's state is saved, so a plain model loads it).
     `data_plan` (the DataOrder's plan text) is kept as the reference worker
     keeps it: a REWIND whose command carries no plan resumes under the plan
@@ -154,6 +195,7 @@ def save_checkpoint(directory, step: int, *, model, optimizer, scheduler=None,
         raise ValueError(f"data_position must be an int, got {data_position!r}")
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
         raise ValueError(f"rank must be an int >= 0, got {rank!r}")
+    _check_generation(generation)
     if data_plan is not None and not isinstance(data_plan, str):
         raise ValueError(f"data_plan must be a plan's text form, got {data_plan!r}")
     directory = os.path.abspath(os.fspath(directory))
@@ -174,11 +216,11 @@ def save_checkpoint(directory, step: int, *, model, optimizer, scheduler=None,
     payload = buf.getbuffer()
     checksum = hashlib.sha256(payload).hexdigest()
     header = json.dumps({
-        "format": FORMAT, "step": step, "data_position": data_position, "rank": rank,
-        "data_plan": data_plan,
+        "format": FORMAT, "step": step, "generation": generation,
+        "data_position": data_position, "rank": rank, "data_plan": data_plan,
         "payload_bytes": len(payload), "sha256": checksum, "saved_unix": time.time(),
     }, sort_keys=True).encode()
-    final = checkpoint_path(directory, step, rank)
+    final = checkpoint_path(directory, step, rank, generation)
     tmp = os.path.join(directory, f".{os.path.basename(final)}.tmp-{os.getpid()}-{os.urandom(4).hex()}")
     try:
         with open(tmp, "xb") as f:
@@ -200,6 +242,7 @@ def save_checkpoint(directory, step: int, *, model, optimizer, scheduler=None,
         "path": final,
         "uri": _uri_of(final),
         "step": step,
+        "generation": generation,
         "data_position": data_position,
         "data_plan": data_plan,
         "bytes": len(MAGIC) + _HEADER_LEN.size + len(header) + len(payload),
@@ -242,8 +285,8 @@ def _read_header(f, path: str) -> dict:
 
 
 def read_header(path_or_uri) -> dict:
-    """The header of a checkpoint (step, data_position, rank, payload_bytes,
-    sha256, ...) without reading or verifying the payload."""
+    """The header of a checkpoint (step, generation (absent in older files),
+    data_position, rank, payload_bytes, sha256, ...) without reading or verifying the payload."""
     path = _path_of(path_or_uri)
     try:
         with open(path, "rb") as f:
@@ -287,8 +330,9 @@ def verify_checkpoint(path_or_uri) -> dict:
 
 def load_checkpoint(path_or_uri, *, model, optimizer, scheduler=None, map_location="cpu") -> dict:
     """Verifies the checkpoint and restores model, optimizer, scheduler and
-    every RNG from it; returns dict(step, data_position, data_plan, extra,
-    path, rank)."""
+    every RNG from it; returns dict(step, generation (None for an older
+    file that did not record it), data_position, data_plan, extra, path,
+    rank). Any path or file:// URI loads, whatever the file's name."""
     path = _path_of(path_or_uri)
     header, payload = _read_verified(path)
     try:
@@ -314,6 +358,7 @@ def load_checkpoint(path_or_uri, *, model, optimizer, scheduler=None, map_locati
     _set_rng_state(state["rng"])
     return {
         "step": state["step"],
+        "generation": header.get("generation"),
         "data_position": state["data_position"],
         "data_plan": state.get("data_plan"),
         "extra": state["extra"],
@@ -322,11 +367,24 @@ def load_checkpoint(path_or_uri, *, model, optimizer, scheduler=None, map_locati
     }
 
 
-def list_checkpoints(directory, rank: Optional[int] = None) -> List[dict]:
-    """Checkpoints in `directory` by (step, rank): dict(step, rank, path,
-    uri, bytes, data_position, checksum, valid, error). Reads only headers
-    (``valid`` False with ``error`` when a header is unreadable); use
-    verify_checkpoint for the payload. Hidden temporaries are ignored."""
+def _order(entry: dict):
+    """Newest last: a higher generation is newer (a rewind starts a new
+    generation from an older step; the generation left behind is not where
+    the run continues), then the step, then the rank. Legacy files (no
+    generation) are older than any named one, as earlier versions wrote them."""
+    g = entry["generation"]
+    return (-1 if g is None else g, entry["step"], entry["rank"])
+
+
+def list_checkpoints(directory, rank: Optional[int] = None,
+                     generation: Optional[int] = None) -> List[dict]:
+    """Checkpoints in `directory`, oldest first by (generation, step, rank),
+    legacy files (generation None) first: dict(step, generation, rank, path,
+    uri, bytes, data_position, checksum, valid, error). `rank` / `generation`
+    given: only that rank's / generation's files (generation None: every
+    generation's and the legacy ones). Reads only headers (``valid`` False
+    with ``error`` when a header is unreadable or disagrees with the name);
+    use verify_checkpoint for the payload. Hidden temporaries are ignored."""
     directory = os.path.abspath(os.fspath(directory))
     try:
         names = os.listdir(directory)
@@ -337,14 +395,16 @@ def list_checkpoints(directory, rank: Optional[int] = None) -> List[dict]:
         m = _NAME.match(name)
         if not m:
             continue
-        r = int(m.group(2) or 0)
+        g = int(m.group(1)) if m.group(1) is not None else None
+        r = int(m.group(3) or 0)
         if rank is not None and r != rank:
             continue
+        if generation is not None and g != generation:
+            continue
         path = os.path.join(directory, name)
-        entry = {"step": int(m.group(1)), "rank": r, "path": path, "uri": _uri_of(path),
-                 "bytes": None, "data_position": None, "data_plan": None, "checksum": None,
-                 "valid": True,
-                 "error": None}
+        entry = {"step": int(m.group(2)), "generation": g, "rank": r, "path": path,
+                 "uri": _uri_of(path), "bytes": None, "data_position": None, "data_plan": None,
+                 "checksum": None, "valid": True, "error": None}
         try:
             entry["bytes"] = os.path.getsize(path)
             h = read_header(path)
@@ -353,17 +413,22 @@ def list_checkpoints(directory, rank: Optional[int] = None) -> List[dict]:
             entry["checksum"] = h["sha256"]
             if h["step"] != entry["step"]:
                 raise CheckpointError(path, f"header says step {h['step']}")
+            if g is not None and h.get("generation") is not None and h["generation"] != g:
+                raise CheckpointError(path, f"header says generation {h['generation']}")
         except (CheckpointError, OSError) as e:
             entry["valid"] = False
             entry["error"] = str(e)
         out.append(entry)
-    out.sort(key=lambda e: (e["step"], e["rank"]))
+    out.sort(key=_order)
     return out
 
 
-def latest_checkpoint(directory, rank: int = 0) -> Optional[dict]:
-    """The newest checkpoint of `rank` whose payload verifies, or None."""
-    for entry in reversed(list_checkpoints(directory, rank=rank)):
+def latest_checkpoint(directory, rank: int = 0,
+                      generation: Optional[int] = None) -> Optional[dict]:
+    """The newest checkpoint of `rank` whose payload verifies, or None: of
+    `generation` when given, else of the highest generation that has one
+    (legacy files last)."""
+    for entry in reversed(list_checkpoints(directory, rank=rank, generation=generation)):
         try:
             verify_checkpoint(entry["path"])
         except CheckpointError:
@@ -372,18 +437,25 @@ def latest_checkpoint(directory, rank: int = 0) -> Optional[dict]:
     return None
 
 
-def retain(directory, keep: int, pinned_uris: Iterable[str] = ()) -> List[dict]:
-    """Deletes all but the newest `keep` checkpoint steps (every rank's file
-    of a step goes together), never a pinned one (a URI or path); returns
-    dict(step, uri) for each file deleted, oldest first. As in the C++
-    CheckpointDir::Retain, what stays is every pinned checkpoint plus the
-    newest `keep` unpinned ones. Files whose header does not read are left
-    alone and not counted."""
+def retain(directory, keep: int, pinned_uris: Iterable[str] = (), *,
+           generation: Optional[int]) -> List[dict]:
+    """Deletes all but the newest `keep` checkpoint steps of `generation`
+    (every rank's file of a step goes together), never a pinned one (a URI
+    or path); returns dict(step, generation, uri) for each file deleted,
+    oldest first. As in the C++ CheckpointDir::Retain, what stays of the
+    generation is every pinned checkpoint plus the newest `keep` unpinned
+    ones. Retention is per generation: another generation's files are never
+    deleted nor counted, so pass the generation that is saving (generation
+    None prunes only the legacy files without a generation in their name).
+    Files whose header does not read are left alone and not counted."""
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
         raise ValueError(f"keep must be an int >= 1, got {keep!r}")
+    if generation is not None:
+        _check_generation(generation)
     pinned = {os.path.realpath(_path_of(u)) for u in pinned_uris}
     # A file whose header does not read is neither counted nor deleted.
-    entries = [e for e in list_checkpoints(directory) if e["valid"]]
+    entries = [e for e in list_checkpoints(directory, generation=generation)
+               if e["valid"] and e["generation"] == generation]
     pinned_steps = {e["step"] for e in entries if os.path.realpath(e["path"]) in pinned}
     steps = sorted({e["step"] for e in entries} - pinned_steps, reverse=True)
     doomed = set(steps[keep:])
@@ -395,7 +467,7 @@ def retain(directory, keep: int, pinned_uris: Iterable[str] = ()) -> List[dict]:
             os.unlink(e["path"])
         except FileNotFoundError:
             continue
-        deleted.append({"step": e["step"], "uri": e["uri"]})
+        deleted.append({"step": e["step"], "generation": e["generation"], "uri": e["uri"]})
     if deleted:
         _fsync_dir(os.path.abspath(os.fspath(directory)))
     return deleted

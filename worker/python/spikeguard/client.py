@@ -388,6 +388,9 @@ class Client:
         self._last_error = ""  # why the last stream or attempt failed
         # The status code that ended a refused stream ("BAD_TOKEN" for a Reject).
         self._auth_code = "BAD_TOKEN"
+        # The run's pinned checkpoint URIs from the daemon's last answer to a
+        # checkpoint notice, until take_pins() takes them.
+        self._pins: Optional[List[str]] = None
         self._stats = {
             "reports_acked": 0,
             "reports_duplicate": 0,
@@ -647,6 +650,15 @@ class Client:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def take_pins(self) -> Optional[List[str]]:
+        """The run's pinned checkpoint URIs as the daemon last sent them in
+        answer to a checkpoint_saved (the rolling rewind target among them),
+        once: None when none arrived since the last call. Retention must keep
+        them."""
+        with self._cond:
+            pins, self._pins = self._pins, None
+            return pins
+
     @property
     def rejection(self) -> Optional[worker_pb2.Reject]:
         with self._cond:
@@ -849,6 +861,9 @@ class Client:
                     elif kind == "command":
                         with self._cond:
                             self._commands.append(msg.command)
+                            # The command's pins are newer than any answer
+                            # to a notice read before it.
+                            self._pins = None
                             self._stats["commands_received"] += 1
                             self._cond.notify_all()
             except grpc.RpcError as e:
@@ -942,6 +957,8 @@ class Client:
 
     def _on_ack(self, ack: worker_pb2.Ack) -> None:
         with self._cond:
+            if ack.has_pins:
+                self._pins = list(ack.pinned_uris)
             b = self._unacked.pop(ack.seq, None)
             if b is not None:
                 self._unacked_reports -= b.count

@@ -17,11 +17,25 @@ The same behaviour towards spikeguardd as the C++ reference worker
   (stop_after_step) and its hparams ABSOLUTE over the configured base. A
   rewind that fails is answered ok=false with the error, and the worker
   pauses until the next command.
+- REWIND's checkpoint_at_step asks for one checkpoint off the trainer's
+  cadence: at that step of the new generation (the state before the step
+  runs, i.e. after steps 0..s-1), saved and registered (CheckpointSaved) as
+  a cadence checkpoint would be; the daemon starts later probes there.
+  ``Controller.checkpoint_due(step)`` says when: the loop asks it after each
+  trained step with the step it trains next, and saves when it or its
+  cadence says so (once, when both do). It is True once, at that step only.
+  Each successful REWIND replaces the request: 0, or a step not after the
+  checkpoint it rewound to (that checkpoint exists), clears it. A failed or
+  re-sent REWIND leaves it as it was (``Controller.checkpoint_at``: the
+  step, -1 when none).
 - A horizon: train up to and including stop_after_step, flush, wait for a
   command. The end of the schedule: flush, GenerationEnded once per
   generation, then linger up to linger_s for a command (none: the loop ends).
 - Every command's pinned_uris replace the pins retention must keep
-  (``Controller.pinned_uris``).
+  (``Controller.pinned_uris``), and so does the daemon's answer to each
+  checkpoint_saved (``Client.take_pins``): the run's pins, its rolling rewind
+  target and the checkpoint just saved, so a trainer keeping one checkpoint
+  never deletes every rewind target.
 
 The lines a DDP training loop adds (worker/examples/torch_gpt/train.py is
 the complete trainer):
@@ -47,10 +61,12 @@ the complete trainer):
         opt.step(); tel.after_optimizer_step()
         client.report(tel.report(s, batch.position, lr))
         st["step"] += 1
-        if st["step"] % K == 0 and rank == 0:
-            info = save_checkpoint(dir, st["step"], model=model, optimizer=opt,
-                                   data_position=..., data_plan=st["order"].plan)
-            for gone in retain(dir, keep, pinned_uris=ctl.pinned_uris):
+        due = ctl.checkpoint_due(st["step"])    # on every rank: it consumes the request
+        if (due or st["step"] % K == 0) and rank == 0:
+            info = save_checkpoint(dir, st["step"], generation=ctl.generation, model=model,
+                                   optimizer=opt, data_position=..., data_plan=st["order"].plan)
+            for gone in retain(dir, keep, pinned_uris=ctl.pinned_uris,
+                               generation=ctl.generation):
                 client.checkpoint_deleted(gone["step"], gone["uri"])
             client.checkpoint_saved(info["step"], info["uri"], ...)
 """
@@ -206,7 +222,9 @@ class Controller:
         self.paused = False
         self.stopped = False
         self.ended_generation: Optional[int] = None
-        self.pinned_uris: List[str] = []
+        self._pinned_uris: List[str] = []
+        # The step REWIND's checkpoint_at_step asked a checkpoint at (-1: none).
+        self.checkpoint_at = -1
         self.executed: set = set()
         self.results: list = []  # (id, ok, message, step) as sent, for tests and logs
 
@@ -270,6 +288,22 @@ class Controller:
         if self.client is not None:
             self.client.command_result(command_id, ok, message, step=step)
 
+    @property
+    def pinned_uris(self) -> List[str]:
+        """The checkpoints retention must keep: the last command's pins, or
+        the daemon's newer answer to a checkpoint notice (the run's rolling
+        rewind target and the checkpoint just saved among them)."""
+        take = getattr(self.client, "take_pins", None)
+        if take is not None:
+            pins = take()
+            if pins is not None:
+                self._pinned_uris = list(pins)
+        return list(self._pinned_uris)
+
+    @pinned_uris.setter
+    def pinned_uris(self, uris) -> None:
+        self._pinned_uris = list(uris)
+
     def handle(self, command) -> None:
         """Executes one command (at most once per id) and answers it."""
         cid = command.id
@@ -330,6 +364,11 @@ class Controller:
         if self.client is not None:
             self.client.set_generation(self.generation)
         self.stop_after = command.stop_after_step if command.stop_after_step > 0 else -1
+        # A checkpoint the daemon asked for off the cadence (where a probe
+        # window starts): due once this generation gets there. Stubs older
+        # than the field cannot carry it.
+        at = int(getattr(command, "checkpoint_at_step", 0))
+        self.checkpoint_at = at if at > self.get_step() else -1
         self.paused = False
         self.hparams = dataclasses.replace(self.base_hparams)
         self.hparams.apply(command.hparams)
@@ -338,6 +377,21 @@ class Controller:
         return True, "ok"
 
     # ---- the loop ------------------------------------------------------------
+    def checkpoint_due(self, step: Optional[int] = None) -> bool:
+        """True when the checkpoint of `step` (default: get_step(), the next
+        step to train) is the one the last REWIND asked for with
+        checkpoint_at_step: save and register it, besides the cadence. True
+        once: the request is consumed, so ask once per step, on every rank
+        (the ranks stay in step; only the saving rank acts on it)."""
+        if self.checkpoint_at < 0:
+            return False
+        if step is None:
+            step = self.get_step()
+        if int(step) != self.checkpoint_at:
+            return False
+        self.checkpoint_at = -1
+        return True
+
     def _past_horizon(self) -> bool:
         return self.stop_after >= 0 and self.get_step() > self.stop_after
 
