@@ -398,7 +398,10 @@ TEST_F(WorkerSessionTest, CheckpointNoticesMoveTheRollingPinAndAnswerWithThePins
   };
   auto rolling = [&]() {
     std::vector<int64_t> out;
-    for (const auto& c : *catalog_->ListCheckpoints(kRun)) {
+    auto listed = catalog_->ListCheckpoints(kRun);
+    EXPECT_TRUE(listed.ok());
+    if (!listed.ok()) return out;
+    for (const auto& c : *listed) {
       if (c.rolling_pin()) out.push_back(c.step());
     }
     return out;
