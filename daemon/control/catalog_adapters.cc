@@ -255,6 +255,46 @@ absl::StatusOr<std::vector<incident::SampleContent>> CatalogRunView::Samples(
   return out;
 }
 
+absl::StatusOr<std::vector<incident::Carrier>> CatalogRunView::Carriers(
+    const std::string& run, const std::vector<v1::DocumentRef>& documents, int64_t from,
+    int64_t to) {
+  storage::Manifest manifest;
+  auto corpus = CorpusFor(run, &manifest);
+  if (absl::IsNotFound(corpus.status())) {
+    return absl::FailedPreconditionError(
+        "the run has no corpus manifest, so the later batches that carry them are unknown");
+  }
+  if (!corpus.ok()) return corpus.status();
+  // The documents by (domain index, id); a domain the corpus lacks matches
+  // nothing.
+  std::set<std::pair<int32_t, int64_t>> wanted;
+  for (const auto& d : documents) {
+    for (int32_t k = 0; k < static_cast<int32_t>((*corpus)->domain_names().size()); ++k) {
+      if ((*corpus)->domain_name(k) == d.domain()) wanted.insert({k, d.document_id()});
+    }
+  }
+  std::vector<incident::Carrier> out;
+  if (wanted.empty()) return out;
+  SG_ASSIGN_OR_RETURN(std::unique_ptr<storage::DataOrder> order,
+                      storage::DataOrder::Create(**corpus, manifest));
+  for (int64_t position = std::max<int64_t>(0, from); position < to; ++position) {
+    SG_ASSIGN_OR_RETURN(storage::BatchRef batch, order->Resolve(position));
+    incident::Carrier c;
+    c.position = position;
+    c.samples = static_cast<int32_t>(batch.samples.size());
+    for (size_t j = 0; j < batch.samples.size(); ++j) {
+      for (const storage::DocumentSpan& span : batch.samples[j].spans) {
+        if (wanted.count({span.domain, span.document})) {
+          c.slots.push_back(static_cast<int32_t>(j));
+          break;
+        }
+      }
+    }
+    if (!c.slots.empty()) out.push_back(std::move(c));
+  }
+  return out;
+}
+
 absl::StatusOr<v1::HParams> CatalogRunView::HParams(const std::string& run, int64_t generation) {
   SG_ASSIGN_OR_RETURN(std::vector<v1::Generation> gens, catalog_->ListGenerations(run));
   for (const auto& g : gens) {

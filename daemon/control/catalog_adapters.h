@@ -60,6 +60,9 @@ class CatalogRunView final : public incident::RunView {
   absl::StatusOr<std::vector<incident::SampleContent>> Samples(const std::string& run,
                                                                int64_t generation,
                                                                int64_t position) override;
+  absl::StatusOr<std::vector<incident::Carrier>> Carriers(
+      const std::string& run, const std::vector<spikeguard::v1::DocumentRef>& documents,
+      int64_t from, int64_t to) override;
   absl::StatusOr<std::vector<spikeguard::v1::NearDuplicate>> NearDuplicates(
       const std::string& run, const std::vector<spikeguard::v1::DocumentRef>& documents) override;
 

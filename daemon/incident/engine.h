@@ -173,6 +173,14 @@ struct SampleContent {
   std::vector<spikeguard::v1::DocumentRef> documents;
 };
 
+// A batch that carries documents a DATA fix holds out: the samples (slots)
+// that hold any of them, and how many samples the batch has.
+struct Carrier {
+  int64_t position = 0;
+  std::vector<int32_t> slots;
+  int32_t samples = 0;
+};
+
 // A rewind the engine asks for. `request_id` is deterministic (incident id
 // and probe number), so asking twice is safe.
 struct RewindSpec {
@@ -246,6 +254,16 @@ class RunView {
   // The last step the run's schedule executes, when the workers said
   // (Hello.total_steps); horizons past it are clamped.
   virtual std::optional<int64_t> FinalStep(const std::string& run) { return std::nullopt; }
+  // The batches at positions [from, to) of the run's data order that carry
+  // any of `documents`, in position order. FAILED_PRECONDITION, saying why,
+  // when the view cannot know (no corpus manifest: a trainer's own dataset
+  // reports the documents of the steps it trained, not of later ones).
+  virtual absl::StatusOr<std::vector<Carrier>> Carriers(
+      const std::string& run, const std::vector<spikeguard::v1::DocumentRef>& documents,
+      int64_t from, int64_t to) {
+    return absl::FailedPreconditionError(
+        "the run has no corpus manifest, so the later batches that carry them are unknown");
+  }
   // For each document, the most similar documents elsewhere in the corpus.
   virtual absl::StatusOr<std::vector<spikeguard::v1::NearDuplicate>> NearDuplicates(
       const std::string& run, const std::vector<spikeguard::v1::DocumentRef>& documents) {

@@ -195,6 +195,12 @@ struct IncidentEngine::State {
   absl::Status ProposeTransplant(IncidentCase& s);
   absl::Status Close(IncidentCase& s);
   bool NeedsQuarantine(const IncidentCase& s);
+  // `plan` (a DATA fix's) with the incident's named documents, and their
+  // near-copies of at least fix.hold_out_similarity, held out of every later
+  // batch that carries them; says in the incident what was held out, or why
+  // nothing could be.
+  absl::StatusOr<spikeguard::v1::DataPlan> HoldOut(IncidentCase& s,
+                                                   const spikeguard::v1::DataPlan& plan);
   // The fix ladder after a verdict. Returns false when waiting.
   absl::StatusOr<bool> FixStep(IncidentCase& s);
 

@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
+#include "daemon/incident/bisection.h"
 #include "daemon/incident/checkpoint_choice.h"
 #include "daemon/incident/engine_internal.h"
 #include "daemon/incident/plan_proto.h"
@@ -126,6 +127,94 @@ bool IncidentEngine::State::NeedsQuarantine(const IncidentCase& s) {
          s.inc.documents_size() > 0;
 }
 
+absl::StatusOr<v1::DataPlan> IncidentEngine::State::HoldOut(IncidentCase& s,
+                                                             const v1::DataPlan& plan) {
+  const v1::FixPolicy& fix = s.policy.fix();
+  if (!fix.hold_out_documents() || s.inc.documents_size() == 0) return plan;
+  std::vector<v1::DocumentRef> held(s.inc.documents().begin(), s.inc.documents().end());
+  std::vector<std::string> names;
+  for (const auto& d : held) names.push_back(absl::StrCat(d.domain(), ":", d.document_id()));
+  std::vector<std::string> copies;
+  for (const v1::NearDuplicate& d : s.inc.near_duplicates()) {
+    if (d.similarity() < fix.hold_out_similarity()) continue;
+    v1::DocumentRef& r = held.emplace_back();
+    r.set_domain(d.domain());
+    r.set_document_id(d.document_id());
+    copies.push_back(absl::StrFormat("%s:%d (%.2f like %s:%d)", d.domain(), d.document_id(),
+                                     d.similarity(), d.similar_to_domain(),
+                                     d.similar_to_document_id()));
+  }
+  // Later batches: past the window, through the schedule's last position
+  // (the plan's position at the run's final step), at most
+  // hold_out_max_positions ahead.
+  const std::vector<int64_t> window = WindowPositions(s);
+  const int64_t from = (window.empty() ? s.onset() : window.back()) + 1;
+  int64_t to = from + fix.hold_out_max_positions();
+  if (const std::optional<int64_t> last = view->FinalStep(s.run())) {
+    const int64_t position = PositionOfStep(plan, *last);
+    if (position >= 0) to = std::min(to, position + 1);
+  }
+  const std::string what = absl::StrCat(
+      "document(s) ", absl::StrJoin(names, " "),
+      copies.empty() ? "" : absl::StrCat(" and near-copies ", absl::StrJoin(copies, " ")));
+  if (to <= from) return plan;
+  absl::StatusOr<std::vector<Carrier>> carriers = view->Carriers(s.run(), held, from, to);
+  if (!carriers.ok()) {
+    SG_RETURN_IF_ERROR(EmitNote(
+        s, absl::StrCat("later batches are not searched for the ", what, ": ",
+                        carriers.status().message())));
+    return plan;
+  }
+  SG_ASSIGN_OR_RETURN(storage::DataPlan out, PlanFromProto(plan));
+  std::vector<int64_t> holes;
+  std::vector<std::string> masked;
+  int64_t samples = 0;
+  for (const Carrier& c : *carriers) {
+    if (StepOfPosition(plan, c.position) < 0) continue;  // never fed anyway
+    std::vector<int32_t> slots = c.slots;
+    if (const storage::SampleMask* m = out.MaskAt(c.position)) {
+      slots.insert(slots.end(), m->slots.begin(), m->slots.end());
+    }
+    std::sort(slots.begin(), slots.end());
+    slots.erase(std::unique(slots.begin(), slots.end()), slots.end());
+    if (c.samples > 0 && static_cast<int64_t>(slots.size()) >= c.samples) {
+      holes.push_back(c.position);  // every sample carries one
+      continue;
+    }
+    SG_ASSIGN_OR_RETURN(out, out.WithMask(c.position, slots));
+    masked.push_back(absl::StrCat(c.position));
+    samples += static_cast<int64_t>(c.slots.size());
+  }
+  for (const auto& [lo, hi] : PositionRuns(holes)) {
+    SG_ASSIGN_OR_RETURN(out, out.WithHole(lo, hi));
+  }
+  auto shown = [](const std::vector<std::string>& v) {
+    constexpr size_t kShown = 12;
+    if (v.size() <= kShown) return absl::StrJoin(v, ",");
+    return absl::StrCat(absl::StrJoin(v.begin(), v.begin() + kShown, ","), ",… (",
+                        v.size() - kShown, " more)");
+  };
+  std::vector<std::string> hole_list;
+  for (int64_t h : holes) hole_list.push_back(absl::StrCat(h));
+  if (masked.empty() && holes.empty()) {
+    SG_RETURN_IF_ERROR(EmitNote(s, absl::StrCat("no later batch through data position ", to - 1,
+                                                " carries the ", what)));
+    return plan;
+  }
+  SG_RETURN_IF_ERROR(EmitNote(
+      s, absl::StrCat(
+             "the fix holds the ", what, " out of ", masked.size() + holes.size(),
+             " later batch(es) through data position ", to - 1,
+             masked.empty() ? ""
+                            : absl::StrCat(": ", samples, " sample(s) masked at position(s) ",
+                                           shown(masked)),
+             holes.empty() ? ""
+                           : absl::StrCat(masked.empty() ? ": " : "; ",
+                                          "position(s) ", shown(hole_list),
+                                          " skipped whole (every sample carries one)"))));
+  return PlanToProto(out);
+}
+
 absl::StatusOr<bool> IncidentEngine::State::FixStep(IncidentCase& s) {
   const v1::Policy& pol = s.policy;
   if (s.aborting) {
@@ -177,7 +266,12 @@ absl::StatusOr<bool> IncidentEngine::State::FixStep(IncidentCase& s) {
         // them, else every hole the clean skip had.
         std::vector<std::pair<int64_t, int64_t>> keep = s.holes;
         if (!s.culprits.empty()) keep = PositionRuns(s.culprits);
-        if (last_kind == ProbeKind::kSkip) {
+        SG_ASSIGN_OR_RETURN(const v1::DataPlan with_holes, PlanWithHoles(s.chosen->plan(), keep));
+        // The named documents also leave every later batch that carries
+        // them: one document, one incident.
+        SG_ASSIGN_OR_RETURN(const v1::DataPlan plan, HoldOut(s, with_holes));
+        const bool held_out = plan.SerializeAsString() != with_holes.SerializeAsString();
+        if (last_kind == ProbeKind::kSkip && !held_out) {
           // The skip generation is the fix: let it go on with its holes.
           const int64_t horizon = s.probe->stop_after_step();
           SG_RETURN_IF_ERROR(RequestContinue(
@@ -192,14 +286,16 @@ absl::StatusOr<bool> IncidentEngine::State::FixStep(IncidentCase& s) {
           for (const auto& [lo, hi] : keep) {
             parts.push_back(absl::StrCat("[", lo, ", ", hi, ")"));
           }
-          SG_ASSIGN_OR_RETURN(const v1::DataPlan plan, PlanWithHoles(s.chosen->plan(), keep));
           const CheckpointInfo start =
               keep.empty() ? Chosen(s) : DataProbeStart(s, keep.front().first);
           SG_RETURN_IF_ERROR(RequestRewind(
               s, ProbeKind::kFix, start, plan,
               s.onset() + pol.fix().verify_steps(), std::nullopt, start.step,
               0, keep.empty() ? 0 : keep.front().first, keep.empty() ? 0 : keep.front().second,
-              absl::StrCat("DATA fix: hole(s) ", absl::StrJoin(parts, " "), " only"), {},
+              absl::StrCat("DATA fix: hole(s) ", absl::StrJoin(parts, " "),
+                           held_out ? ", the named documents held out of later batches"
+                                    : " only"),
+              {},
               keep));
         }
         return true;

@@ -184,6 +184,9 @@ v1::Policy DefaultPolicy() {
   fix->set_tight_clip_norm(0.5);
   fix->set_beta2(0.95);
   fix->set_eps(1e-8);
+  fix->set_hold_out_documents(true);
+  fix->set_hold_out_similarity(0.7);
+  fix->set_hold_out_max_positions(200000);
 
   p.mutable_launch()->set_heartbeat_timeout_ms(30000);
   p.mutable_launch()->set_max_restarts(3);
@@ -284,6 +287,7 @@ absl::Status ValidatePolicy(const v1::Policy& p) {
            {"escalation.data_incidents", p.escalation().data_incidents(), kMaxCount},
            {"escalation.window_steps", p.escalation().window_steps(), kMaxSteps},
            {"fix.verify_steps", p.fix().verify_steps(), kMaxSteps},
+           {"fix.hold_out_max_positions", p.fix().hold_out_max_positions(), kMaxSteps},
        }) {
     if (absl::Status s = InRange(name, value, max); !s.ok()) return s;
   }
@@ -302,6 +306,10 @@ absl::Status ValidatePolicy(const v1::Policy& p) {
         absl::StrCat("fix.beta2 must be in (0, 1) (got ", fix.beta2(), ")"));
   }
   if (absl::Status s = Positive("fix.eps", fix.eps()); !s.ok()) return s;
+  if (!(fix.hold_out_similarity() > 0 && fix.hold_out_similarity() <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fix.hold_out_similarity must be in (0, 1] (got ", fix.hold_out_similarity(), ")"));
+  }
 
   if (p.launch().heartbeat_timeout_ms() <= 0 ||
       p.launch().heartbeat_timeout_ms() > 7LL * 24 * 3600 * 1000) {

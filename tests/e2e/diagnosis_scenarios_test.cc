@@ -7,9 +7,12 @@
 // verdict, the exact culprit documents where data triggers the spike, no
 // incident opened by a probe, and no wait longer than the probes' own steps.
 #include <algorithm>
+#include <map>
 #include <optional>
+#include <set>
 
 #include "base/status_macros.h"
+#include "storage/corpus/data_plan.h"
 #include "storage/corpus/corpus.h"
 #include "storage/corpus/corpus_tools.h"
 #include "storage/corpus/data_order.h"
@@ -82,6 +85,19 @@ class DiagnosisScenario : public IncidentE2E {
     m.dataset_fingerprint = corpus_->fingerprint();
     if (seed) m.seed = *seed;
     return storage::DataOrder::Create(*corpus_, m);
+  }
+
+  // The first step `plan` feeds `position` at; -1 never.
+  static int64_t StepOf(const v1::DataPlan& plan, int64_t position) {
+    std::vector<storage::PositionRange> ranges;
+    for (const auto& r : plan.ranges()) {
+      ranges.push_back({r.begin(), r.end()});
+    }
+    auto p = ranges.empty() ? absl::StatusOr<storage::DataPlan>(storage::DataPlan::Default())
+                            : storage::DataPlan::FromRanges(ranges);
+    if (!p.ok()) return -1;
+    auto step = p->FirstStepForPosition(position);
+    return step.ok() ? *step : -1;
   }
 
   void Figures(const std::string& scenario, const v1::Incident& i) {
@@ -326,6 +342,76 @@ TEST_F(DiagnosisScenario, ALongRunStaysOnItsLineThroughEveryIncidentToItsEnd) {
     EXPECT_TRUE(c.rewind_target()) << c.ShortDebugString();
   }
   EXPECT_EQ(rolling, 1) << ckpts.ShortDebugString();
+}
+
+// One culprit document, one incident: a corpus of 600 positions under a
+// run of 1,400 steps, so the poison's documents recur in the reshuffled
+// later epochs. The DATA fix holds them out of every later batch that
+// carries them (masks, or holes where every sample does): the run reaches
+// its end with the one incident.
+TEST_F(DiagnosisScenario, OneCulpritDocumentIsOneIncidentThroughLaterEpochs) {
+  MakeCorpus({"highbytes@250"}, /*seed=*/41, {"--positions", "600"});
+  const std::vector<std::string> poison = PoisonAt(250);
+  ASSERT_FALSE(poison.empty()) << synth_out_;
+  constexpr int64_t kSteps = 1400;
+  // Where the poison's documents recur under the run's order.
+  auto order = CorpusOrder();
+  ASSERT_TRUE(order.ok()) << order.status();
+  std::map<int64_t, std::set<int32_t>> later;
+  for (int64_t p = 260; p < kSteps + 20; ++p) {
+    auto batch = (*order)->Resolve(p);
+    ASSERT_TRUE(batch.ok()) << batch.status();
+    for (size_t j = 0; j < batch->samples.size(); ++j) {
+      for (const auto& span : batch->samples[j].spans) {
+        const std::string name = absl::StrCat(corpus_->domain_name(span.domain), ":", span.document);
+        if (std::find(poison.begin(), poison.end(), name) != poison.end()) {
+          later[p].insert(static_cast<int32_t>(j));
+        }
+      }
+    }
+  }
+  ASSERT_FALSE(later.empty()) << "the poison does not recur within the run";
+  Launch("epochs", "data", {"--steps", std::to_string(kSteps)});
+  v1::Run run;
+  v1::ListIncidentsResponse list;
+  for (int k = 0; k < 900; ++k) {
+    run = ShowRun("epochs");
+    list.Clear();
+    ASSERT_TRUE(cluster_.SpikectlJson({"incidents", "list", "--run", "epochs"}, "list", &list));
+    bool closed = true;
+    for (const auto& i : list.incidents()) closed = closed && Closed(i);
+    if (closed && run.last_step() >= kSteps - 1) break;
+    absl::SleepFor(absl::Milliseconds(500));
+  }
+  EXPECT_GE(run.last_step(), kSteps - 1) << run.ShortDebugString();
+  ASSERT_EQ(list.incidents_size(), 1) << list.ShortDebugString();
+  const v1::Incident i = Show(list.incidents(0).id());
+  EXPECT_EQ(i.verdict(), v1::DATA) << i.ShortDebugString();
+  EXPECT_EQ(i.state(), v1::CLOSED);
+  EXPECT_THAT(Named(i), UnorderedElementsAreArray(poison));
+  EXPECT_THAT(i.note(), HasSubstr("the fix holds the document(s)"));
+  // The fix's plan: every later batch it feeds within the run goes without
+  // the samples that carry the poison.
+  const v1::Probe& fix = i.probes(i.probes_size() - 1);
+  ASSERT_EQ(fix.kind(), "fix") << EventLines(i);
+  int held = 0;
+  for (const auto& [p, slots] : later) {
+    const int64_t step = StepOf(fix.data_plan(), p);
+    if (step < 0) {
+      ++held;  // a hole
+      continue;
+    }
+    if (step >= kSteps) continue;
+    std::set<int32_t> masked;
+    for (const auto& m : fix.data_plan().masks()) {
+      if (m.position() == p) masked.insert(m.slots().begin(), m.slots().end());
+    }
+    for (int32_t slot : slots) EXPECT_TRUE(masked.count(slot)) << "position " << p << " slot " << slot;
+    held += !masked.empty();
+  }
+  EXPECT_GT(held, 0);
+  ExpectNoTimeout(i);
+  Figures("one culprit document through later epochs", i);
 }
 
 // Classes 7 and 8: the data order the workers use is the run's. A worker

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -13,6 +14,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "daemon/incident/plan_proto.h"
 #include "daemon/incident/policy.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -917,6 +919,82 @@ TEST_F(IncidentEngineTest, SampleBisectIsOnByDefaultAndSaysWhenItIsOff) {
   EXPECT_GE(CountKind(exact, "bisect_samples"), 1);
   ASSERT_EQ(exact.documents_size(), 1);
   EXPECT_EQ(exact.documents(0).document_id(), 10001);
+}
+
+// One culprit document, one incident: the DATA fix holds the named document
+// (and its near-copy above fix.hold_out_similarity) out of every later batch
+// that carries it — a sample mask, or a hole where every sample does.
+TEST_F(IncidentEngineTest, ANamedDocumentIsHeldOutOfEveryLaterBatchThatCarriesIt) {
+  view.policy.mutable_probe()->set_bisect(true);
+  // Batch 1003 spikes through document 10031 (samples 3-7); the same
+  // document sits in samples 2 and 5 of batch 1500 (which spikes through
+  // them too) and fills batch 1520; its near-copy 60031 (0.9) is in 1300.
+  Start({.poison = {1003, 1500}, .poison_slots = {{1003, {6}}, {1500, {2, 5}}}});
+  view.carriers[10031] = {{1500, {2, 5}, 8}, {1520, {0, 1, 2, 3, 4, 5, 6, 7}, 8}, {900, {1}, 8}};
+  view.carriers[60031] = {{1300, {1}, 8}};
+  RunProtocol(Spike(), 1600);
+  const v1::Incident inc = Only();
+  EXPECT_EQ(inc.verdict(), v1::DATA);
+  EXPECT_EQ(inc.state(), v1::CLOSED);
+  ASSERT_EQ(inc.documents_size(), 1);
+  EXPECT_EQ(inc.documents(0).document_id(), 10031);
+  // The later batches were searched for the document and its near-copy.
+  ASSERT_FALSE(view.carrier_queries.empty());
+  EXPECT_THAT(view.carrier_queries.back(), ElementsAre(10031, 60031));
+  const auto& fix = inc.probes(inc.probes_size() - 1);
+  ASSERT_EQ(fix.kind(), "fix");
+  std::map<int64_t, std::vector<int32_t>> masks;
+  for (const auto& m : fix.data_plan().masks()) {
+    masks[m.position()] = {m.slots().begin(), m.slots().end()};
+  }
+  EXPECT_THAT(masks, ElementsAre(std::make_pair(1300, std::vector<int32_t>{1}),
+                                 std::make_pair(1500, std::vector<int32_t>{2, 5})));
+  // Batch 1520 is skipped whole; batch 900 (before the window) is history.
+  EXPECT_EQ(StepOfPosition(fix.data_plan(), 1520), -1);
+  EXPECT_EQ(StepOfPosition(fix.data_plan(), 1003), -1);
+  EXPECT_GE(StepOfPosition(fix.data_plan(), 1500), 0);
+  EXPECT_THAT(inc.note(), HasSubstr("the fix holds the document(s) web:10031 and near-copies "
+                                    "web:60031 (0.90 like web:10031) out of 3 later batch(es)"));
+  EXPECT_THAT(inc.note(), HasSubstr("3 sample(s) masked at position(s) 1300,1500; position(s) "
+                                    "1520 skipped whole"));
+  // The run went on through batch 1500 without a spike.
+  const int64_t last_gen = ctl.current_generation;
+  const int64_t step1500 = StepOfPosition(fix.data_plan(), 1500);
+  ASSERT_TRUE(view.steps[last_gen].count(step1500)) << last_gen;
+  EXPECT_LT(view.steps[last_gen][step1500].loss, 3.0);
+  // Quarantine stays the named document.
+  ASSERT_EQ(store.quarantine.size(), 1u);
+  EXPECT_EQ(store.quarantine[0].document_id(), 10031);
+}
+
+TEST_F(IncidentEngineTest, NearCopiesBelowTheThresholdAreNotHeldOut) {
+  view.policy.mutable_probe()->set_bisect(true);
+  view.policy.mutable_fix()->set_hold_out_similarity(0.95);
+  Start({.poison = {1003}, .poison_slots = {{1003, {6}}}});
+  view.carriers[60031] = {{1300, {1}, 8}};
+  RunProtocol(Spike(), 1400);
+  const v1::Incident inc = Only();
+  EXPECT_EQ(inc.verdict(), v1::DATA);
+  ASSERT_FALSE(view.carrier_queries.empty());
+  EXPECT_THAT(view.carrier_queries.back(), ElementsAre(10031));
+  EXPECT_THAT(inc.note(), HasSubstr("no later batch through data position"));
+  EXPECT_THAT(inc.note(), HasSubstr("carries the document(s) web:10031"));
+  EXPECT_EQ(inc.probes(inc.probes_size() - 1).data_plan().masks_size(), 0);
+}
+
+// A view that cannot know the later batches: said, and the fix is the holes
+// alone.
+TEST_F(IncidentEngineTest, AHoldOutThatCannotSearchSaysWhy) {
+  view.policy.mutable_probe()->set_bisect(true);
+  view.carriers_known = false;
+  Start({.poison = {1003}, .poison_slots = {{1003, {6}}}});
+  RunProtocol(Spike(), 1400);
+  const v1::Incident inc = Only();
+  EXPECT_EQ(inc.verdict(), v1::DATA);
+  EXPECT_THAT(inc.note(), HasSubstr("later batches are not searched for the document(s) "
+                                    "web:10031 and near-copies web:60031 (0.90 like web:10031): "
+                                    "the fake view knows no later batches"));
+  EXPECT_EQ(inc.probes(inc.probes_size() - 1).data_plan().masks_size(), 0);
 }
 
 TEST_F(IncidentEngineTest, DocumentBisectThatCannotRunSaysWhy) {

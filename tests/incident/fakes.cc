@@ -121,6 +121,35 @@ absl::StatusOr<std::vector<v1::DocumentRef>> FakeView::Documents(const std::stri
   return out;
 }
 
+absl::StatusOr<std::vector<Carrier>> FakeView::Carriers(
+    const std::string& run, const std::vector<v1::DocumentRef>& documents, int64_t from,
+    int64_t to) {
+  if (!has_manifest || !carriers_known) {
+    return absl::FailedPreconditionError("the fake view knows no later batches");
+  }
+  std::map<int64_t, Carrier> found;
+  std::vector<int64_t>& asked = carrier_queries.emplace_back();
+  for (const auto& d : documents) {
+    asked.push_back(d.document_id());
+    auto it = carriers.find(d.document_id());
+    if (it == carriers.end()) continue;
+    for (const Carrier& c : it->second) {
+      if (c.position < from || c.position >= to) continue;
+      Carrier& f = found[c.position];
+      f.position = c.position;
+      f.samples = c.samples;
+      f.slots.insert(f.slots.end(), c.slots.begin(), c.slots.end());
+    }
+  }
+  std::vector<Carrier> out;
+  for (auto& [p, c] : found) {
+    std::sort(c.slots.begin(), c.slots.end());
+    c.slots.erase(std::unique(c.slots.begin(), c.slots.end()), c.slots.end());
+    out.push_back(c);
+  }
+  return out;
+}
+
 absl::StatusOr<std::vector<v1::NearDuplicate>> FakeView::NearDuplicates(
     const std::string& run, const std::vector<v1::DocumentRef>& documents) {
   std::vector<v1::NearDuplicate> out;

@@ -92,6 +92,16 @@ class FakeView final : public RunView {
   absl::StatusOr<std::vector<SampleContent>> Samples(const std::string& run, int64_t generation,
                                                      int64_t position) override;
 
+  // The later batches carrying each document id (held out by a DATA fix);
+  // FAILED_PRECONDITION without a manifest.
+  absl::StatusOr<std::vector<Carrier>> Carriers(
+      const std::string& run, const std::vector<spikeguard::v1::DocumentRef>& documents,
+      int64_t from, int64_t to) override;
+  std::map<int64_t, std::vector<Carrier>> carriers;
+  bool carriers_known = true;
+  // Documents each Carriers call asked for.
+  std::vector<std::vector<int64_t>> carrier_queries;
+
   std::map<int64_t, spikeguard::v1::HParams> hparams;
   std::optional<int64_t> final_step;
 
