@@ -337,9 +337,16 @@ absl::Status WorkerSession::CheckpointSaved(const spikeguard::v1::CheckpointSave
       return StampRefused("checkpoint", confined.status());
     }
   }
+  // The saver: a notice resent on a later generation's stream names it.
+  if (c.has_generation() && (c.generation() < 0 || c.generation() > generation_)) {
+    return StampRefused(
+        "checkpoint", absl::InvalidArgumentError(absl::StrCat(
+                          "checkpoint.generation ", c.generation(), ": not in [0, ", generation_,
+                          "] (the stream's generation)")));
+  }
   spikeguard::v1::Checkpoint ckpt;
   ckpt.set_run(run());
-  ckpt.set_generation(generation_);
+  ckpt.set_generation(c.has_generation() ? c.generation() : generation_);
   ckpt.set_step(c.step());
   ckpt.set_data_position(c.data_position());
   ckpt.set_uri(c.uri());

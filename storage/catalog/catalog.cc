@@ -56,7 +56,8 @@ INSERT INTO checkpoints (run_id, step, uri, generation, data_position, bytes, ch
                          complete, pinned, has_rng_state, has_data_loader_state, created_unix_ms)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (run_id, step, uri) DO UPDATE SET
-  generation = excluded.generation,
+  generation = CASE WHEN excluded.checksum <> '' AND excluded.checksum <> checksum
+                    THEN excluded.generation ELSE generation END,
   data_position = excluded.data_position,
   bytes = CASE WHEN excluded.bytes > 0 THEN excluded.bytes ELSE bytes END,
   checksum = CASE WHEN excluded.checksum <> '' THEN excluded.checksum ELSE checksum END,

@@ -432,6 +432,43 @@ TEST_F(WorkerSessionTest, CheckpointNoticesMoveTheRollingPinAndAnswerWithThePins
   EXPECT_THAT(save(350), ::testing::ElementsAre(uri(250), uri(300), uri(50)));
 }
 
+// A worker resends its recent checkpoint notices on each new stream, a
+// later generation's too: the checkpoint stays its saver's, or a later
+// incident would take another line's checkpoint for its own.
+TEST_F(WorkerSessionTest, ANoticeResentOnALaterGenerationsStreamKeepsItsSaver) {
+  v1::CheckpointSaved saved;
+  saved.set_step(100);
+  saved.set_data_position(100);
+  saved.set_uri("/ckpt/run-a/g0-step-100");
+  saved.set_checksum("sha256:aa");
+  saved.set_complete(true);
+  {
+    auto first = Attached();
+    ASSERT_TRUE(first->CheckpointSaved(saved).ok());
+  }
+  Rewind();
+  auto later = Session();
+  ASSERT_TRUE(later->Hello(Hello(0, /*generation=*/1)).ok());
+  auto generation_of = [&]() {
+    auto listed = catalog_->ListCheckpoints(kRun);
+    EXPECT_TRUE(listed.ok());
+    return listed.ok() && listed->size() == 1 ? listed->at(0).generation() : int64_t{-1};
+  };
+  // Resent with its saver (today's workers).
+  v1::CheckpointSaved resent = saved;
+  resent.set_generation(0);
+  ASSERT_TRUE(later->CheckpointSaved(resent).ok());
+  EXPECT_EQ(generation_of(), 0);
+  // Resent without (an older worker): the same file keeps its saver.
+  ASSERT_TRUE(later->CheckpointSaved(saved).ok());
+  EXPECT_EQ(generation_of(), 0);
+  // A saver after the stream's generation is refused, naming both.
+  resent.set_generation(2);
+  EXPECT_THAT(std::string(later->CheckpointSaved(resent).message()),
+              HasSubstr("checkpoint.generation 2: not in [0, 1] (the stream's generation)"));
+  EXPECT_EQ(generation_of(), 0);
+}
+
 TEST_F(WorkerSessionTest, CheckpointOutsideTheRunsRootIsRefusedBeforeItIsStored) {
   // Without a launch profile the run's root is DATA_DIR/runs/RUN.
   const std::string root = dir_.File("runs/run-a");

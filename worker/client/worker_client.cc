@@ -121,8 +121,11 @@ void WorkerClient::Report(const v1::StepReport& report) {
   cv_.SignalAll();
 }
 
-void WorkerClient::ReportCheckpoint(const v1::CheckpointSaved& checkpoint) {
+void WorkerClient::ReportCheckpoint(const v1::CheckpointSaved& saved) {
+  v1::CheckpointSaved checkpoint = saved;
   absl::MutexLock lock(&mu_);
+  // Resent on a later generation's stream, it still names its saver.
+  if (!checkpoint.has_generation()) checkpoint.set_generation(generation_);
   // Reports up to the checkpoint travel before it.
   SealLocked();
   // Written again: an older deletion notice must not be resent after it.

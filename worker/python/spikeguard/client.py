@@ -495,6 +495,8 @@ class Client:
             checksum=checksum, has_rng_state=has_rng_state,
             has_data_loader_state=has_data_loader_state, complete=complete))
         with self._cond:
+            # Resent on a later generation's stream, it still names its saver.
+            msg.checkpoint.generation = self._generation
             if not self._accepting_notices_locked():
                 return
             self._seal_locked()
