@@ -47,6 +47,8 @@ void RunMonitor::Reset() {
   recent_.clear();
   last_step_.reset();
   last_incident_end_.reset();
+  excursion_onset_.reset();
+  excursion_last_ = 0;
   grad_corroborates_.clear();
   loss_state_ = LossState::kIdle;
   pending_peak_ = 0;
@@ -399,7 +401,26 @@ std::vector<MonitorEvent> RunMonitor::Observe(const StepSample& s) {
     }
   }
   ObserveLoss(s, &out);
-  if (auto d = divergence_.Observe(s.step, s.loss)) {
+  if (loss_state_ != LossState::kIdle || loss_.in_event()) {
+    if (!excursion_onset_ || excursion_last_ < s.step - 1) {  // a new excursion
+      excursion_onset_ = loss_state_ == LossState::kPending ? pending_.onset_step : s.step;
+      for (const MonitorEvent& e : out) {
+        if (e.signal == "loss" && e.kind == MonitorEvent::kSpikeOnset) {
+          excursion_onset_ = e.onset_step;
+        }
+      }
+    }
+    excursion_last_ = s.step;
+  }
+  std::optional<DivergenceEvent> d = divergence_.Observe(s.step, s.loss);
+  if (d && excursion_onset_) {
+    const int64_t window = std::max(1, options_.divergence.median_window);
+    const bool window_holds_it = s.step - excursion_last_ < window;
+    const bool dated_inside =
+        d->onset_step >= *excursion_onset_ - window && d->onset_step <= excursion_last_;
+    if (window_holds_it || dated_inside) d.reset();  // the excursion itself
+  }
+  if (d) {
     MonitorEvent e;
     e.kind = MonitorEvent::kDivergence;
     e.signal = "loss";

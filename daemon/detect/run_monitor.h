@@ -5,7 +5,11 @@
 //   - loss and grad-norm spikes: onset, then recovered or diverged
 //     (SpikeDetector, robust median/MAD rule of DESIGN §6);
 //   - slow divergence of the loss (DivergenceDetector): a climb over
-//     hundreds of steps that the spike rule's trailing window follows;
+//     hundreds of steps that the spike rule's trailing window follows. A
+//     spike lasting tens of steps lifts the divergence rule's trailing
+//     median too: a divergence while its median window still holds a loss
+//     excursion, or dated inside one, is that excursion, not a new event;
+//     a climb that starts after it clears is reported;
 //   - non-finite steps (NonFiniteDetector), with the first layer that went
 //     non-finite;
 //   - precursor warnings (PrecursorDetector), with series, layer and start.
@@ -227,6 +231,11 @@ class RunMonitor {
   // Steps at which the grad norm corroborated (bounded by the lookback).
   std::deque<int64_t> grad_corroborates_;
   LossState loss_state_ = LossState::kIdle;
+  // The latest loss excursion (spike or blip): its onset and the last step
+  // it was open. A divergence whose median window still holds it, or that
+  // dates its climb inside it, is that excursion seen again.
+  std::optional<int64_t> excursion_onset_;
+  int64_t excursion_last_ = 0;
   // Last step of the latest incident-opening event (its precursors are spent).
   std::optional<int64_t> last_incident_end_;
   SpikeEvent pending_;

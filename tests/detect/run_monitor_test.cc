@@ -163,6 +163,53 @@ TEST(RunMonitorTest, SlowDivergenceIsDetected) {
   }
 }
 
+// A spike that stays up for tens of steps before it recovers lifts the
+// divergence rule's trailing median too: that is the spike seen again, not
+// a second alarm. A climb that starts after it clears is still reported,
+// once.
+TEST(RunMonitorTest, ALongSpikeThatRecoversIsOneEventNotADivergenceToo) {
+  for (uint64_t seed : {71, 72, 73}) {
+    for (int64_t length : {30, 45, 60}) {
+      LabeledTrace t = GenerateTrace({Scenario::kHealthy, seed, 3000, 4});
+      for (int64_t k = 0; k < length; ++k) {
+        // Up ×2.5 at once, then down linearly over the last third.
+        const double over = k < 2 * length / 3 ? 1.5 : 1.5 * (length - k) / (length / 3.0);
+        t.steps[1500 + k].loss *= 1 + over;
+        t.steps[1500 + k].grad_norm *= k == 0 ? 20 : 1;
+      }
+      auto divergences = [](const std::vector<MonitorEvent>& events) {
+        std::vector<int64_t> onsets;
+        for (const MonitorEvent& e : events) {
+          if (e.kind == MonitorEvent::kDivergence) onsets.push_back(e.onset_step);
+        }
+        return onsets;
+      };
+      const auto open = Opening(Monitor(t));
+      ASSERT_FALSE(open.empty()) << "seed " << seed << " length " << length;
+      // Every event opens at the spike's onset (loss and grad norm together).
+      for (const MonitorEvent& e : open) {
+        EXPECT_EQ(e.kind, MonitorEvent::kSpikeOnset) << "seed " << seed << " length " << length
+                                                     << ": " << e.signal << " at step " << e.step;
+        EXPECT_NEAR(e.onset_step, 1500, 2);
+      }
+      EXPECT_TRUE(divergences(open).empty());
+
+      // The same spike, then the loss climbing for good from step 2200.
+      for (int64_t s = 2200; s < 3000; ++s) {
+        t.steps[s].loss *= 1 + std::min(1.0, (s - 2200) / 400.0);
+      }
+      // Reported once, as a divergence or (a fast enough climb) a spike.
+      int climbs = 0;
+      for (const MonitorEvent& e : Opening(Monitor(t))) {
+        if (e.onset_step < 2100 || e.signal != "loss") continue;
+        ++climbs;
+        EXPECT_LE(e.onset_step, 2400);
+      }
+      EXPECT_EQ(climbs, 1) << "seed " << seed << " length " << length;
+    }
+  }
+}
+
 TEST(RunMonitorTest, NonFiniteStepNamesTheFirstLayer) {
   const LabeledTrace t = GenerateTrace({Scenario::kNanBurst, 71, 4000, 4});
   const auto open = Opening(Monitor(t));
