@@ -1,0 +1,614 @@
+// spikeguard_cuda_compare: the CUDA backend against the CPU backend, in the
+// manner of llm.c's test_gpt2 (the CPU path is the truth).
+//
+//   spikeguard_cuda_compare                  compare, determinism, throughput
+//   spikeguard_cuda_compare --quick          compare and determinism, small shapes
+//   spikeguard_cuda_compare --only=throughput [--bench_batch=16 --bench_seq=256 ...]
+//   spikeguard_cuda_compare --candidate=cpu  the same checks with a 1-thread CPU
+//                                            backend standing in for the GPU
+//
+// 1. compare: for each model case (plain; qk-norm + soft-caps + z-loss + tied
+//    embeddings + 3 domains; no biases + fp16 range), both backends run forward
+//    and backward from the same weights and batch, then a full step (clipping,
+//    weight decay, AdamW), then a few more steps; and AdamW alone on the same
+//    parameters, moments and gradients. Each tensor passes when
+//      max|candidate - cpu| <= tol · max|cpu|       (tolerances below)
+//    and each scalar when |candidate - cpu| <= tol · |cpu|.
+// 2. determinism (candidate only): N steps run twice from the same weights,
+//    once more on a fresh backend, and a replay from a mid-run snapshot
+//    (parameters, moments, update count: what a checkpoint holds) must give
+//    the same bits: every step's loss, gradient norm and telemetry, and the
+//    final parameters and moments.
+// 3. throughput: a GPT-2-small-shaped model (12 layers, width 768, 12 heads,
+//    byte vocabulary), tokens/s and model TFLOP/s, as a share of the GPU's
+//    dense peak for the precision used (FP32; TF32 tensor cores).
+//
+// Exit status: 0 everything within tolerance, 1 a tolerance or determinism
+// failure, 2 bad flags, 77 no CUDA device (skipped; ctest's SKIP_RETURN_CODE).
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <numbers>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/model_runner.h"
+
+namespace spikeguard::kernels {
+namespace {
+
+// Tolerances, relative to the largest |cpu value| of the tensor (or |cpu| for
+// scalars). The backends agree on every formula; they differ in the order of
+// float32 sums (cuBLAS vs the CPU GEMM, warp trees vs 16-lane sums), which
+// moves results by a few ulp per operation.
+constexpr double kForwardTol = 2e-5;   // logits, per-token loss and lse
+constexpr double kLossTol = 1e-5;      // mean loss and objective
+constexpr double kGradTol = 2e-4;      // gradients, per tensor
+constexpr double kTelemetryTol = 2e-4; // gradient norms, activation RMS, max attention logit, domain losses
+// A first AdamW step moves each weight by about lr·sign(g); where |g| is at
+// the level of the gradient's rounding noise that sign can differ, and the
+// update then differs by up to lr·noise/eps. Compared as the update Δw.
+constexpr double kUpdateTol = 0.1;
+constexpr double kTrajectoryTol = 1e-3;  // the loss after 8 further steps
+constexpr double kAdamWTol = 1e-6;       // AdamW alone, same inputs
+
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : state_(seed) {}
+  double Uniform() { return (static_cast<double>(SplitMix64(state_++) >> 11) + 0.5) * 0x1.0p-53; }
+  float Normal() {
+    const double r = std::sqrt(-2.0 * std::log(Uniform()));
+    return static_cast<float>(r * std::cos(2 * std::numbers::pi * Uniform()));
+  }
+
+ private:
+  uint64_t state_;
+};
+
+uint64_t HashFloats(const std::vector<float>& v) {
+  uint64_t h = SplitMix64(v.size());
+  for (float f : v) h = SplitMix64(h ^ std::bit_cast<uint32_t>(f));
+  return h;
+}
+
+struct Case {
+  std::string name;
+  RunnerModel model;
+  float init_std = 0.02f;
+  int batch = 4, seq = 64, domains = 1;
+};
+
+// Weights like Trainer::InitParameters, plus noise on gains and biases so the
+// gradients of every parameter kind are exercised.
+std::vector<float> InitWeights(const ModelRunner& r, const Case& c, uint64_t seed) {
+  std::vector<float> w(r.num_parameters());
+  Rng rng(seed);
+  const float residual_std = c.init_std / std::sqrt(2.0f * c.model.layers);
+  for (const RunnerTensor& t : r.tensors()) {
+    float* p = w.data() + t.offset;
+    const bool gain = t.name.ends_with("_g");
+    const bool residual = t.name.ends_with("w_o") || t.name.ends_with("w_proj");
+    for (size_t i = 0; i < t.size; ++i) {
+      if (gain) {
+        p[i] = 1.0f + 0.1f * rng.Normal();
+      } else if (t.decay) {
+        p[i] = (residual ? residual_std : c.init_std) * rng.Normal();
+      } else {
+        p[i] = 0.02f * rng.Normal();
+      }
+    }
+  }
+  return w;
+}
+
+// Printable bytes with repeats, batch·(seq+1) of them.
+std::vector<uint8_t> MakeTokens(int batch, int seq, int vocab, uint64_t seed) {
+  std::vector<uint8_t> t(static_cast<size_t>(batch) * (seq + 1));
+  Rng rng(seed);
+  const int lo = vocab > 127 ? 32 : 0, hi = vocab > 127 ? 127 : vocab;
+  for (size_t i = 0; i < t.size(); ++i) {
+    const bool repeat = i >= 8 && rng.Uniform() < 0.3;
+    t[i] = repeat ? t[i - 8] : static_cast<uint8_t>(lo + static_cast<int>(rng.Uniform() * (hi - lo)) % (hi - lo));
+  }
+  return t;
+}
+
+std::vector<int> MakeDomains(int batch, int domains) {
+  std::vector<int> d(batch);
+  for (int b = 0; b < batch; ++b) d[b] = b % domains;
+  return d;
+}
+
+// ---- checks ----------------------------------------------------------------
+
+class Checks {
+ public:
+  void Tensor(const std::string& what, std::span<const float> ref, std::span<const float> got, double tol) {
+    double max_abs = 0, max_ref = 0, max_rel = 0;
+    bool mismatch = ref.size() != got.size();
+    for (size_t i = 0; i < ref.size() && !mismatch; ++i) max_ref = std::max<double>(max_ref, std::fabs(ref[i]));
+    for (size_t i = 0; i < ref.size() && !mismatch; ++i) {
+      const double a = ref[i], b = got[i];
+      if (!std::isfinite(a) || !std::isfinite(b)) {  // NaN with NaN, ±Inf with the same ±Inf
+        mismatch |= !(std::isnan(a) && std::isnan(b)) && a != b;
+        continue;
+      }
+      const double d = std::fabs(a - b);
+      max_abs = std::max(max_abs, d);
+      if (std::fabs(a) >= 1e-3 * max_ref) max_rel = std::max(max_rel, d / std::fabs(a));
+    }
+    const double norm = max_ref > 0 ? max_abs / max_ref : max_abs;
+    const bool ok = !mismatch && norm <= tol;
+    Print(what, ok, "max_abs %.3e  max|ref| %.3e  err/max|ref| %.3e  (tol %.0e)  max_rel %.3e%s", max_abs, max_ref,
+          norm, tol, max_rel, mismatch ? "  NON-FINITE MISMATCH" : "");
+  }
+
+  void Scalar(const std::string& what, double ref, double got, double tol) {
+    const double d = std::fabs(ref - got);
+    const bool same_nonfinite = !std::isfinite(ref) && (std::isnan(ref) ? std::isnan(got) : ref == got);
+    const bool ok = same_nonfinite || (std::isfinite(got) && d <= tol * std::fabs(ref));
+    Print(what, ok, "cpu %.9g  candidate %.9g  rel %.3e  (tol %.0e)", ref, got, ref != 0 ? d / std::fabs(ref) : d,
+          tol);
+  }
+
+  void Exact(const std::string& what, bool equal, const std::string& detail) {
+    Print(what, equal, "%s", detail.c_str());
+  }
+
+  int failures() const { return failures_; }
+  int count() const { return count_; }
+
+ private:
+  template <typename... Args>
+  void Print(const std::string& what, bool ok, const char* fmt, Args... args) {
+    ++count_;
+    if (!ok) ++failures_;
+    char buf[512];
+    std::snprintf(buf, sizeof(buf), fmt, args...);
+    std::printf("  %-4s %-34s %s\n", ok ? "ok" : "FAIL", what.c_str(), buf);
+  }
+
+  int failures_ = 0, count_ = 0;
+};
+
+// ---- flags -----------------------------------------------------------------
+
+struct Flags {
+  bool quick = false;
+  std::string only;              // "", compare, determinism, throughput
+  std::string candidate = "cuda";  // cuda, cpu
+  int steps = 12;                // determinism
+  int bench_batch = 16, bench_seq = 256, bench_layers = 12, bench_width = 768, bench_heads = 12;
+  int bench_steps = 6;
+  int threads = 0;  // CPU reference threads; 0 = hardware, at most 16
+};
+
+bool ParseFlags(int argc, char** argv, Flags* f) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    auto value = [&](std::string_view name) -> std::optional<std::string> {
+      const std::string prefix = "--" + std::string(name) + "=";
+      if (a.substr(0, prefix.size()) == prefix) return std::string(a.substr(prefix.size()));
+      return std::nullopt;
+    };
+    std::optional<std::string> v;
+    if (a == "--quick") {
+      f->quick = true;
+    } else if ((v = value("only"))) {
+      f->only = *v;
+    } else if ((v = value("candidate"))) {
+      f->candidate = *v;
+    } else if ((v = value("steps"))) {
+      f->steps = std::stoi(*v);
+    } else if ((v = value("bench_batch"))) {
+      f->bench_batch = std::stoi(*v);
+    } else if ((v = value("bench_seq"))) {
+      f->bench_seq = std::stoi(*v);
+    } else if ((v = value("bench_layers"))) {
+      f->bench_layers = std::stoi(*v);
+    } else if ((v = value("bench_width"))) {
+      f->bench_width = std::stoi(*v);
+    } else if ((v = value("bench_heads"))) {
+      f->bench_heads = std::stoi(*v);
+    } else if ((v = value("bench_steps"))) {
+      f->bench_steps = std::stoi(*v);
+    } else if ((v = value("threads"))) {
+      f->threads = std::stoi(*v);
+    } else {
+      std::fprintf(stderr, "unknown flag %s\n", argv[i]);
+      return false;
+    }
+  }
+  if (f->candidate != "cuda" && f->candidate != "cpu") {
+    std::fprintf(stderr, "--candidate must be cuda or cpu\n");
+    return false;
+  }
+  if (!f->only.empty() && f->only != "compare" && f->only != "determinism" && f->only != "throughput") {
+    std::fprintf(stderr, "--only must be compare, determinism or throughput\n");
+    return false;
+  }
+  return true;
+}
+
+std::unique_ptr<Backend> MakeCandidate(const Flags& f, bool tf32 = false) {
+  if (f.candidate == "cpu") return MakeCpuBackend(1);
+  return MakeCudaBackend({.device = 0, .tf32 = tf32});
+}
+
+int ReferenceThreads(const Flags& f) {
+  if (f.threads > 0) return f.threads;
+  return std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 16);
+}
+
+std::vector<Case> CompareCases() {
+  std::vector<Case> cases;
+  Case plain;
+  plain.name = "plain";
+  plain.model = {.vocab = 256, .layers = 2, .heads = 4, .width = 128, .context = 64};
+  cases.push_back(plain);
+  Case stab;
+  stab.name = "qknorm+softcaps+zloss+tied";
+  stab.model = {.vocab = 256,
+                .layers = 2,
+                .heads = 4,
+                .width = 128,
+                .context = 64,
+                .qk_norm = true,
+                .tie_embeddings = true,
+                .z_loss = 1e-3f,
+                .attn_softcap = 2.0f,
+                .logit_softcap = 1.5f};
+  stab.init_std = 0.1f;  // logits large enough for the caps to bend them
+  stab.domains = 3;
+  cases.push_back(stab);
+  Case fp16;
+  fp16.name = "nobias+fp16range";
+  fp16.model = {.vocab = 200, .layers = 2, .heads = 2, .width = 96, .context = 48, .bias = false,
+                .fp16_emulation = true};
+  fp16.seq = 48;
+  fp16.batch = 3;
+  cases.push_back(fp16);
+  return cases;
+}
+
+// ---- 1. compare --------------------------------------------------------------
+
+void CompareCase(const Case& c, const Flags& flags, Checks& checks) {
+  std::printf("case %s: B=%d T=%d width=%d layers=%d heads=%d vocab=%d\n", c.name.c_str(), c.batch, c.seq,
+              c.model.width, c.model.layers, c.model.heads, c.model.vocab);
+  std::unique_ptr<Backend> cpu = MakeCpuBackend(ReferenceThreads(flags));
+  std::unique_ptr<Backend> cand = MakeCandidate(flags);
+  ModelRunner rc(c.model, *cpu, c.batch, c.seq), rg(c.model, *cand, c.batch, c.seq);
+  const std::vector<float> w = InitWeights(rc, c, 7);
+  const std::vector<uint8_t> tokens = MakeTokens(c.batch, c.seq, c.model.vocab, 11);
+  const std::vector<int> domains = MakeDomains(c.batch, c.domains);
+  rc.SetParameters(w);
+  rg.SetParameters(w);
+
+  // Forward and backward.
+  const ModelRunner::Loss lc = rc.Forward(tokens, true), lg = rg.Forward(tokens, true);
+  checks.Scalar("loss", lc.cross_entropy, lg.cross_entropy, kLossTol);
+  checks.Scalar("objective (with z-loss)", lc.objective, lg.objective, kLossTol);
+  checks.Tensor("logits", rc.Logits(), rg.Logits(), kForwardTol);
+  checks.Tensor("per-token loss", rc.Losses(), rg.Losses(), kForwardTol);
+  checks.Tensor("per-token lse", rc.Lse(), rg.Lse(), kForwardTol);
+  const std::vector<float> gc = rc.Gradients(), gg = rg.Gradients();
+  for (const RunnerTensor& t : rc.tensors()) {
+    checks.Tensor("grad " + t.name, std::span(gc).subspan(t.offset, t.size), std::span(gg).subspan(t.offset, t.size),
+                  kGradTol);
+  }
+
+  // One full step from the same weights: clipping, weight decay, AdamW, telemetry.
+  const RunnerOptim opt{.lr = 1e-3f, .weight_decay = 0.1f, .clip_norm = 0.5f};
+  const RunnerStepResult sc = rc.Step(tokens, domains, c.domains, opt);
+  const RunnerStepResult sg = rg.Step(tokens, domains, c.domains, opt);
+  checks.Scalar("step grad_norm", sc.grad_norm, sg.grad_norm, kTelemetryTol);
+  checks.Exact("step clipped", sc.clipped == sg.clipped, sc.clipped ? "both clipped" : "clipped differs or neither");
+  checks.Exact("step nonfinite_count", sc.nonfinite_count == sg.nonfinite_count,
+               std::to_string(sc.nonfinite_count) + " vs " + std::to_string(sg.nonfinite_count));
+  checks.Scalar("step lse_mean", sc.lse_mean, sg.lse_mean, kTelemetryTol);
+  checks.Scalar("step lse_max", sc.lse_max, sg.lse_max, kTelemetryTol);
+  for (int d = 0; d < c.domains; ++d) {
+    checks.Scalar("step domain_loss[" + std::to_string(d) + "]", sc.domain_loss[d], sg.domain_loss[d], kTelemetryTol);
+  }
+  for (size_t l = 0; l < sc.layers.size(); ++l) {
+    const std::string p = "step layer" + std::to_string(l) + ".";
+    checks.Scalar(p + "max_attn_logit", sc.layers[l].max_attn_logit, sg.layers[l].max_attn_logit, kTelemetryTol);
+    checks.Scalar(p + "grad_norm", sc.layers[l].grad_norm, sg.layers[l].grad_norm, kTelemetryTol);
+    checks.Scalar(p + "update_ratio", sc.layers[l].update_ratio, sg.layers[l].update_ratio, 1e-2);
+    checks.Scalar(p + "act_rms", sc.layers[l].act_rms, sg.layers[l].act_rms, kTelemetryTol);
+    checks.Scalar(p + "param_norm", sc.layers[l].param_norm, sg.layers[l].param_norm, 1e-9);
+  }
+  const std::vector<float> pc = rc.Parameters(), pg = rg.Parameters();
+  std::vector<float> dc(w.size()), dg(w.size());
+  for (size_t i = 0; i < w.size(); ++i) {
+    dc[i] = pc[i] - w[i];
+    dg[i] = pg[i] - w[i];
+  }
+  for (const RunnerTensor& t : rc.tensors()) {
+    checks.Tensor("update " + t.name, std::span(dc).subspan(t.offset, t.size), std::span(dg).subspan(t.offset, t.size),
+                  kUpdateTol);
+  }
+
+  // A short trajectory: the loss after 8 more steps on new batches.
+  double worst = 0, last_c = 0, last_g = 0;
+  for (int s = 1; s <= 8; ++s) {
+    const std::vector<uint8_t> b = MakeTokens(c.batch, c.seq, c.model.vocab, 100 + s);
+    last_c = rc.Step(b, domains, c.domains, opt).loss;
+    last_g = rg.Step(b, domains, c.domains, opt).loss;
+    worst = std::max(worst, std::fabs(last_c - last_g) / std::fabs(last_c));
+  }
+  checks.Scalar("loss after 8 more steps", last_c, last_g, kTrajectoryTol);
+  std::printf("       (largest relative loss difference over those steps: %.3e)\n", worst);
+}
+
+// AdamW alone on the same parameters, moments and gradients (t = 7, decay,
+// grad_scale as after clipping).
+void CompareAdamW(const Flags& flags, Checks& checks) {
+  std::printf("case adamw: n=1048613 t=7 lr=1e-3 weight_decay=0.1 grad_scale=0.7\n");
+  const size_t n = (size_t{1} << 20) + 37;
+  Rng rng(3);
+  std::vector<float> p(n), m(n), v(n), g(n);
+  for (size_t i = 0; i < n; ++i) {
+    p[i] = rng.Normal();
+    g[i] = 1e-2f * rng.Normal();
+    m[i] = 1e-2f * rng.Normal();
+    const float s = 1e-2f * rng.Normal();
+    v[i] = s * s;
+  }
+  const AdamWArgs args{.lr = 1e-3f, .weight_decay = 0.1f, .grad_scale = 0.7f, .t = 7};
+  struct Out {
+    std::vector<float> p, m, v;
+    double delta_sq = 0, param_sq = 0;
+  };
+  auto run = [&](Backend& be) {
+    const size_t bytes = n * sizeof(float);
+    float* bp = static_cast<float*>(be.Allocate(bytes));
+    float* bm = static_cast<float*>(be.Allocate(bytes));
+    float* bv = static_cast<float*>(be.Allocate(bytes));
+    float* bg = static_cast<float*>(be.Allocate(bytes));
+    be.CopyIn(bp, p.data(), bytes);
+    be.CopyIn(bm, m.data(), bytes);
+    be.CopyIn(bv, v.data(), bytes);
+    be.CopyIn(bg, g.data(), bytes);
+    Out o;
+    be.AdamW(bp, bm, bv, bg, n, args, /*decay=*/true, &o.delta_sq, &o.param_sq);
+    o.p.resize(n);
+    o.m.resize(n);
+    o.v.resize(n);
+    be.CopyOut(o.p.data(), bp, bytes);
+    be.CopyOut(o.m.data(), bm, bytes);
+    be.CopyOut(o.v.data(), bv, bytes);
+    for (float* b : {bp, bm, bv, bg}) be.Free(b);
+    return o;
+  };
+  std::unique_ptr<Backend> cpu = MakeCpuBackend(ReferenceThreads(flags));
+  std::unique_ptr<Backend> cand = MakeCandidate(flags);
+  const Out oc = run(*cpu), og = run(*cand);
+  checks.Tensor("adamw param", oc.p, og.p, kAdamWTol);
+  checks.Tensor("adamw m", oc.m, og.m, kAdamWTol);
+  checks.Tensor("adamw v", oc.v, og.v, kAdamWTol);
+  checks.Scalar("adamw Σ Δ²", oc.delta_sq, og.delta_sq, 1e-5);
+  checks.Scalar("adamw Σ w²", oc.param_sq, og.param_sq, 1e-12);
+}
+
+// ---- 2. determinism ------------------------------------------------------------
+
+struct Trace {
+  std::vector<uint64_t> bits;  // per step: loss, grad_norm, lse_max, per-layer telemetry
+  std::vector<float> params, m, v;
+  int64_t updates = 0;
+};
+
+struct Snapshot {
+  std::vector<float> params, m, v;
+  int64_t updates = 0;
+};
+
+// Steps [from, to) of a run; the batch of step s depends on s alone.
+Trace RunSteps(ModelRunner& r, const Case& c, int from, int to, Snapshot* snapshot_at_mid, int mid) {
+  Trace t;
+  const RunnerOptim opt{.lr = 3e-3f, .weight_decay = 0.1f, .clip_norm = 1.0f};
+  const std::vector<int> domains = MakeDomains(c.batch, c.domains);
+  for (int s = from; s < to; ++s) {
+    if (snapshot_at_mid != nullptr && s == mid) {
+      *snapshot_at_mid = {r.Parameters(), r.FirstMoments(), r.SecondMoments(), r.optimizer_updates()};
+    }
+    const RunnerStepResult x = r.Step(MakeTokens(c.batch, c.seq, c.model.vocab, 1000 + s), domains, c.domains, opt);
+    for (double d : {x.loss, x.grad_norm, x.lse_max, x.lse_mean}) t.bits.push_back(std::bit_cast<uint64_t>(d));
+    for (const auto& l : x.layers) {
+      for (double d : {l.max_attn_logit, l.grad_norm, l.update_ratio, l.act_rms}) {
+        t.bits.push_back(std::bit_cast<uint64_t>(d));
+      }
+    }
+  }
+  t.params = r.Parameters();
+  t.m = r.FirstMoments();
+  t.v = r.SecondMoments();
+  t.updates = r.optimizer_updates();
+  return t;
+}
+
+void CheckDeterminism(const Case& c, const Flags& flags, Checks& checks) {
+  const int steps = flags.steps, mid = flags.steps / 2;
+  std::printf("determinism %s: B=%d T=%d width=%d layers=%d, %d steps, snapshot at step %d\n", c.name.c_str(), c.batch,
+              c.seq, c.model.width, c.model.layers, steps, mid);
+  std::unique_ptr<Backend> be = MakeCandidate(flags);
+  std::vector<float> w;
+  Snapshot snap;
+  Trace a, b;
+  {
+    ModelRunner r(c.model, *be, c.batch, c.seq);
+    w = InitWeights(r, c, 21);
+    r.SetParameters(w);
+    a = RunSteps(r, c, 0, steps, &snap, mid);
+  }
+  {
+    ModelRunner r(c.model, *be, c.batch, c.seq);
+    r.SetParameters(w);
+    b = RunSteps(r, c, 0, steps, nullptr, -1);
+  }
+  auto same = [](const Trace& x, const Trace& y, size_t skip_bits) {
+    return std::equal(x.bits.begin() + skip_bits, x.bits.end(), y.bits.begin(), y.bits.end()) && x.params == y.params &&
+           x.m == y.m && x.v == y.v && x.updates == y.updates;
+  };
+  auto detail = [&](const Trace& x) {
+    char buf[160];
+    std::snprintf(buf, sizeof(buf), "params %016llx  m %016llx  v %016llx  %zu telemetry values",
+                  static_cast<unsigned long long>(HashFloats(x.params)),
+                  static_cast<unsigned long long>(HashFloats(x.m)), static_cast<unsigned long long>(HashFloats(x.v)),
+                  x.bits.size());
+    return std::string(buf);
+  };
+  std::printf("       run 1: %s\n", detail(a).c_str());
+  checks.Exact("rerun, same backend: bit-exact", same(a, b, 0), detail(b));
+  std::unique_ptr<Backend> fresh = MakeCandidate(flags);
+  Trace replay;
+  {
+    ModelRunner r(c.model, *fresh, c.batch, c.seq);
+    r.SetParameters(snap.params);
+    r.SetOptimizerState(snap.m, snap.v, snap.updates);
+    replay = RunSteps(r, c, mid, steps, nullptr, -1);
+  }
+  // The replay starts at `mid`: compare the telemetry of steps mid.. only.
+  const size_t per_step = a.bits.size() / steps;
+  checks.Exact("replay from snapshot, fresh backend: bit-exact", same(a, replay, per_step * mid), detail(replay));
+}
+
+// ---- 3. throughput -----------------------------------------------------------------
+
+struct Peak {
+  double fp32 = 0, tf32 = 0;  // dense TFLOP/s, spec sheet
+};
+
+Peak PeakFor(const std::string& name) {
+  if (name.find("H100") != std::string::npos && name.find("PCIe") != std::string::npos) return {51.2, 378.0};
+  if (name.find("H100") != std::string::npos || name.find("H200") != std::string::npos) return {66.9, 494.7};
+  if (name.find("A100") != std::string::npos) return {19.5, 156.0};
+  return {};
+}
+
+void Throughput(const Flags& flags) {
+  const CudaDeviceInfo info = GetCudaDeviceInfo(0);
+  const Peak peak = PeakFor(info.name);
+  Case c;
+  c.name = "gpt2-small-shaped";
+  c.model = {.vocab = 256,
+             .layers = flags.bench_layers,
+             .heads = flags.bench_heads,
+             .width = flags.bench_width,
+             .context = flags.bench_seq};
+  c.batch = flags.bench_batch;
+  c.seq = flags.bench_seq;
+  const double C = c.model.width, L = c.model.layers, T = c.seq, V = c.model.vocab;
+  // Per token: 6 FLOPs per weight of every matmul (forward 2, backward 4), and
+  // causal attention (q·kᵀ and p·v over T/2 keys on average, ×3 for backward).
+  const double matmul_weights = L * 12 * C * C + C * V;
+  const double flops_per_token = 6 * matmul_weights + 6 * L * T * C;
+  std::printf("throughput on %s (%d SMs, %.0f GiB): %s, B=%d T=%d width=%d layers=%d heads=%d, %.1fM matmul weights, "
+              "%.2f GFLOP per token\n",
+              info.name.c_str(), info.sm_count, info.memory_bytes / 1073741824.0, c.name.c_str(), c.batch, c.seq,
+              c.model.width, c.model.layers, c.model.heads, matmul_weights / 1e6, flops_per_token / 1e9);
+  for (const bool tf32 : {false, true}) {
+    std::unique_ptr<Backend> be = MakeCandidate(flags, tf32);
+    ModelRunner r(c.model, *be, c.batch, c.seq);
+    r.SetParameters(InitWeights(r, c, 5));
+    const std::vector<uint8_t> tokens = MakeTokens(c.batch, c.seq, c.model.vocab, 9);
+    const RunnerOptim opt{.lr = 1e-4f, .clip_norm = 1.0f};
+    for (int i = 0; i < 2; ++i) r.Step(tokens, {}, 1, opt);  // warm-up: allocations, cuBLAS heuristics
+    be->Synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < flags.bench_steps; ++i) r.Step(tokens, {}, 1, opt);
+    be->Synchronize();
+    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / flags.bench_steps;
+    const auto ft0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < flags.bench_steps; ++i) r.Forward(tokens, false);
+    be->Synchronize();
+    const double fsec =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - ft0).count() / flags.bench_steps;
+    const double tokens_per_s = c.batch * c.seq / sec;
+    const double tflops = tokens_per_s * flops_per_token / 1e12;
+    const double pk = tf32 ? peak.tf32 : peak.fp32;
+    std::printf("  %-5s step %8.2f ms (forward alone %7.2f ms)  %10.0f tokens/s  %6.2f TFLOP/s  ", tf32 ? "TF32" : "FP32",
+                sec * 1e3, fsec * 1e3, tokens_per_s, tflops);
+    if (pk > 0) {
+      std::printf("%5.1f %% of the %s dense peak (%.1f TFLOP/s)\n", 100 * tflops / pk, tf32 ? "TF32" : "FP32", pk);
+    } else {
+      std::printf("(peak of this GPU unknown)\n");
+    }
+  }
+}
+
+int Main(int argc, char** argv) {
+  Flags flags;
+  if (!ParseFlags(argc, argv, &flags)) return 2;
+  if (flags.candidate == "cuda") {
+    std::string why;
+    if (!CudaDeviceAvailable(&why)) {
+      std::printf("SKIPPED: %s; the CUDA compare needs a GPU\n", why.c_str());
+      return 77;
+    }
+    const CudaDeviceInfo info = GetCudaDeviceInfo(0);
+    std::printf("device: %s, compute capability %d.%d, %d SMs\n", info.name.c_str(), info.compute_major,
+                info.compute_minor, info.sm_count);
+  } else {
+    std::printf("candidate: the CPU backend with 1 thread (checks the harness, not the GPU)\n");
+  }
+  std::printf("reference: the CPU backend with %d threads\n", ReferenceThreads(flags));
+  Checks checks;
+  const auto t0 = std::chrono::steady_clock::now();
+  if (flags.only.empty() || flags.only == "compare") {
+    for (const Case& c : CompareCases()) CompareCase(c, flags, checks);
+    CompareAdamW(flags, checks);
+  }
+  if (flags.only.empty() || flags.only == "determinism") {
+    std::vector<Case> cases = CompareCases();
+    CheckDeterminism(cases[1], flags, checks);
+    if (!flags.quick) {
+      Case big = cases[1];
+      big.name = "qknorm+softcaps+zloss+tied, wider";
+      big.model.width = 384;
+      big.model.heads = 6;
+      big.model.layers = 4;
+      big.model.context = 128;
+      big.seq = 128;
+      big.batch = 8;
+      big.init_std = 0.05f;
+      CheckDeterminism(big, flags, checks);
+    }
+  }
+  if ((flags.only.empty() && !flags.quick) || flags.only == "throughput") {
+    if (flags.candidate == "cuda") {
+      Throughput(flags);
+    } else {
+      std::printf("throughput: skipped (GPU only)\n");
+    }
+  }
+  std::printf("%d checks, %d failed (%.1f s)\n", checks.count(), checks.failures(),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return checks.failures() == 0 ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace spikeguard::kernels
+
+int main(int argc, char** argv) { return spikeguard::kernels::Main(argc, argv); }
