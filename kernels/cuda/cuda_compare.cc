@@ -7,6 +7,7 @@
 //   spikeguard_cuda_compare --candidate=cpu  the same checks with a 1-thread CPU
 //                                            backend standing in for the GPU
 //
+// 0. kernels: each Backend call alone, on random inputs, against the CPU's.
 // 1. compare: for each model case (plain; qk-norm + soft-caps + z-loss + tied
 //    embeddings + 3 domains; no biases + fp16 range), both backends run forward
 //    and backward from the same weights and batch, then a full step (clipping,
@@ -33,6 +34,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <numbers>
 #include <optional>
@@ -40,6 +42,8 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -288,6 +292,222 @@ std::vector<Case> CompareCases() {
   fp16.batch = 3;
   cases.push_back(fp16);
   return cases;
+}
+
+// ---- 0. kernel by kernel -------------------------------------------------------
+// Each Backend call alone on random inputs, with shapes that are not multiples
+// of a warp or a block, and outputs that accumulate pre-filled with noise: a
+// difference found here names the kernel, before the model-level compare.
+
+// One buffer with the same contents on the reference and on the candidate.
+template <typename T>
+class Twin {
+ public:
+  Twin(Backend& ref, Backend& cand, const std::vector<T>& init) : ref_(ref), cand_(cand), n_(init.size()) {
+    r_ = static_cast<T*>(ref.Allocate(n_ * sizeof(T)));
+    c_ = static_cast<T*>(cand.Allocate(n_ * sizeof(T)));
+    ref.CopyIn(r_, init.data(), n_ * sizeof(T));
+    cand.CopyIn(c_, init.data(), n_ * sizeof(T));
+  }
+  ~Twin() {
+    ref_.Free(r_);
+    cand_.Free(c_);
+  }
+  Twin(const Twin&) = delete;
+  Twin& operator=(const Twin&) = delete;
+  T* r() const { return r_; }
+  T* c() const { return c_; }
+  std::vector<T> HostRef() const { return Host(ref_, r_); }
+  std::vector<T> HostCand() const { return Host(cand_, c_); }
+
+ private:
+  std::vector<T> Host(Backend& be, const T* p) const {
+    std::vector<T> h(n_);
+    be.CopyOut(h.data(), p, n_ * sizeof(T));
+    return h;
+  }
+  Backend& ref_;
+  Backend& cand_;
+  size_t n_;
+  T* r_ = nullptr;
+  T* c_ = nullptr;
+};
+
+std::vector<float> Noise(size_t n, uint64_t seed, float scale = 1.0f) {
+  Rng rng(seed);
+  std::vector<float> v(n);
+  for (float& x : v) x = scale * rng.Normal();
+  return v;
+}
+
+constexpr double kKernelTol = 2e-5;
+
+void CompareKernels(const Flags& flags, Checks& checks) {
+  std::printf("kernels one by one\n");
+  std::unique_ptr<Backend> ref_be = MakeCpuBackend(ReferenceThreads(flags));
+  std::unique_ptr<Backend> cand_be = MakeCandidate(flags);
+  Backend& R = *ref_be;
+  Backend& G = *cand_be;
+  auto same = [&](const std::string& what, const Twin<float>& t, double tol = kKernelTol) {
+    checks.Tensor("kernel " + what, t.HostRef(), t.HostCand(), tol);
+  };
+  {  // MatmulForward and MatmulBackward, rows 70, in 50, out 90
+    const int rows = 70, in = 50, out = 90;
+    Twin<float> x(R, G, Noise(rows * in, 1)), w(R, G, Noise(in * out, 2, 0.2f)), bias(R, G, Noise(out, 3));
+    Twin<float> y(R, G, Noise(rows * out, 4)), y2(R, G, Noise(rows * out, 5));
+    R.MatmulForward(y.r(), x.r(), w.r(), bias.r(), rows, in, out);
+    G.MatmulForward(y.c(), x.c(), w.c(), bias.c(), rows, in, out);
+    same("MatmulForward (bias)", y);
+    R.MatmulForward(y2.r(), x.r(), w.r(), nullptr, rows, in, out);
+    G.MatmulForward(y2.c(), x.c(), w.c(), nullptr, rows, in, out);
+    same("MatmulForward", y2);
+    Twin<float> dy(R, G, Noise(rows * out, 6)), dx(R, G, Noise(rows * in, 7)), dw(R, G, Noise(in * out, 8)),
+        db(R, G, Noise(out, 9));
+    R.MatmulBackward(dx.r(), dw.r(), db.r(), dy.r(), x.r(), w.r(), rows, in, out);
+    G.MatmulBackward(dx.c(), dw.c(), db.c(), dy.c(), x.c(), w.c(), rows, in, out);
+    same("MatmulBackward dx", dx);
+    same("MatmulBackward dw (+=)", dw);
+    same("MatmulBackward dbias (+=)", db);
+  }
+  {  // LayerNorm, rows 37, dim 72 (and 37·3 rows of 24, the qk-norm shape)
+    for (const auto& [rows, dim, with_b] : {std::tuple{37, 72, true}, std::tuple{111, 24, false}}) {
+      const std::string s = "(" + std::to_string(rows) + "x" + std::to_string(dim) + (with_b ? ", bias)" : ")");
+      Twin<float> x(R, G, Noise(rows * dim, 10, 2.0f)), g(R, G, Noise(dim, 11)), b(R, G, Noise(dim, 12));
+      Twin<float> y(R, G, Noise(rows * dim, 13)), mean(R, G, Noise(rows, 14)), rstd(R, G, Noise(rows, 15));
+      R.LayerNormForward(y.r(), mean.r(), rstd.r(), x.r(), g.r(), with_b ? b.r() : nullptr, rows, dim);
+      G.LayerNormForward(y.c(), mean.c(), rstd.c(), x.c(), g.c(), with_b ? b.c() : nullptr, rows, dim);
+      same("LayerNormForward y " + s, y);
+      same("LayerNormForward mean " + s, mean);
+      same("LayerNormForward rstd " + s, rstd);
+      Twin<float> dy(R, G, Noise(rows * dim, 16)), dx(R, G, Noise(rows * dim, 17)), dg(R, G, Noise(dim, 18)),
+          db(R, G, Noise(dim, 19));
+      // Both sides from the reference's mean and rstd, so only the backward differs.
+      const std::vector<float> m = mean.HostRef(), r = rstd.HostRef();
+      G.CopyIn(mean.c(), m.data(), m.size() * sizeof(float));
+      G.CopyIn(rstd.c(), r.data(), r.size() * sizeof(float));
+      R.LayerNormBackward(dx.r(), dg.r(), with_b ? db.r() : nullptr, dy.r(), x.r(), mean.r(), rstd.r(), g.r(), rows, dim);
+      G.LayerNormBackward(dx.c(), dg.c(), with_b ? db.c() : nullptr, dy.c(), x.c(), mean.c(), rstd.c(), g.c(), rows, dim);
+      same("LayerNormBackward dx (+=) " + s, dx);
+      same("LayerNormBackward dg (+=) " + s, dg);
+      if (with_b) same("LayerNormBackward db (+=) " + s, db);
+    }
+  }
+  {  // GELU, Add, Fp16Overflow, Zero: n = 1000
+    const int n = 1000;
+    Twin<float> x(R, G, Noise(n, 20, 3.0f)), y(R, G, Noise(n, 21)), dy(R, G, Noise(n, 22));
+    R.GeluForward(y.r(), x.r(), n);
+    G.GeluForward(y.c(), x.c(), n);
+    same("GeluForward", y);
+    R.GeluBackward(dy.r(), dy.r(), x.r(), n);  // in place, as the trainer calls it
+    G.GeluBackward(dy.c(), dy.c(), x.c(), n);
+    same("GeluBackward (in place)", dy);
+    R.Add(y.r(), y.r(), x.r(), n);
+    G.Add(y.c(), y.c(), x.c(), n);
+    same("Add (in place)", y);
+    Twin<float> big(R, G, Noise(n, 23, 70000.0f));
+    R.Fp16Overflow(big.r(), n);
+    G.Fp16Overflow(big.c(), n);
+    checks.Exact("kernel Fp16Overflow", big.HostRef() == big.HostCand(), "bit-identical expected");
+    R.Zero(big.r(), n / 2);
+    G.Zero(big.c(), n / 2);
+    checks.Exact("kernel Zero", big.HostRef() == big.HostCand(), "bit-identical expected");
+  }
+  {  // Embedding: B 3, T 17, C 40, vocab 50 (tokens repeat)
+    const int B = 3, T = 17, C = 40, V = 50;
+    std::vector<int32_t> tok(B * T);
+    for (int i = 0; i < B * T; ++i) tok[i] = static_cast<int32_t>(SplitMix64(i) % 7 == 0 ? 3 : SplitMix64(i + 99) % V);
+    Twin<int32_t> tokens(R, G, tok);
+    Twin<float> wte(R, G, Noise(V * C, 24)), wpe(R, G, Noise(T * C, 25)), x(R, G, Noise(B * T * C, 26));
+    R.EmbeddingForward(x.r(), tokens.r(), wte.r(), wpe.r(), B, T, C);
+    G.EmbeddingForward(x.c(), tokens.c(), wte.c(), wpe.c(), B, T, C);
+    checks.Exact("kernel EmbeddingForward", x.HostRef() == x.HostCand(), "bit-identical expected");
+    Twin<float> dwte(R, G, Noise(V * C, 27)), dwpe(R, G, Noise(T * C, 28)), dx(R, G, Noise(B * T * C, 29));
+    R.EmbeddingBackward(dwte.r(), dwpe.r(), dx.r(), tokens.r(), B, T, C);
+    G.EmbeddingBackward(dwte.c(), dwpe.c(), dx.c(), tokens.c(), B, T, C);
+    // Same order of additions as the CPU: bit-identical.
+    checks.Exact("kernel EmbeddingBackward dwte (+=)", dwte.HostRef() == dwte.HostCand(), "bit-identical expected");
+    checks.Exact("kernel EmbeddingBackward dwpe (+=)", dwpe.HostRef() == dwpe.HostCand(), "bit-identical expected");
+  }
+  {  // Layout: B 2, T 9, H 3, head_dim 8, from the k third of a qkv row
+    const int B = 2, T = 9, H = 3, D = 8, C = H * D;
+    Twin<float> qkv(R, G, Noise(B * T * 3 * C, 30)), heads(R, G, Noise(B * T * C, 31));
+    R.RowsToHeads(heads.r(), qkv.r() + C, 3 * C, B, T, H, D);
+    G.RowsToHeads(heads.c(), qkv.c() + C, 3 * C, B, T, H, D);
+    checks.Exact("kernel RowsToHeads", heads.HostRef() == heads.HostCand(), "bit-identical expected");
+    Twin<float> back(R, G, Noise(B * T * 3 * C, 32));
+    R.HeadsToRows(back.r() + 2 * C, 3 * C, heads.r(), B, T, H, D);
+    G.HeadsToRows(back.c() + 2 * C, 3 * C, heads.c(), B, T, H, D);
+    checks.Exact("kernel HeadsToRows", back.HostRef() == back.HostCand(), "bit-identical expected");
+  }
+  // Attention: B 2, H 3, T 45, D 40; plain, soft-capped, fp16 range.
+  for (const auto& [softcap, fp16] : {std::pair{0.0f, false}, std::pair{1.5f, false}, std::pair{0.0f, true}}) {
+    const int B = 2, H = 3, T = 45, D = 40;
+    const size_t hsz = static_cast<size_t>(B) * H * T * D, ssz = static_cast<size_t>(B) * H * T * T;
+    const std::string s = softcap > 0 ? " (softcap)" : fp16 ? " (fp16 range)" : "";
+    const AttentionShape shape{.batch = B,
+                               .heads = H,
+                               .seq = T,
+                               .head_dim = D,
+                               .scale = 1.0f / std::sqrt(static_cast<float>(D)),
+                               .softcap = softcap,
+                               .fp16_overflow = fp16};
+    Twin<float> q(R, G, Noise(hsz, 33, 1.5f)), k(R, G, Noise(hsz, 34, 1.5f)), v(R, G, Noise(hsz, 35));
+    Twin<float> out(R, G, Noise(hsz, 36)), logits(R, G, std::vector<float>(ssz)), probs(R, G, Noise(ssz, 37));
+    Twin<float> row_max(R, G, Noise(static_cast<size_t>(B) * H * T, 38));
+    R.AttentionForward(out.r(), logits.r(), probs.r(), row_max.r(), q.r(), k.r(), v.r(), shape);
+    G.AttentionForward(out.c(), logits.c(), probs.c(), row_max.c(), q.c(), k.c(), v.c(), shape);
+    same("AttentionForward out" + s, out);
+    same("AttentionForward probs" + s, probs);
+    same("AttentionForward row_max" + s, row_max);
+    // Logits above the diagonal are unspecified: compare the causal part.
+    std::vector<float> lr = logits.HostRef(), lc = logits.HostCand();
+    for (size_t i = 0; i < ssz; ++i) {
+      if (static_cast<int>(i % T) > static_cast<int>((i / T) % T)) lr[i] = lc[i] = 0;
+    }
+    checks.Tensor("kernel AttentionForward logits (causal)" + s, lr, lc, kKernelTol);
+    // Backward from the reference's saved logits and probabilities.
+    const std::vector<float> pr = probs.HostRef();
+    const std::vector<float> lfull = logits.HostRef();
+    G.CopyIn(probs.c(), pr.data(), ssz * sizeof(float));
+    G.CopyIn(logits.c(), lfull.data(), ssz * sizeof(float));
+    Twin<float> dout(R, G, Noise(hsz, 39)), dq(R, G, Noise(hsz, 40)), dk(R, G, Noise(hsz, 41)), dv(R, G, Noise(hsz, 42));
+    R.AttentionBackward(dq.r(), dk.r(), dv.r(), dout.r(), q.r(), k.r(), v.r(), logits.r(), probs.r(), shape);
+    G.AttentionBackward(dq.c(), dk.c(), dv.c(), dout.c(), q.c(), k.c(), v.c(), logits.c(), probs.c(), shape);
+    same("AttentionBackward dq" + s, dq);
+    same("AttentionBackward dk" + s, dk);
+    same("AttentionBackward dv" + s, dv);
+  }
+  // Cross-entropy: rows 33, vocab 77; plain, and soft-cap with z-loss and
+  // dlogits aliasing the logits (as the trainer may).
+  for (const bool capped : {false, true}) {
+    const int rows = 33, V = 77;
+    const float softcap = capped ? 2.5f : 0.0f, z = capped ? 1e-2f : 0.0f;
+    const std::string s = capped ? " (softcap, z-loss, in place)" : "";
+    std::vector<int32_t> tgt(rows);
+    for (int i = 0; i < rows; ++i) tgt[i] = static_cast<int32_t>(SplitMix64(i + 7) % V);
+    Twin<int32_t> targets(R, G, tgt);
+    Twin<float> logits(R, G, Noise(rows * V, 43, 3.0f)), loss(R, G, Noise(rows, 44)), lse(R, G, Noise(rows, 45));
+    Twin<float> dl(R, G, Noise(rows * V, 46));
+    float* dr = capped ? logits.r() : dl.r();
+    float* dc = capped ? logits.c() : dl.c();
+    R.SoftmaxCrossEntropy(dr, loss.r(), lse.r(), logits.r(), targets.r(), rows, V, softcap, z, 1.0f / rows);
+    G.SoftmaxCrossEntropy(dc, loss.c(), lse.c(), logits.c(), targets.c(), rows, V, softcap, z, 1.0f / rows);
+    same("SoftmaxCrossEntropy loss" + s, loss);
+    same("SoftmaxCrossEntropy lse" + s, lse);
+    same("SoftmaxCrossEntropy dlogits" + s, capped ? logits : dl);
+  }
+  {  // Reductions: n = 3·4096 + 7, with three non-finite values
+    const size_t n = 3 * 4096 + 7;
+    std::vector<float> x = Noise(n, 47);
+    Twin<float> a(R, G, x);
+    checks.Scalar("kernel SumSquares", R.SumSquares(a.r(), n), G.SumSquares(a.c(), n), 1e-12);
+    x[5] = std::numeric_limits<float>::infinity();
+    x[4096] = -std::numeric_limits<float>::infinity();
+    x[n - 1] = std::numeric_limits<float>::quiet_NaN();
+    Twin<float> b(R, G, x);
+    const int64_t cr = R.CountNonFinite(b.r(), n), cc = G.CountNonFinite(b.c(), n);
+    checks.Exact("kernel CountNonFinite", cr == cc && cr == 3, std::to_string(cr) + " vs " + std::to_string(cc));
+  }
 }
 
 // ---- 1. compare --------------------------------------------------------------
@@ -577,6 +797,7 @@ int Main(int argc, char** argv) {
   Checks checks;
   const auto t0 = std::chrono::steady_clock::now();
   if (flags.only.empty() || flags.only == "compare") {
+    CompareKernels(flags, checks);
     for (const Case& c : CompareCases()) CompareCase(c, flags, checks);
     CompareAdamW(flags, checks);
   }
