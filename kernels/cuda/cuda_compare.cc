@@ -88,6 +88,14 @@ class Rng {
   uint64_t state_;
 };
 
+// printf into a std::string.
+template <typename... Args>
+std::string Format(const char* fmt, Args... args) {
+  char buf[256];
+  std::snprintf(buf, sizeof(buf), fmt, args...);
+  return buf;
+}
+
 uint64_t HashFloats(const std::vector<float>& v) {
   uint64_t h = SplitMix64(v.size());
   for (float f : v) h = SplitMix64(h ^ std::bit_cast<uint32_t>(f));
@@ -371,7 +379,7 @@ void CompareKernels(const Flags& flags, Checks& checks) {
   }
   {  // LayerNorm, rows 37, dim 72 (and 37·3 rows of 24, the qk-norm shape)
     for (const auto& [rows, dim, with_b] : {std::tuple{37, 72, true}, std::tuple{111, 24, false}}) {
-      const std::string s = "(" + std::to_string(rows) + "x" + std::to_string(dim) + (with_b ? ", bias)" : ")");
+      const std::string s = Format("(%dx%d%s)", rows, dim, with_b ? ", bias" : "");
       Twin<float> x(R, G, Noise(rows * dim, 10, 2.0f)), g(R, G, Noise(dim, 11)), b(R, G, Noise(dim, 12));
       Twin<float> y(R, G, Noise(rows * dim, 13)), mean(R, G, Noise(rows, 14)), rstd(R, G, Noise(rows, 15));
       R.LayerNormForward(y.r(), mean.r(), rstd.r(), x.r(), g.r(), with_b ? b.r() : nullptr, rows, dim);
@@ -506,7 +514,7 @@ void CompareKernels(const Flags& flags, Checks& checks) {
     x[n - 1] = std::numeric_limits<float>::quiet_NaN();
     Twin<float> b(R, G, x);
     const int64_t cr = R.CountNonFinite(b.r(), n), cc = G.CountNonFinite(b.c(), n);
-    checks.Exact("kernel CountNonFinite", cr == cc && cr == 3, std::to_string(cr) + " vs " + std::to_string(cc));
+    checks.Exact("kernel CountNonFinite", cr == cc && cr == 3, Format("%lld vs %lld", static_cast<long long>(cr), static_cast<long long>(cc)));
   }
 }
 
@@ -544,14 +552,15 @@ void CompareCase(const Case& c, const Flags& flags, Checks& checks) {
   checks.Scalar("step grad_norm", sc.grad_norm, sg.grad_norm, kTelemetryTol);
   checks.Exact("step clipped", sc.clipped == sg.clipped, sc.clipped ? "both clipped" : "clipped differs or neither");
   checks.Exact("step nonfinite_count", sc.nonfinite_count == sg.nonfinite_count,
-               std::to_string(sc.nonfinite_count) + " vs " + std::to_string(sg.nonfinite_count));
+               Format("%lld vs %lld", static_cast<long long>(sc.nonfinite_count),
+                      static_cast<long long>(sg.nonfinite_count)));
   checks.Scalar("step lse_mean", sc.lse_mean, sg.lse_mean, kTelemetryTol);
   checks.Scalar("step lse_max", sc.lse_max, sg.lse_max, kTelemetryTol);
   for (int d = 0; d < c.domains; ++d) {
-    checks.Scalar("step domain_loss[" + std::to_string(d) + "]", sc.domain_loss[d], sg.domain_loss[d], kTelemetryTol);
+    checks.Scalar(Format("step domain_loss[%d]", d), sc.domain_loss[d], sg.domain_loss[d], kTelemetryTol);
   }
   for (size_t l = 0; l < sc.layers.size(); ++l) {
-    const std::string p = "step layer" + std::to_string(l) + ".";
+    const std::string p = Format("step layer%zu.", l);
     checks.Scalar(p + "max_attn_logit", sc.layers[l].max_attn_logit, sg.layers[l].max_attn_logit, kTelemetryTol);
     checks.Scalar(p + "grad_norm", sc.layers[l].grad_norm, sg.layers[l].grad_norm, kTelemetryTol);
     checks.Scalar(p + "update_ratio", sc.layers[l].update_ratio, sg.layers[l].update_ratio, 1e-2);

@@ -32,11 +32,18 @@ GEN=()
 command -v ninja >/dev/null && GEN=(-G Ninja)
 
 say "configure and build kernels/ (architecture $ARCH)"
-if ! run cmake -S kernels -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DSPIKEGUARD_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES="$ARCH"; then
-  say "configure failed; what CUDA libraries this machine has:"
+CONF=(-S kernels -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DSPIKEGUARD_CUDA=ON
+  -DCMAKE_CUDA_ARCHITECTURES="$ARCH")
+if ! run cmake "${CONF[@]}"; then
+  say "configure failed; CUDA libraries on this machine:"
   run ls /usr/local/cuda/lib64 /usr/local/cuda/include 2>&1 | grep -i -E "cublas|cudart" | head -20
-  exit 3
+  # cuBLAS from PyTorch's pip wheel (nvidia-cublas), when the toolkit has none.
+  wheel=$(python3 -c 'import nvidia.cublas, os; print(list(nvidia.cublas.__path__)[0])' 2>/dev/null)
+  lib=$(ls "$wheel"/lib/libcublas.so* 2>/dev/null | head -1)
+  [ -n "$lib" ] || exit 3
+  say "retrying with the wheel's cuBLAS: $lib"
+  rm -rf "$BUILD"
+  run cmake "${CONF[@]}" -DCUDA_cublas_LIBRARY="$lib" -DCMAKE_CUDA_FLAGS="-I$wheel/include" || exit 3
 fi
 start=$(date +%s%N)
 run cmake --build "$BUILD" -j "${SG_JOBS:-16}" || { say "build failed"; exit 3; }
