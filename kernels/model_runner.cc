@@ -143,7 +143,8 @@ ModelRunner::ModelRunner(const RunnerModel& model, Backend& backend, int batch, 
   b.lse = Buf<float>(be, N);
   b.layers.resize(model.layers);
   for (auto& L : b.layers) {
-    for (auto* x : {&L.ln1, &L.q, &L.k, &L.v, &L.att_heads, &L.att, &L.res1, &L.ln2, &L.res2}) *x = Buf<float>(be, N * C);
+    for (auto* x : {&L.ln1, &L.q, &L.k, &L.v, &L.att_heads, &L.att, &L.res1, &L.ln2, &L.res2})
+      *x = Buf<float>(be, N * C);
     for (auto* x : {&L.ln1_mean, &L.ln1_rstd, &L.ln2_mean, &L.ln2_rstd}) *x = Buf<float>(be, N);
     L.qkv = Buf<float>(be, N * 3 * C);
     if (model.qk_norm) {

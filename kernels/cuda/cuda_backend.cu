@@ -23,15 +23,15 @@ namespace {
   std::abort();
 }
 
-#define SG_CUDA(expr)                                                                 \
-  do {                                                                                \
-    const cudaError_t sg_err_ = (expr);                                               \
+#define SG_CUDA(expr)                                                                         \
+  do {                                                                                        \
+    const cudaError_t sg_err_ = (expr);                                                       \
     if (sg_err_ != cudaSuccess) Fail(#expr, cudaGetErrorString(sg_err_), __FILE__, __LINE__); \
   } while (0)
 
-#define SG_CUBLAS(expr)                                                                      \
-  do {                                                                                       \
-    const cublasStatus_t sg_st_ = (expr);                                                    \
+#define SG_CUBLAS(expr)                                                                                  \
+  do {                                                                                                   \
+    const cublasStatus_t sg_st_ = (expr);                                                                \
     if (sg_st_ != CUBLAS_STATUS_SUCCESS) Fail(#expr, cublasGetStatusString(sg_st_), __FILE__, __LINE__); \
   } while (0)
 
@@ -71,9 +71,7 @@ __device__ __forceinline__ float FastTanh(float x) {
   return 1.0f - 2.0f / (FastExp(2.0f * xc) + 1.0f);
 }
 
-__device__ __forceinline__ float Overflow16(float x) {
-  return fabsf(x) > kFp16Max ? copysignf(INFINITY, x) : x;
-}
+__device__ __forceinline__ float Overflow16(float x) { return fabsf(x) > kFp16Max ? copysignf(INFINITY, x) : x; }
 
 __device__ __forceinline__ float Gelu(float x) {
   constexpr float kS = 0.7978845608028654f;
@@ -264,8 +262,7 @@ __global__ void LayerNormBackwardKernel(float* dx, const float* dy, const float*
 
 // One block: positions of each token value in ascending order (a stable
 // counting sort), so the scatter below adds in the CPU's order without atomics.
-__global__ void TokenPositionsKernel(int32_t* starts, int32_t* positions, const int32_t* tokens, int64_t n,
-                                     int vocab) {
+__global__ void TokenPositionsKernel(int32_t* starts, int32_t* positions, const int32_t* tokens, int64_t n, int vocab) {
   for (int v = threadIdx.x; v < vocab; v += blockDim.x) {
     int32_t count = 0;
     for (int64_t r = 0; r < n; ++r) count += tokens[r] == v ? 1 : 0;
@@ -583,8 +580,7 @@ class CudaBackend final : public Backend {
   }
   void Synchronize() override { SG_CUDA(cudaStreamSynchronize(stream_)); }
 
-  void MatmulForward(float* y, const float* x, const float* w, const float* bias, int rows, int in,
-                     int out) override {
+  void MatmulForward(float* y, const float* x, const float* w, const float* bias, int rows, int in, int out) override {
     // Row-major Y = X·W is column-major Yᵀ = Wᵀ·Xᵀ: cuBLAS sees W as out×in and X as in×rows.
     const float one = 1.0f, zero = 0.0f;
     if (bias != nullptr) {
@@ -682,15 +678,15 @@ class CudaBackend final : public Backend {
 
   void RowsToHeads(float* heads, const float* rows, int row_stride, int batch, int seq, int nh, int hd) override {
     const int64_t n = static_cast<int64_t>(batch) * nh * seq * hd;
-    LayoutKernel<true><<<Grid(n, kThreads), kThreads, 0, stream_>>>(heads, const_cast<float*>(rows), row_stride, seq,
-                                                                     nh, hd, n);
+    LayoutKernel<true>
+        <<<Grid(n, kThreads), kThreads, 0, stream_>>>(heads, const_cast<float*>(rows), row_stride, seq, nh, hd, n);
     SG_LAUNCHED();
   }
 
   void HeadsToRows(float* rows, int row_stride, const float* heads, int batch, int seq, int nh, int hd) override {
     const int64_t n = static_cast<int64_t>(batch) * nh * seq * hd;
-    LayoutKernel<false><<<Grid(n, kThreads), kThreads, 0, stream_>>>(const_cast<float*>(heads), rows, row_stride, seq,
-                                                                      nh, hd, n);
+    LayoutKernel<false>
+        <<<Grid(n, kThreads), kThreads, 0, stream_>>>(const_cast<float*>(heads), rows, row_stride, seq, nh, hd, n);
     SG_LAUNCHED();
   }
 
@@ -711,8 +707,8 @@ class CudaBackend final : public Backend {
                          const float* v, const float* logits, const float* probs, const AttentionShape& s) override {
     const int64_t rows = static_cast<int64_t>(s.batch) * s.heads * s.seq;
     float* dS = ScratchFloats(static_cast<size_t>(rows) * s.seq);
-    AttentionBackwardQueryKernel<<<Grid(rows, kWarps), kThreads, 0, stream_>>>(
-        dq, dS, dout, k, v, logits, probs, rows, s.seq, s.head_dim, s.scale, s.softcap);
+    AttentionBackwardQueryKernel<<<Grid(rows, kWarps), kThreads, 0, stream_>>>(dq, dS, dout, k, v, logits, probs, rows,
+                                                                               s.seq, s.head_dim, s.scale, s.softcap);
     SG_LAUNCHED();
     AttentionBackwardKeyKernel<<<Grid(rows, kWarps), kThreads, 0, stream_>>>(dk, dv, dS, probs, q, dout, rows, s.seq,
                                                                              s.head_dim);

@@ -61,10 +61,10 @@ namespace {
 // scalars). The backends agree on every formula; they differ in the order of
 // float32 sums (cuBLAS vs the CPU GEMM, warp trees vs 16-lane sums), which
 // moves results by a few ulp per operation.
-constexpr double kForwardTol = 2e-5;   // logits, per-token loss and lse
-constexpr double kLossTol = 1e-5;      // mean loss and objective
-constexpr double kGradTol = 2e-4;      // gradients, per tensor
-constexpr double kTelemetryTol = 2e-4; // gradient norms, activation RMS, max attention logit, domain losses
+constexpr double kForwardTol = 2e-5;    // logits, per-token loss and lse
+constexpr double kLossTol = 1e-5;       // mean loss and objective
+constexpr double kGradTol = 2e-4;       // gradients, per tensor
+constexpr double kTelemetryTol = 2e-4;  // gradient norms, activation RMS, max attention logit, domain losses
 // The update Δw of one full step, taken from moments as after warm-up (m = 0,
 // v = the tensor's mean g², t = 10) so that Δw is smooth in g: a first step
 // from zero moments moves each weight by lr·sign(g), and where |g| is at the
@@ -184,8 +184,7 @@ class Checks {
     const double d = std::fabs(ref - got);
     const bool same_nonfinite = !std::isfinite(ref) && (std::isnan(ref) ? std::isnan(got) : ref == got);
     const bool ok = same_nonfinite || (std::isfinite(got) && d <= tol * std::fabs(ref));
-    Print(what, ok, "cpu %.9g  candidate %.9g  rel %.3e  (tol %.0e)", ref, got, ref != 0 ? d / std::fabs(ref) : d,
-          tol);
+    Print(what, ok, "cpu %.9g  candidate %.9g  rel %.3e  (tol %.0e)", ref, got, ref != 0 ? d / std::fabs(ref) : d, tol);
   }
 
   void Exact(const std::string& what, bool equal, const std::string& detail) {
@@ -212,12 +211,12 @@ class Checks {
 
 struct Flags {
   bool quick = false;
-  std::string only;              // "", compare, determinism, throughput
+  std::string only;                // "", compare, determinism, throughput
   std::string candidate = "cuda";  // cuda, cpu
-  int steps = 12;                // determinism
+  int steps = 12;                  // determinism
   int bench_batch = 16, bench_seq = 256, bench_layers = 12, bench_width = 768, bench_heads = 12;
   int bench_steps = 6;
-  int threads = 0;  // CPU reference threads; 0 = hardware, at most 16
+  int threads = 0;     // CPU reference threads; 0 = hardware, at most 16
   int noise_ulps = 4;  // --candidate=cpu-noisy
 };
 
@@ -400,8 +399,8 @@ std::vector<Case> CompareCases() {
   cases.push_back(stab);
   Case fp16;
   fp16.name = "nobias+fp16range";
-  fp16.model = {.vocab = 200, .layers = 2, .heads = 2, .width = 96, .context = 48, .bias = false,
-                .fp16_emulation = true};
+  fp16.model = {
+      .vocab = 200, .layers = 2, .heads = 2, .width = 96, .context = 48, .bias = false, .fp16_emulation = true};
   fp16.seq = 48;
   fp16.batch = 3;
   cases.push_back(fp16);
@@ -499,8 +498,10 @@ void CompareKernels(const Flags& flags, Checks& checks) {
       const std::vector<float> m = mean.HostRef(), r = rstd.HostRef();
       G.CopyIn(mean.c(), m.data(), m.size() * sizeof(float));
       G.CopyIn(rstd.c(), r.data(), r.size() * sizeof(float));
-      R.LayerNormBackward(dx.r(), dg.r(), with_b ? db.r() : nullptr, dy.r(), x.r(), mean.r(), rstd.r(), g.r(), rows, dim);
-      G.LayerNormBackward(dx.c(), dg.c(), with_b ? db.c() : nullptr, dy.c(), x.c(), mean.c(), rstd.c(), g.c(), rows, dim);
+      R.LayerNormBackward(dx.r(), dg.r(), with_b ? db.r() : nullptr, dy.r(), x.r(), mean.r(), rstd.r(), g.r(), rows,
+                          dim);
+      G.LayerNormBackward(dx.c(), dg.c(), with_b ? db.c() : nullptr, dy.c(), x.c(), mean.c(), rstd.c(), g.c(), rows,
+                          dim);
       same("LayerNormBackward dx (+=) " + s, dx);
       same("LayerNormBackward dg (+=) " + s, dg);
       if (with_b) same("LayerNormBackward db (+=) " + s, db);
@@ -584,7 +585,8 @@ void CompareKernels(const Flags& flags, Checks& checks) {
     const std::vector<float> lfull = logits.HostRef();
     G.CopyIn(probs.c(), pr.data(), ssz * sizeof(float));
     G.CopyIn(logits.c(), lfull.data(), ssz * sizeof(float));
-    Twin<float> dout(R, G, Noise(hsz, 39)), dq(R, G, Noise(hsz, 40)), dk(R, G, Noise(hsz, 41)), dv(R, G, Noise(hsz, 42));
+    Twin<float> dout(R, G, Noise(hsz, 39)), dq(R, G, Noise(hsz, 40)), dk(R, G, Noise(hsz, 41)),
+        dv(R, G, Noise(hsz, 42));
     R.AttentionBackward(dq.r(), dk.r(), dv.r(), dout.r(), q.r(), k.r(), v.r(), logits.r(), probs.r(), shape);
     G.AttentionBackward(dq.c(), dk.c(), dv.c(), dout.c(), q.c(), k.c(), v.c(), logits.c(), probs.c(), shape);
     same("AttentionBackward dq" + s, dq);
@@ -620,7 +622,8 @@ void CompareKernels(const Flags& flags, Checks& checks) {
     x[n - 1] = std::numeric_limits<float>::quiet_NaN();
     Twin<float> b(R, G, x);
     const int64_t cr = R.CountNonFinite(b.r(), n), cc = G.CountNonFinite(b.c(), n);
-    checks.Exact("kernel CountNonFinite", cr == cc && cr == 3, Format("%lld vs %lld", static_cast<long long>(cr), static_cast<long long>(cc)));
+    checks.Exact("kernel CountNonFinite", cr == cc && cr == 3,
+                 Format("%lld vs %lld", static_cast<long long>(cr), static_cast<long long>(cc)));
   }
 }
 
@@ -668,9 +671,9 @@ void CompareCase(const Case& c, const Flags& flags, Checks& checks) {
   const RunnerStepResult sg = rg.Step(tokens, domains, c.domains, step_opt);
   checks.Scalar("step grad_norm", sc.grad_norm, sg.grad_norm, kTelemetryTol);
   checks.Exact("step clipped", sc.clipped == sg.clipped, sc.clipped ? "both clipped" : "clipped differs or neither");
-  checks.Exact("step nonfinite_count", sc.nonfinite_count == sg.nonfinite_count,
-               Format("%lld vs %lld", static_cast<long long>(sc.nonfinite_count),
-                      static_cast<long long>(sg.nonfinite_count)));
+  checks.Exact(
+      "step nonfinite_count", sc.nonfinite_count == sg.nonfinite_count,
+      Format("%lld vs %lld", static_cast<long long>(sc.nonfinite_count), static_cast<long long>(sg.nonfinite_count)));
   checks.Scalar("step lse_mean", sc.lse_mean, sg.lse_mean, kTelemetryTol);
   checks.Scalar("step lse_max", sc.lse_max, sg.lse_max, kTelemetryTol);
   for (int d = 0; d < c.domains; ++d) {
@@ -870,10 +873,11 @@ void Throughput(const Flags& flags) {
   // causal attention (q·kᵀ and p·v over T/2 keys on average, ×3 for backward).
   const double matmul_weights = L * 12 * C * C + C * V;
   const double flops_per_token = 6 * matmul_weights + 6 * L * T * C;
-  std::printf("throughput on %s (%d SMs, %.0f GiB): %s, B=%d T=%d width=%d layers=%d heads=%d, %.1fM matmul weights, "
-              "%.2f GFLOP per token\n",
-              info.name.c_str(), info.sm_count, info.memory_bytes / 1073741824.0, c.name.c_str(), c.batch, c.seq,
-              c.model.width, c.model.layers, c.model.heads, matmul_weights / 1e6, flops_per_token / 1e9);
+  std::printf(
+      "throughput on %s (%d SMs, %.0f GiB): %s, B=%d T=%d width=%d layers=%d heads=%d, %.1fM matmul weights, "
+      "%.2f GFLOP per token\n",
+      info.name.c_str(), info.sm_count, info.memory_bytes / 1073741824.0, c.name.c_str(), c.batch, c.seq, c.model.width,
+      c.model.layers, c.model.heads, matmul_weights / 1e6, flops_per_token / 1e9);
   for (const bool tf32 : {false, true}) {
     std::unique_ptr<Backend> be = MakeCandidate(flags, tf32);
     ModelRunner r(c.model, *be, c.batch, c.seq);
@@ -894,8 +898,8 @@ void Throughput(const Flags& flags) {
     const double tokens_per_s = c.batch * c.seq / sec;
     const double tflops = tokens_per_s * flops_per_token / 1e12;
     const double pk = tf32 ? peak.tf32 : peak.fp32;
-    std::printf("  %-5s step %8.2f ms (forward alone %7.2f ms)  %10.0f tokens/s  %6.2f TFLOP/s  ", tf32 ? "TF32" : "FP32",
-                sec * 1e3, fsec * 1e3, tokens_per_s, tflops);
+    std::printf("  %-5s step %8.2f ms (forward alone %7.2f ms)  %10.0f tokens/s  %6.2f TFLOP/s  ",
+                tf32 ? "TF32" : "FP32", sec * 1e3, fsec * 1e3, tokens_per_s, tflops);
     if (pk > 0) {
       std::printf("%5.1f %% of the %s dense peak (%.1f TFLOP/s)\n", 100 * tflops / pk, tf32 ? "TF32" : "FP32", pk);
     } else {
