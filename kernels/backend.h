@@ -14,12 +14,17 @@
 // the same inputs give the same bits on every call and for any thread count.
 // Reductions return a double, summed in a fixed order.
 //
-// Today the trainer keeps its buffers in host memory (std::vector); a device
-// backend will add allocation and copy hooks to this interface.
+// Memory: Allocate/Free/CopyIn/CopyOut give buffers in the backend's memory
+// space (host memory by default; device memory for the CUDA backend, see
+// kernels/cuda/cuda_backend.h). The trainer keeps its buffers in host memory
+// (std::vector) and so runs on the CPU backend only; ModelRunner
+// (model_runner.h) keeps every buffer in backend memory and runs on either.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -44,6 +49,21 @@ class Backend {
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
   virtual int threads() const = 0;
+
+  // ---- memory -------------------------------------------------------------
+  // `bytes` of this backend's memory, zeroed; Free(nullptr) does nothing.
+  virtual void* Allocate(size_t bytes) { return std::calloc(bytes == 0 ? 1 : bytes, 1); }
+  virtual void Free(void* p) { std::free(p); }
+  // Host memory -> backend memory and back; both return when the copy is done
+  // (CopyOut after every kernel issued before it has finished).
+  virtual void CopyIn(void* dst, const void* host_src, size_t bytes) {
+    if (bytes > 0) std::memcpy(dst, host_src, bytes);
+  }
+  virtual void CopyOut(void* host_dst, const void* src, size_t bytes) {
+    if (bytes > 0) std::memcpy(host_dst, src, bytes);
+  }
+  // Returns when every kernel issued so far has finished (for timing).
+  virtual void Synchronize() {}
 
   // ---- dense layers -------------------------------------------------------
   // y[rows×out] = x[rows×in]·w[in×out] + bias (bias may be null).

@@ -16,9 +16,9 @@ inline void CpuRelax() {
 }  // namespace
 
 struct ThreadPool::Job {
-  Job(int64_t n, absl::FunctionRef<void(int64_t, int)> f) : tasks(n), fn(f) {}
+  Job(int64_t n, TaskFn f) : tasks(n), fn(f) {}
   const int64_t tasks;
-  absl::FunctionRef<void(int64_t, int)> fn;
+  TaskFn fn;
   std::atomic<int64_t> next{0};
   std::atomic<int64_t> done{0};
 };
@@ -54,7 +54,7 @@ void ThreadPool::Work(Job& job, int tid, ThreadPool& pool) {
   }
 }
 
-void ThreadPool::ParallelFor(int64_t tasks, absl::FunctionRef<void(int64_t, int)> fn) {
+void ThreadPool::ParallelFor(int64_t tasks, TaskFn fn) {
   if (tasks <= 0) return;
   if (workers_.empty() || tasks == 1) {
     for (int64_t t = 0; t < tasks; ++t) fn(t, 0);

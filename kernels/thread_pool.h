@@ -23,11 +23,27 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
-#include "absl/functional/function_ref.h"
-
 namespace spikeguard::kernels {
+
+// A non-owning reference to a callable `void(int64_t, int)`, like
+// absl::FunctionRef, kept here so the kernels build without Abseil (the GPU
+// machines have no Abseil). The callable must outlive the call it is passed to.
+class TaskFn {
+ public:
+  template <typename F, typename = std::enable_if_t<!std::is_same_v<std::decay_t<F>, TaskFn>>>
+  TaskFn(F&& f)  // NOLINT(google-explicit-constructor): passed like a lambda
+      : obj_(const_cast<void*>(static_cast<const void*>(&f))),
+        call_([](void* obj, int64_t task, int tid) { (*static_cast<std::remove_reference_t<F>*>(obj))(task, tid); }) {}
+  void operator()(int64_t task, int tid) const { call_(obj_, task, tid); }
+
+ private:
+  void* obj_;
+  void (*call_)(void*, int64_t, int);
+};
 
 class ThreadPool {
  public:
@@ -40,7 +56,7 @@ class ThreadPool {
   int size() const { return static_cast<int>(workers_.size()) + 1; }
 
   // Runs fn(task, tid) for task in [0, tasks). Not reentrant.
-  void ParallelFor(int64_t tasks, absl::FunctionRef<void(int64_t, int)> fn);
+  void ParallelFor(int64_t tasks, TaskFn fn);
 
  private:
   struct Job;
