@@ -84,6 +84,19 @@ class Authorizer {
   std::string worker_token_key_ ABSL_GUARDED_BY(mu_);
 };
 
+// What a token may look like: 1 to 4096 bytes of visible ASCII (0x21-0x7E),
+// the bytes a gRPC metadata value may carry after "Bearer ". The error says
+// what is wrong, never repeating the token.
+absl::Status CheckTokenText(absl::string_view token);
+
+// An HTTP request's Authorization header as the "authorization" metadata of
+// a gRPC call ("Bearer TOKEN"): from "Bearer TOKEN", or from the password of
+// "Basic base64(user:password)" (any user name, so a browser can log in).
+// "" when the header is absent or blank. A header of another scheme, bad
+// base64, or a token that fails CheckTokenText is UNAUTHENTICATED, naming
+// what is wrong; nothing else ever reaches a gRPC call.
+absl::StatusOr<std::string> BearerFromHttpAuthorization(absl::string_view header);
+
 // The "authorization" metadata of a call, if present.
 std::optional<std::string> BearerHeader(const grpc::ServerContextBase& ctx);
 

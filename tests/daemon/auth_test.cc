@@ -95,6 +95,24 @@ TEST(Secret, TokensAreRandomAndHashesCompareInConstantTimeShape) {
   EXPECT_TRUE(ConstantTimeEquals("abcd", "abcd"));
 }
 
+TEST(HttpAuthorization, BearerAndBasicBecomeMetadataAndAnythingElseIsNamed) {
+  EXPECT_EQ(*auth::BearerFromHttpAuthorization(""), "");
+  EXPECT_EQ(*auth::BearerFromHttpAuthorization("Bearer abc"), "Bearer abc");
+  EXPECT_EQ(*auth::BearerFromHttpAuthorization("basic dTphYmM="), "Bearer abc");  // u:abc
+  auto tab = auth::BearerFromHttpAuthorization("Bearer a\tb");
+  ASSERT_FALSE(tab.ok());
+  EXPECT_EQ(tab.status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_NE(tab.status().message().find("byte 0x09 at offset 1"), std::string::npos)
+      << tab.status();
+  // u:\x01abc in base64.
+  auto control = auth::BearerFromHttpAuthorization("Basic dToBYWJj");
+  ASSERT_FALSE(control.ok());
+  EXPECT_NE(control.status().message().find("byte 0x01"), std::string::npos) << control.status();
+  EXPECT_FALSE(auth::BearerFromHttpAuthorization("Basic !!!").ok());
+  EXPECT_FALSE(auth::BearerFromHttpAuthorization("Digest x").ok());
+  EXPECT_FALSE(auth::BearerFromHttpAuthorization("Bearer " + std::string(5000, 'a')).ok());
+}
+
 TEST(Loopback, RecognizesLoopbackAddresses) {
   EXPECT_TRUE(auth::IsLoopbackAddress("127.0.0.1:7070"));
   EXPECT_TRUE(auth::IsLoopbackAddress("localhost:0"));
