@@ -199,6 +199,11 @@ class WorkerServiceImpl::AttachReactor final
     {
       absl::MutexLock lock(&mu_);
       reading_ = false;
+      // The end is decided (a failed commit, a cancel): a message that was
+      // already on its way is dropped unhandled. The stream may be finished
+      // already, and gRPC deletes the reactor once this reaction returns: a
+      // task or a commit started from here would outlive it.
+      if (ok && end_.has_value()) return;
     }
     if (!ok) {
       // Read fails alike on a half-close, a cancel and a message that does
@@ -361,7 +366,7 @@ class WorkerServiceImpl::AttachReactor final
     if (hub_id_ != 0) state_->hub.Remove(hub_id_);
     session_.Detach();
     // The hello's timer is disarmed by OnReadDone: a read still pending
-    // completes (failed) after Finish.
+    // completes after Finish (failed, or with a message it drops).
     if (counted_pending_) service_->pending_hellos_.fetch_sub(1);
     counted_pending_ = false;
   }
