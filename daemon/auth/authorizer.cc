@@ -77,8 +77,11 @@ absl::Status Authorizer::Reload() {
   if (tokens_file_.empty()) return absl::OkStatus();
   auto entries = LoadTokensFile(tokens_file_);
   if (!entries.ok()) return entries.status();
-  absl::MutexLock lock(&mu_);
-  entries_ = std::move(*entries);
+  {
+    absl::MutexLock lock(&mu_);
+    entries_ = std::move(*entries);
+  }
+  epoch_.fetch_add(1);
   return absl::OkStatus();
 }
 
@@ -142,6 +145,15 @@ absl::StatusOr<Principal> Authorizer::Authenticate(const std::string* authorizat
 absl::StatusOr<Principal> Authorizer::Authenticate(const grpc::ServerContextBase& ctx) const {
   std::optional<std::string> header = BearerHeader(ctx);
   return Authenticate(header ? &*header : nullptr);
+}
+
+absl::Status Authorizer::AuthorizeRole(const Principal& who, Need need,
+                                       const std::string& rpc) const {
+  if (!enabled_ || RoleSatisfies(who.role, need)) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat("principal '", who.name, "' (role ",
+                                                  RoleName(who.role), ") may not call ", rpc,
+                                                  ": it needs the role ", NeedName(need),
+                                                  need == Need::kAdmin ? "" : " or above"));
 }
 
 absl::Status Authorizer::Authorize(const Principal& who, Need need, const std::string& rpc,
@@ -227,6 +239,17 @@ absl::StatusOr<std::string> BearerFromHttpAuthorization(absl::string_view header
   }
   if (absl::Status s = CheckTokenText(token); !s.ok()) return s;
   return absl::StrCat("Bearer ", token);
+}
+
+grpc::Status Authorizer::Recheck(const grpc::ServerContextBase& ctx, Need need,
+                                 const std::string& rpc, const std::string& run,
+                                 std::atomic<uint64_t>* seen) const {
+  const uint64_t now = epoch_.load();
+  if (seen->load() == now) return grpc::Status::OK;
+  // A reload while this check runs leaves `seen` behind: checked again.
+  grpc::Status s = Check(ctx, need, rpc, run);
+  if (s.ok()) seen->store(now);
+  return s;
 }
 
 std::optional<std::string> BearerHeader(const grpc::ServerContextBase& ctx) {

@@ -1,5 +1,6 @@
 #include "daemon/server/supervisor_service.h"
 
+#include <atomic>
 #include <map>
 #include <string>
 #include <utility>
@@ -232,14 +233,22 @@ grpc::Status SupervisorServiceImpl::GetIncident(Ctx* ctx, const v1::GetIncidentR
 grpc::Status SupervisorServiceImpl::WatchIncidents(Ctx* ctx, const v1::WatchIncidentsRequest* req,
                                                    grpc::ServerWriter<v1::IncidentUpdate>* writer) {
   auth::Principal who;
+  std::atomic<uint64_t> auth_epoch =
+      state_->authorizer != nullptr ? state_->authorizer->epoch() : 0;
   if (grpc::Status a = Allow(ctx, auth::Need::kRead, "WatchIncidents", req->run(), &who);
       !a.ok()) {
     return a;
   }
   auto subscription = handler_->WatchIncidents(who, req->run());
   if (!subscription.ok()) return ToGrpcStatus(subscription.status());
-  // Short waits, so a cancelled call is noticed; writes happen with no lock held.
+  // Short waits, so a cancelled call (or a token revoked meanwhile) is
+  // noticed; writes happen with no lock held.
   while (!ctx->IsCancelled()) {
+    if (state_->authorizer != nullptr) {
+      grpc::Status still = state_->authorizer->Recheck(*ctx, auth::Need::kRead, "WatchIncidents",
+                                                       req->run(), &auth_epoch);
+      if (!still.ok()) return still;
+    }
     auto batch = (*subscription)->Next(absl::Milliseconds(200));
     if (!batch) break;
     bool ok = true;
