@@ -43,8 +43,11 @@ struct Principal {
   std::set<std::string> runs;
 
   bool MayUseRun(absl::string_view run) const {
-    return all_runs || role == Role::kAdmin || runs.count(std::string(run)) > 0;
+    return SeesEveryRun() || runs.count(std::string(run)) > 0;
   }
+  // Whether daemon-wide figures (counts over every run, the audit of no
+  // run) are this principal's to read: not for one scoped to some runs.
+  bool SeesEveryRun() const { return all_runs || role == Role::kAdmin; }
 };
 
 struct TokenEntry {

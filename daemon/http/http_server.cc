@@ -357,8 +357,19 @@ void HttpServer::Install() {
     if (!allowed.ok()) {
       return Fail(res, static_cast<grpc::StatusCode>(allowed.code()), std::string(allowed.message()));
     }
+    // A principal scoped to some runs reads the series of those runs only,
+    // none of another run's and no daemon-wide total (it covers them all).
+    metrics::Registry::SeriesFilter show;
+    if (!who->SeesEveryRun()) {
+      show = [who = *who](const metrics::Labels& labels) {
+        for (const auto& [name, value] : labels) {
+          if (name == "run") return who.MayUseRun(value);
+        }
+        return false;
+      };
+    }
     res.set_header("Cache-Control", "no-store");
-    res.set_content(state->metrics_registry.Render(), "text/plain; version=0.0.4; charset=utf-8");
+    res.set_content(state->metrics_registry.Render(show), "text/plain; version=0.0.4; charset=utf-8");
   });
   s.Get("/", [stub](const httplib::Request& req, httplib::Response& res) {
     if (std::optional<std::string> bearer = BearerOr401(req, res)) {

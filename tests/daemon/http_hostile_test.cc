@@ -11,6 +11,7 @@
 
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/escaping.h"
@@ -112,6 +113,71 @@ TEST_F(HttpHostileTest, AuthorizationHeadersWithNonPrintableBytesAre401AndTheDae
   auto basic = GetWith("/", "Basic " + absl::Base64Escape(absl::StrCat("viewer:", kViewer)));
   ASSERT_TRUE(basic);
   EXPECT_EQ(basic->status, 200);
+}
+
+// /metrics showed a token scoped to one run every run's loss, last step and
+// generation series, and GetStatus showed it daemon-wide counts: a scoped
+// principal now reads the series of its runs and nothing daemon-wide.
+TEST_F(HttpHostileTest, AScopedTokenReadsOnlyItsRunsSeriesAndNoDaemonWideFigures) {
+  for (const char* run : {"run-a", "run-b"}) {
+    ASSERT_TRUE(CreateRunAsAdmin(run).ok());
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", absl::StrCat("Bearer ", kAdmin));
+    auto stream = worker_->Attach(&ctx);
+    v1::WorkerMessage hello;
+    hello.mutable_hello()->set_run(run);
+    hello.mutable_hello()->set_world_size(1);
+    ASSERT_TRUE(stream->Write(hello));
+    v1::ControllerMessage in;
+    ASSERT_TRUE(stream->Read(&in));
+    ASSERT_TRUE(in.has_welcome()) << in.DebugString();
+    EXPECT_EQ(SendBatch(stream.get(), 1, {Report(1), Report(2)}).accepted(), 2);
+    stream->WritesDone();
+    ASSERT_TRUE(stream->Finish().ok());
+  }
+  // The per-run series come from a catalog snapshot taken at most once a
+  // second: wait until the unscoped viewer sees both runs.
+  std::string everything;
+  for (int i = 0; i < 200; ++i) {
+    auto res = GetWith("/metrics", absl::StrCat("Bearer ", kViewer));
+    ASSERT_TRUE(res);
+    ASSERT_EQ(res->status, 200);
+    everything = res->body;
+    if (everything.find("spikeguard_run_last_step{run=\"run-a\"}") != std::string::npos &&
+        everything.find("spikeguard_run_last_step{run=\"run-b\"}") != std::string::npos) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_THAT(everything, HasSubstr("spikeguard_run_last_step{run=\"run-b\"}"));
+  EXPECT_THAT(everything, HasSubstr("spikeguard_incidents_opened_total 0\n"));
+
+  auto scoped = GetWith("/metrics", absl::StrCat("Bearer ", kViewerA));
+  ASSERT_TRUE(scoped);
+  ASSERT_EQ(scoped->status, 200);
+  EXPECT_THAT(scoped->body, HasSubstr("spikeguard_run_last_step{run=\"run-a\"}"));
+  EXPECT_THAT(scoped->body, HasSubstr("spikeguard_run_loss{run=\"run-a\"}"));
+  EXPECT_THAT(scoped->body, Not(HasSubstr("run=\"run-b\"")));
+  EXPECT_THAT(scoped->body, Not(HasSubstr("spikeguard_incidents_opened_total 0\n")));
+  EXPECT_THAT(scoped->body, Not(HasSubstr("spikeguard_reports_ingested_total ")));
+
+  auto status_as = [this](const char* token) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", absl::StrCat("Bearer ", token));
+    v1::ServerStatus status;
+    EXPECT_TRUE(supervisor_->GetStatus(&ctx, v1::GetStatusRequest(), &status).ok());
+    return status;
+  };
+  const v1::ServerStatus wide = status_as(kViewer);
+  EXPECT_EQ(wide.runs(), 2);
+  EXPECT_EQ(wide.reports_accepted(), 4);
+  EXPECT_FALSE(wide.catalog_path().empty());
+  const v1::ServerStatus narrow = status_as(kViewerA);
+  EXPECT_EQ(narrow.principal(), "dave");
+  EXPECT_EQ(narrow.role(), "viewer");
+  EXPECT_EQ(narrow.runs(), 0);
+  EXPECT_EQ(narrow.reports_accepted(), 0);
+  EXPECT_TRUE(narrow.catalog_path().empty());
 }
 
 }  // namespace
