@@ -18,7 +18,8 @@
 //   operator  viewer + actions, approvals, policy and quarantine of the runs
 //             it names (`*`: all).
 //   admin     everything: create runs, map runs to launch profiles, the
-//             daemon-wide default policy, the audit log of every run.
+//             daemon-wide default policy, the whole audit log. Its runs
+//             must be `*` (a list is refused, not silently ignored).
 #pragma once
 
 #include <set>

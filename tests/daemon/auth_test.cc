@@ -85,6 +85,17 @@ TEST(TokensFile, RefusesBadLinesNamingTheLineWithoutEchoingSecrets) {
   EXPECT_NE(fields.status().message().find("expected 4 fields"), std::string::npos);
 }
 
+// An admin line with a run list was loaded and the list ignored: the token
+// was silently unscoped. It is refused, naming the line.
+TEST(TokensFile, AnAdminScopedToSomeRunsIsRefused) {
+  auto scoped = auth::ParseTokens(absl::StrCat("root admin runA ", HashToken("x"), "\n"));
+  ASSERT_FALSE(scoped.ok());
+  EXPECT_NE(scoped.status().message().find("line 1"), std::string::npos) << scoped.status();
+  EXPECT_NE(scoped.status().message().find("an admin acts on every run"), std::string::npos)
+      << scoped.status();
+  EXPECT_TRUE(auth::ParseTokens(absl::StrCat("root admin * ", HashToken("x"), "\n")).ok());
+}
+
 TEST(Secret, TokensAreRandomAndHashesCompareInConstantTimeShape) {
   const std::string a = NewToken(), b = NewToken();
   EXPECT_EQ(a.size(), 64u);
@@ -483,6 +494,28 @@ TEST_F(AuthTest, MutatingAndRefusedCallsAreAuditedWithPrincipalRunAndOutcome) {
             grpc::StatusCode::PERMISSION_DENIED);  // every run: no
   req.set_run("run-a");
   EXPECT_TRUE(supervisor_->ListAudit(As(kOperatorA).get(), req, &out).ok());
+}
+
+// An operator of every run read the whole audit log, entries of no run
+// (CreateRun refusals, the default policy) included: that is the admin's.
+TEST_F(AuthTest, TheWholeAuditLogIsTheAdminsEvenForAnOperatorOfEveryRun) {
+  const std::string everywhere = NewToken();
+  std::ofstream(dir_.File("tokens"), std::ios::app)
+      << "bob operator * " << HashToken(everywhere) << "\n";
+  ASSERT_TRUE(daemon_->ReloadTokens().ok());
+  ASSERT_EQ(SetPolicyAs(kOperatorA, "").error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  v1::ListAuditRequest req;
+  v1::ListAuditResponse out;
+  grpc::Status whole = supervisor_->ListAudit(As(everywhere).get(), req, &out);
+  EXPECT_EQ(whole.error_code(), grpc::StatusCode::PERMISSION_DENIED) << whole.error_message();
+  EXPECT_NE(whole.error_message().find("admin"), std::string::npos) << whole.error_message();
+  req.set_run("run-a");
+  EXPECT_TRUE(supervisor_->ListAudit(As(everywhere).get(), req, &out).ok());
+  req.set_run("");
+  ASSERT_TRUE(supervisor_->ListAudit(As(kAdmin).get(), req, &out).ok());
+  bool no_run = false;
+  for (const auto& e : out.entries()) no_run = no_run || e.run().empty();
+  EXPECT_TRUE(no_run);
 }
 
 TEST_F(AuthTest, AuditRowsKeepNoControlCharactersFromTheRequest) {
