@@ -21,6 +21,7 @@ using ::testing::HasSubstr;
 
 constexpr int kLayers = 32;
 constexpr int kReportsPerBatch = 4;
+constexpr int kRanks = 4;
 
 // The largest file in `dir` (the catalog, its write-ahead log).
 uintmax_t LargestFile(const std::string& dir) {
@@ -54,6 +55,13 @@ class FileSizeLimit {
   bool ok_ = false;
 };
 
+// The batches every rank had acknowledged: the steps all of them stored.
+int MinAcked(const std::vector<std::atomic<int>>& acked) {
+  int least = acked.front().load();
+  for (const auto& n : acked) least = std::min(least, n.load());
+  return least;
+}
+
 class DiskFullTest : public DaemonFixture {
  protected:
   static std::vector<v1::StepReport> Batch(int64_t first) {
@@ -70,14 +78,14 @@ class DiskFullTest : public DaemonFixture {
   void FillTheDiskWhileStreaming(const std::string& run);
 };
 
-// Two ranks stream batches without waiting for their acks while the disk
+// Ranks stream batches without waiting for their acks while the disk
 // fills: a commit that failed ended the stream while batches the rank had
 // already sent were still arriving, and a batch read after the end went on
 // to the committer with a callback into the stream's freed reactor (a
 // use-after-free, a segfault in 3 of 3 runs with two tracegen ranks).
 TEST_F(DiskFullTest, StreamsEndUnavailableTheDaemonServesOnAndNothingAcknowledgedIsLost) {
   // A race: a few rounds, each a run of its own, make it likely.
-  for (int round = 0; round < 3; ++round) {
+  for (int round = 0; round < 4; ++round) {
     SCOPED_TRACE(round);
     FillTheDiskWhileStreaming("full" + std::to_string(round));
     if (HasFatalFailure()) return;
@@ -85,21 +93,23 @@ TEST_F(DiskFullTest, StreamsEndUnavailableTheDaemonServesOnAndNothingAcknowledge
 }
 
 void DiskFullTest::FillTheDiskWhileStreaming(const std::string& run) {
-  ASSERT_TRUE(CreateRun(run, 2).ok());
-  Attached ranks[2] = {Attach(run, 0, 2), Attach(run, 1, 2)};
+  ASSERT_TRUE(CreateRun(run, kRanks).ok());
+  std::vector<Attached> ranks;
+  for (int r = 0; r < kRanks; ++r) ranks.push_back(Attach(run, r, kRanks));
   for (auto& a : ranks) ASSERT_TRUE(a.first.has_welcome()) << a.first.DebugString();
   // Acknowledged before the disk fills: these must survive.
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < kRanks; ++r) {
     v1::Ack ack = SendBatch(ranks[r].stream.get(), 1, Batch(0));
     ASSERT_EQ(ack.accepted(), kReportsPerBatch) << ack.message();
   }
-  std::atomic<int> acked_batches[2] = {1, 1};
-  std::vector<std::string> ends(2);
+  std::vector<std::atomic<int>> acked_batches(kRanks);
+  for (auto& n : acked_batches) n = 1;
+  std::vector<std::string> ends(kRanks);
   {
     FileSizeLimit full(LargestFile(dir_.path()) + (256 << 10));
     ASSERT_TRUE(full.ok());
     std::vector<std::thread> threads;
-    for (int r = 0; r < 2; ++r) {
+    for (int r = 0; r < kRanks; ++r) {
       Stream* stream = ranks[r].stream.get();
       threads.emplace_back([stream] {
         // Far more than the room left: the writes stop when the stream ends.
@@ -120,20 +130,20 @@ void DiskFullTest::FillTheDiskWhileStreaming(const std::string& run) {
     }
     for (auto& t : threads) t.join();
   }
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < kRanks; ++r) {
     grpc::Status status = ranks[r].stream->Finish();
     EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
     EXPECT_THAT(status.error_message(), HasSubstr("catalog write failed"));
   }
   // The daemon serves on, and with room again a rank attaches and commits.
   ASSERT_TRUE(Serving());
-  // Every acknowledged step is stored, for both ranks (a step is complete
-  // once both sent it: the first batch of each at least).
+  // Every acknowledged step is stored (a step is complete once every rank
+  // sent it: the first batch of each at least).
   const std::vector<v1::StepRecord> stored = Query(run);
   EXPECT_GE(stored.size(), static_cast<size_t>(kReportsPerBatch));
   EXPECT_GE(static_cast<int>(stored.size()),
-            std::min(acked_batches[0].load(), acked_batches[1].load()) * kReportsPerBatch);
-  Attached again = Attach(run, 0, 2);
+            MinAcked(acked_batches) * kReportsPerBatch);
+  Attached again = Attach(run, 0, kRanks);
   ASSERT_TRUE(again.first.has_welcome()) << again.first.DebugString();
   const int64_t next = again.first.welcome().committed_step() + 1;
   v1::Ack ack = SendBatch(again.stream.get(), 1, Batch(next));
