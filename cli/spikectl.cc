@@ -957,6 +957,12 @@ int TokenNew(Session& s, const ParsedArgs& args) {
       names.emplace_back(name);
     }
     runs = absl::StrJoin(names, ",");
+    // The daemon refuses such a line (daemon/auth/tokens.cc): say so now.
+    if (role == "admin") {
+      return s.UsageError(
+          "--role=admin acts on every run: leave --runs out (or give '*'); a principal scoped "
+          "to some runs is an operator");
+    }
   }
   const std::string token = NewToken();
   const std::string line = absl::StrJoin({principal, role, runs, HashToken(token)}, " ");

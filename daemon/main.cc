@@ -34,6 +34,8 @@ ABSL_FLAG(absl::Duration, hello_timeout, absl::Seconds(10),
           "a worker stream that sends no hello within this ends DEADLINE_EXCEEDED");
 ABSL_FLAG(int, max_pending_hellos, 64,
           "most worker streams waiting for their hello at once (others: RESOURCE_EXHAUSTED)");
+ABSL_FLAG(int, max_pending_hellos_per_principal, 16,
+          "most worker streams of one principal (token) waiting for their hello at once");
 ABSL_FLAG(int64_t, max_step_ahead, 1 << 24,
           "most steps a report may lead the run's last step (or the hello's total_steps)");
 ABSL_FLAG(std::string, launch_profiles, "",
@@ -101,6 +103,8 @@ int main(int argc, char** argv) {
   options.limits.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.limits.hello_timeout = absl::GetFlag(FLAGS_hello_timeout);
   options.limits.max_pending_hellos = absl::GetFlag(FLAGS_max_pending_hellos);
+  options.limits.max_pending_hellos_per_principal =
+      absl::GetFlag(FLAGS_max_pending_hellos_per_principal);
   options.limits.max_step_ahead = absl::GetFlag(FLAGS_max_step_ahead);
   options.tokens_file = absl::GetFlag(FLAGS_tokens);
   options.allow_anonymous = absl::GetFlag(FLAGS_allow_anonymous);

@@ -2,7 +2,9 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/secret.h"
 
@@ -75,8 +77,11 @@ absl::Status Authorizer::Reload() {
   if (tokens_file_.empty()) return absl::OkStatus();
   auto entries = LoadTokensFile(tokens_file_);
   if (!entries.ok()) return entries.status();
-  absl::MutexLock lock(&mu_);
-  entries_ = std::move(*entries);
+  {
+    absl::MutexLock lock(&mu_);
+    entries_ = std::move(*entries);
+  }
+  epoch_.fetch_add(1);
   return absl::OkStatus();
 }
 
@@ -113,9 +118,7 @@ absl::StatusOr<Principal> Authorizer::Authenticate(const std::string* authorizat
         absl::StrCat("the authorization metadata is not 'Bearer <token>': ", kHint));
   }
   absl::string_view token = absl::StripAsciiWhitespace(value.substr(7));
-  if (token.empty() || token.size() > 4096) {
-    return absl::UnauthenticatedError(absl::StrCat("empty or oversized bearer token: ", kHint));
-  }
+  if (absl::Status s = CheckTokenText(token); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   if (const TokenEntry* e = FindToken(entries_, token); e != nullptr) return e->principal;
   // A launched worker's token: "sgw1:RUN:MAC", the MAC recomputed and
@@ -142,6 +145,15 @@ absl::StatusOr<Principal> Authorizer::Authenticate(const std::string* authorizat
 absl::StatusOr<Principal> Authorizer::Authenticate(const grpc::ServerContextBase& ctx) const {
   std::optional<std::string> header = BearerHeader(ctx);
   return Authenticate(header ? &*header : nullptr);
+}
+
+absl::Status Authorizer::AuthorizeRole(const Principal& who, Need need,
+                                       const std::string& rpc) const {
+  if (!enabled_ || RoleSatisfies(who.role, need)) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat("principal '", who.name, "' (role ",
+                                                  RoleName(who.role), ") may not call ", rpc,
+                                                  ": it needs the role ", NeedName(need),
+                                                  need == Need::kAdmin ? "" : " or above"));
 }
 
 absl::Status Authorizer::Authorize(const Principal& who, Need need, const std::string& rpc,
@@ -184,6 +196,60 @@ grpc::Status Authorizer::Check(const grpc::ServerContextBase& ctx, Need need,
   }
   if (who != nullptr) *who = std::move(*principal);
   return grpc::Status::OK;
+}
+
+absl::Status CheckTokenText(absl::string_view token) {
+  if (token.empty() || token.size() > 4096) {
+    return absl::UnauthenticatedError(absl::StrCat("empty or oversized bearer token: ", kHint));
+  }
+  for (size_t i = 0; i < token.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(token[i]);
+    if (c < 0x21 || c > 0x7e) {
+      return absl::UnauthenticatedError(absl::StrFormat(
+          "the bearer token holds byte 0x%02x at offset %d: a token is printable ASCII "
+          "(0x21-0x7e), no spaces, control characters or UTF-8",
+          c, i));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> BearerFromHttpAuthorization(absl::string_view header) {
+  absl::string_view h = absl::StripAsciiWhitespace(header);
+  if (h.empty()) return std::string();
+  absl::string_view token;
+  std::string decoded;
+  if (h.size() > 7 && absl::EqualsIgnoreCase(h.substr(0, 7), "bearer ")) {
+    token = absl::StripAsciiWhitespace(h.substr(7));
+  } else if (h.size() > 6 && absl::EqualsIgnoreCase(h.substr(0, 6), "basic ")) {
+    if (!absl::Base64Unescape(absl::StripAsciiWhitespace(h.substr(6)), &decoded)) {
+      return absl::UnauthenticatedError(
+          "the Authorization header's Basic credentials are not base64");
+    }
+    const size_t colon = decoded.find(':');
+    if (colon == std::string::npos) {
+      return absl::UnauthenticatedError(
+          "the Authorization header's Basic credentials are not 'user:token'");
+    }
+    token = absl::string_view(decoded).substr(colon + 1);
+  } else {
+    return absl::UnauthenticatedError(
+        "the Authorization header is neither 'Bearer <token>' nor 'Basic <base64 of "
+        "user:token>'");
+  }
+  if (absl::Status s = CheckTokenText(token); !s.ok()) return s;
+  return absl::StrCat("Bearer ", token);
+}
+
+grpc::Status Authorizer::Recheck(const grpc::ServerContextBase& ctx, Need need,
+                                 const std::string& rpc, const std::string& run,
+                                 std::atomic<uint64_t>* seen) const {
+  const uint64_t now = epoch_.load();
+  if (seen->load() == now) return grpc::Status::OK;
+  // A reload while this check runs leaves `seen` behind: checked again.
+  grpc::Status s = Check(ctx, need, rpc, run);
+  if (s.ok()) seen->store(now);
+  return s;
 }
 
 std::optional<std::string> BearerHeader(const grpc::ServerContextBase& ctx) {

@@ -16,6 +16,8 @@
 // caller is the principal "anonymous" with the admin role.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <optional>
@@ -50,7 +52,8 @@ class Authorizer {
   bool enabled() const { return enabled_; }
 
   // Re-reads the tokens file (SIGHUP). On error the previous table stays in
-  // force and the error is returned. Minted worker tokens survive.
+  // force and the error is returned. Minted worker tokens survive. Calls
+  // already open are checked again by Recheck.
   absl::Status Reload();
 
   // The token of the workers of `run` that this daemon launches: role
@@ -70,9 +73,26 @@ class Authorizer {
   absl::Status Authorize(const Principal& who, Need need, const std::string& rpc,
                          const std::string& run) const;
 
+  // Whether `who`'s role may call `rpc` at all, on some run (the run is
+  // checked once it is known, e.g. from a stream's first message).
+  absl::Status AuthorizeRole(const Principal& who, Need need, const std::string& rpc) const;
+
   // Both, as a gRPC status; `who` (optional) receives the principal.
   grpc::Status Check(const grpc::ServerContextBase& ctx, Need need, const std::string& rpc,
                      const std::string& run, Principal* who = nullptr) const;
+
+  // For a call that stays open (a worker stream, a watch): Check again when
+  // the table changed since `*seen` (a Reload), so a revoked token stops
+  // being served by the calls it opened before. Start `*seen` at epoch()
+  // before the call's first Check.
+  //
+  //   std::atomic<uint64_t> seen = auth->epoch();
+  //   ... Check(...) ...
+  //   while (open) { if (!auth->Recheck(ctx, need, rpc, run, &seen).ok()) end; }
+  grpc::Status Recheck(const grpc::ServerContextBase& ctx, Need need, const std::string& rpc,
+                       const std::string& run, std::atomic<uint64_t>* seen) const;
+  // Counts the tables loaded (Reload).
+  uint64_t epoch() const { return epoch_.load(); }
 
  private:
   Authorizer() = default;
@@ -82,7 +102,21 @@ class Authorizer {
   mutable absl::Mutex mu_;
   std::vector<TokenEntry> entries_ ABSL_GUARDED_BY(mu_);
   std::string worker_token_key_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> epoch_{0};
 };
+
+// What a token may look like: 1 to 4096 bytes of visible ASCII (0x21-0x7E),
+// the bytes a gRPC metadata value may carry after "Bearer ". The error says
+// what is wrong, never repeating the token.
+absl::Status CheckTokenText(absl::string_view token);
+
+// An HTTP request's Authorization header as the "authorization" metadata of
+// a gRPC call ("Bearer TOKEN"): from "Bearer TOKEN", or from the password of
+// "Basic base64(user:password)" (any user name, so a browser can log in).
+// "" when the header is absent or blank. A header of another scheme, bad
+// base64, or a token that fails CheckTokenText is UNAUTHENTICATED, naming
+// what is wrong; nothing else ever reaches a gRPC call.
+absl::StatusOr<std::string> BearerFromHttpAuthorization(absl::string_view header);
 
 // The "authorization" metadata of a call, if present.
 std::optional<std::string> BearerHeader(const grpc::ServerContextBase& ctx);

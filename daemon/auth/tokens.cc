@@ -89,6 +89,12 @@ absl::StatusOr<std::vector<TokenEntry>> ParseTokens(absl::string_view text) {
       if (e.principal.runs.empty()) {
         return absl::InvalidArgumentError(absl::StrCat(where, "runs: '*' or at least one run"));
       }
+      // A run list on an admin would read as a scope the role ignores.
+      if (e.principal.role == Role::kAdmin) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, "runs: an admin acts on every run, so its runs must be '*' (give a run-scoped "
+                   "principal the operator role)"));
+      }
     }
     if (!IsHashField(fields[3])) {
       // Most likely a token pasted where its hash belongs: say so without

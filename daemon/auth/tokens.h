@@ -18,7 +18,8 @@
 //   operator  viewer + actions, approvals, policy and quarantine of the runs
 //             it names (`*`: all).
 //   admin     everything: create runs, map runs to launch profiles, the
-//             daemon-wide default policy, the audit log of every run.
+//             daemon-wide default policy, the whole audit log. Its runs
+//             must be `*` (a list is refused, not silently ignored).
 #pragma once
 
 #include <set>
@@ -43,8 +44,11 @@ struct Principal {
   std::set<std::string> runs;
 
   bool MayUseRun(absl::string_view run) const {
-    return all_runs || role == Role::kAdmin || runs.count(std::string(run)) > 0;
+    return SeesEveryRun() || runs.count(std::string(run)) > 0;
   }
+  // Whether daemon-wide figures (counts over every run, the audit of no
+  // run) are this principal's to read: not for one scoped to some runs.
+  bool SeesEveryRun() const { return all_runs || role == Role::kAdmin; }
 };
 
 struct TokenEntry {

@@ -3,10 +3,10 @@
 #include <httplib.h>
 
 #include <chrono>
+#include <optional>
 #include <set>
 
 #include "absl/strings/ascii.h"
-#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -27,24 +27,6 @@ using report::HtmlEscape;
 
 constexpr auto kCallTimeout = std::chrono::seconds(10);
 constexpr size_t kMaxRunRecords = 4000;  // per generation on a run's page
-
-// The caller's credentials as the gRPC "authorization" metadata value:
-// "Bearer TOKEN" from a Bearer header or from Basic's password; "" if none.
-std::string BearerFrom(const httplib::Request& req) {
-  const std::string header = req.get_header_value("Authorization");
-  absl::string_view h = absl::StripAsciiWhitespace(header);
-  if (h.size() > 7 && absl::EqualsIgnoreCase(h.substr(0, 7), "bearer ")) {
-    return absl::StrCat("Bearer ", absl::StripAsciiWhitespace(h.substr(7)));
-  }
-  if (h.size() > 6 && absl::EqualsIgnoreCase(h.substr(0, 6), "basic ")) {
-    std::string decoded;
-    if (!absl::Base64Unescape(absl::StripAsciiWhitespace(h.substr(6)), &decoded)) return "";
-    const size_t colon = decoded.find(':');
-    if (colon == std::string::npos || colon + 1 >= decoded.size()) return "";
-    return absl::StrCat("Bearer ", decoded.substr(colon + 1));
-  }
-  return "";
-}
 
 void SecurityHeaders(httplib::Response& res) {
   res.set_header("Content-Security-Policy",
@@ -97,6 +79,19 @@ void Fail(httplib::Response& res, grpc::StatusCode code, const std::string& mess
                     HtmlEscape(message), "</p>\n"));
 }
 
+// The caller's credentials as the gRPC "authorization" metadata value
+// ("Bearer TOKEN"; "" when none were given); a malformed header is answered
+// 401 here, naming what is wrong, and nullopt returned.
+std::optional<std::string> BearerOr401(const httplib::Request& req, httplib::Response& res) {
+  absl::StatusOr<std::string> bearer =
+      auth::BearerFromHttpAuthorization(req.get_header_value("Authorization"));
+  if (!bearer.ok()) {
+    Fail(res, grpc::StatusCode::UNAUTHENTICATED, std::string(bearer.status().message()));
+    return std::nullopt;
+  }
+  return std::move(*bearer);
+}
+
 // A path segment for a link (run names may hold anything).
 std::string PathEscape(absl::string_view s) {
   std::string out;
@@ -110,7 +105,8 @@ std::string PathEscape(absl::string_view s) {
   return out;
 }
 
-// Calls over the in-process channel on behalf of one HTTP request.
+// Calls over the in-process channel on behalf of one HTTP request; `bearer`
+// comes from BearerOr401 (a value gRPC accepts as metadata).
 class Caller {
  public:
   Caller(v1::SupervisorService::Stub* stub, std::string bearer)
@@ -352,24 +348,43 @@ void HttpServer::Install() {
     res.set_content("ok\n", "text/plain; charset=utf-8");
   });
   s.Get("/metrics", [state](const httplib::Request& req, httplib::Response& res) {
-    const std::string bearer = BearerFrom(req);
-    absl::StatusOr<auth::Principal> who = state->authorizer->Authenticate(bearer.empty() ? nullptr : &bearer);
+    const std::optional<std::string> bearer = BearerOr401(req, res);
+    if (!bearer.has_value()) return;
+    absl::StatusOr<auth::Principal> who =
+        state->authorizer->Authenticate(bearer->empty() ? nullptr : &*bearer);
     absl::Status allowed = who.ok() ? state->authorizer->Authorize(*who, auth::Need::kRead, "Metrics", "")
                                     : who.status();
     if (!allowed.ok()) {
       return Fail(res, static_cast<grpc::StatusCode>(allowed.code()), std::string(allowed.message()));
     }
+    // A principal scoped to some runs reads the series of those runs only,
+    // none of another run's and no daemon-wide total (it covers them all).
+    metrics::Registry::SeriesFilter show;
+    if (!who->SeesEveryRun()) {
+      show = [who = *who](const metrics::Labels& labels) {
+        for (const auto& [name, value] : labels) {
+          if (name == "run") return who.MayUseRun(value);
+        }
+        return false;
+      };
+    }
     res.set_header("Cache-Control", "no-store");
-    res.set_content(state->metrics_registry.Render(), "text/plain; version=0.0.4; charset=utf-8");
+    res.set_content(state->metrics_registry.Render(show), "text/plain; version=0.0.4; charset=utf-8");
   });
   s.Get("/", [stub](const httplib::Request& req, httplib::Response& res) {
-    RunsPage(Caller(stub.get(), BearerFrom(req)), res);
+    if (std::optional<std::string> bearer = BearerOr401(req, res)) {
+      RunsPage(Caller(stub.get(), std::move(*bearer)), res);
+    }
   });
   s.Get(R"(/runs/(.+))", [stub](const httplib::Request& req, httplib::Response& res) {
-    RunPage(Caller(stub.get(), BearerFrom(req)), req.matches[1].str(), res);
+    if (std::optional<std::string> bearer = BearerOr401(req, res)) {
+      RunPage(Caller(stub.get(), std::move(*bearer)), req.matches[1].str(), res);
+    }
   });
   s.Get(R"(/incidents/([^/]+))", [stub](const httplib::Request& req, httplib::Response& res) {
-    IncidentPage(Caller(stub.get(), BearerFrom(req)), req.matches[1].str(), res);
+    if (std::optional<std::string> bearer = BearerOr401(req, res)) {
+      IncidentPage(Caller(stub.get(), std::move(*bearer)), req.matches[1].str(), res);
+    }
   });
   s.set_error_handler([](const httplib::Request&, httplib::Response& res) {
     if (!res.body.empty()) return;

@@ -39,9 +39,12 @@ struct Limits {
   // default gRPC client accepts; the rest comes in further pages.
   int64_t max_response_bytes = 1 << 20;
   // A worker stream must send its hello within this; at most this many
-  // streams may be waiting for theirs at once.
+  // streams may be waiting for theirs at once, and (with authentication on)
+  // at most max_pending_hellos_per_principal of one principal, so that one
+  // token cannot hold every slot and lock the other workers out.
   absl::Duration hello_timeout = absl::Seconds(10);
   int max_pending_hellos = 64;
+  int max_pending_hellos_per_principal = 16;
   // Worker- or client-supplied text written to the daemon's log: escaped
   // and cut to this many bytes.
   int max_logged_text = 512;

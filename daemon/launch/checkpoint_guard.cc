@@ -147,8 +147,24 @@ absl::StatusOr<std::string> CheckpointGuard::RootFor(const std::string& run) {
   }
   if (!root) root = (fs::path(data_dir_) / "runs" / run).string();
   std::error_code ec;
-  fs::path canonical = fs::weakly_canonical(fs::absolute(*root), ec);
+  const fs::path absolute = fs::absolute(*root, ec).lexically_normal();
+  // A root that is itself a symbolic link confines to wherever it points,
+  // and whoever can write its parent (a run's workers, often) can point it
+  // at "/": such a root confines nothing and is refused.
+  const fs::path own = absolute.has_filename() ? absolute : absolute.parent_path();
+  struct stat st {};
+  if (lstat(own.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint root ", Quoted(own.string()), " of run '", run,
+        "' is a symbolic link: checkpoints are confined to a real directory (name the link's "
+        "target in the launch profile, or replace the link)"));
+  }
+  fs::path canonical = fs::weakly_canonical(absolute, ec);
   if (ec) return absl::FailedPreconditionError(absl::StrCat("checkpoint root ", *root, ": ", ec.message()));
+  if (canonical == canonical.root_path()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint root ", Quoted(*root), " of run '", run, "' resolves to the file system's root"));
+  }
   return canonical.string();
 }
 

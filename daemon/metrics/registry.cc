@@ -195,7 +195,7 @@ void Registry::AddCollector(std::function<void(Sink&)> collector) {
   collectors_.push_back(std::move(collector));
 }
 
-std::string Registry::Render() const {
+std::string Registry::Render(const SeriesFilter& show) const {
   std::vector<std::function<void(Sink&)>> collectors;
   {
     absl::MutexLock lock(&mu_);
@@ -213,12 +213,15 @@ std::string Registry::Render() const {
       type = f.type;
       help = f.help;
       for (const auto& [labels, c] : f.counters) {
+        if (show && !show(labels)) continue;
         lines.push_back(absl::StrCat(name, LabelText(labels), " ", FormatValue(c->Value())));
       }
       for (const auto& [labels, g] : f.gauges) {
+        if (show && !show(labels)) continue;
         lines.push_back(absl::StrCat(name, LabelText(labels), " ", FormatValue(g->Value())));
       }
       for (const auto& [labels, h] : f.histograms) {
+        if (show && !show(labels)) continue;
         const Histogram::Snapshot s = h->Take();
         for (size_t i = 0; i < s.bounds.size(); ++i) {
           lines.push_back(absl::StrCat(name, "_bucket", LabelText(labels, "le", FormatValue(s.bounds[i])),
@@ -232,6 +235,7 @@ std::string Registry::Render() const {
   }
   for (const auto& [name, sample] : sink.samples_) {
     if (!ValidName(name) || !ValidLabels(sample.labels)) continue;
+    if (show && !show(sample.labels)) continue;
     auto it = out.find(name);
     if (it == out.end()) {
       it = out.emplace(name, std::make_tuple(sample.type, sample.help, std::vector<std::string>{})).first;

@@ -111,8 +111,10 @@ class Registry {
   void AddCollector(std::function<void(Sink&)> collector);
 
   // The text exposition: # HELP and # TYPE once per family, families sorted
-  // by name.
-  std::string Render() const;
+  // by name. `show`, when given, picks the series included (by their
+  // labels): what a scrape of a principal scoped to some runs may read.
+  using SeriesFilter = std::function<bool(const Labels&)>;
+  std::string Render(const SeriesFilter& show = nullptr) const;
 
   static bool ValidName(const std::string& name);
 

@@ -1,5 +1,6 @@
 #include "daemon/server/supervisor_service.h"
 
+#include <atomic>
 #include <map>
 #include <string>
 #include <utility>
@@ -81,6 +82,19 @@ grpc::Status SupervisorServiceImpl::GetStatus(Ctx* ctx, const v1::GetStatusReque
   if (out->authentication()) {
     out->set_principal(who.name);
     out->set_role(auth::RoleName(who.role));
+  }
+  if (!who.SeesEveryRun()) {
+    // Counts over every run and where the catalog lives are not for a
+    // principal scoped to some runs.
+    const v1::ServerStatus full = *out;
+    out->Clear();
+    out->set_version(full.version());
+    out->set_uptime_s(full.uptime_s());
+    out->set_schema_version(full.schema_version());
+    out->set_tls(full.tls());
+    out->set_authentication(full.authentication());
+    out->set_principal(full.principal());
+    out->set_role(full.role());
   }
   return grpc::Status::OK;
 }
@@ -232,14 +246,22 @@ grpc::Status SupervisorServiceImpl::GetIncident(Ctx* ctx, const v1::GetIncidentR
 grpc::Status SupervisorServiceImpl::WatchIncidents(Ctx* ctx, const v1::WatchIncidentsRequest* req,
                                                    grpc::ServerWriter<v1::IncidentUpdate>* writer) {
   auth::Principal who;
+  std::atomic<uint64_t> auth_epoch =
+      state_->authorizer != nullptr ? state_->authorizer->epoch() : 0;
   if (grpc::Status a = Allow(ctx, auth::Need::kRead, "WatchIncidents", req->run(), &who);
       !a.ok()) {
     return a;
   }
   auto subscription = handler_->WatchIncidents(who, req->run());
   if (!subscription.ok()) return ToGrpcStatus(subscription.status());
-  // Short waits, so a cancelled call is noticed; writes happen with no lock held.
+  // Short waits, so a cancelled call (or a token revoked meanwhile) is
+  // noticed; writes happen with no lock held.
   while (!ctx->IsCancelled()) {
+    if (state_->authorizer != nullptr) {
+      grpc::Status still = state_->authorizer->Recheck(*ctx, auth::Need::kRead, "WatchIncidents",
+                                                       req->run(), &auth_epoch);
+      if (!still.ok()) return still;
+    }
     auto batch = (*subscription)->Next(absl::Milliseconds(200));
     if (!batch) break;
     bool ok = true;
@@ -313,9 +335,10 @@ grpc::Status SupervisorServiceImpl::AddQuarantine(Ctx* ctx, const v1::AddQuarant
 
 grpc::Status SupervisorServiceImpl::ListAudit(Ctx* ctx, const v1::ListAuditRequest* req,
                                               v1::ListAuditResponse* out) {
-  // Operators read the audit of their runs; the whole log (no run) needs a
-  // principal of every run.
-  if (grpc::Status a = Allow(ctx, auth::Need::kOperate, "ListAudit", req->run()); !a.ok()) return a;
+  // Operators read the audit of their runs; the whole log (no run: every
+  // run's entries and those of no run) is the admin's.
+  const auth::Need need = req->run().empty() ? auth::Need::kAdmin : auth::Need::kOperate;
+  if (grpc::Status a = Allow(ctx, need, "ListAudit", req->run()); !a.ok()) return a;
   AuditQuery query;
   query.run = req->run();
   query.principal = req->principal();

@@ -157,6 +157,7 @@ class WorkerServiceImpl::AttachReactor final
     // The token is in the call's metadata: a stream without a valid one is
     // answered before anything it sends is read.
     if (state_->authorizer != nullptr) {
+      auth_epoch_ = state_->authorizer->epoch();
       auto principal = state_->authorizer->Authenticate(*context_);
       if (!principal.ok()) {
         EndWithError(Refusal(Reject::BAD_TOKEN, principal.status().message(), 0,
@@ -165,11 +166,27 @@ class WorkerServiceImpl::AttachReactor final
         return;
       }
       who_ = std::move(*principal);
+      // A principal that may attach no rank (a viewer) takes no slot.
+      if (absl::Status s = state_->authorizer->AuthorizeRole(who_, auth::Need::kWorker, "Attach");
+          !s.ok()) {
+        EndWithError(Refusal(Reject::BAD_TOKEN, s.message(), 0, absl::StatusCode::kPermissionDenied));
+        Pump();
+        return;
+      }
     }
     // Until its hello, a stream is unauthenticated: bounded in number and
-    // in time.
+    // in time, and per principal.
     counted_pending_ = true;
     const int pending = service_->pending_hellos_.fetch_add(1) + 1;
+    if (!CountPendingOfPrincipal()) {
+      EndWith(grpc::Status(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          absl::StrFormat("principal '%s' has too many streams waiting for their hello "
+                          "(limits.max_pending_hellos_per_principal = %d); retry later",
+                          who_.name, state_->limits.max_pending_hellos_per_principal)));
+      Pump();
+      return;
+    }
     if (pending > state_->limits.max_pending_hellos) {
       EndWith(grpc::Status(
           grpc::StatusCode::RESOURCE_EXHAUSTED,
@@ -199,6 +216,11 @@ class WorkerServiceImpl::AttachReactor final
     {
       absl::MutexLock lock(&mu_);
       reading_ = false;
+      // The end is decided (a failed commit, a cancel): a message that was
+      // already on its way is dropped unhandled. The stream may be finished
+      // already, and gRPC deletes the reactor once this reaction returns: a
+      // task or a commit started from here would outlive it.
+      if (ok && end_.has_value()) return;
     }
     if (!ok) {
       // Read fails alike on a half-close, a cancel and a message that does
@@ -361,9 +383,36 @@ class WorkerServiceImpl::AttachReactor final
     if (hub_id_ != 0) state_->hub.Remove(hub_id_);
     session_.Detach();
     // The hello's timer is disarmed by OnReadDone: a read still pending
-    // completes (failed) after Finish.
+    // completes after Finish (failed, or with a message it drops).
+    UncountPending();
+  }
+
+  // The principal's pending-hello slot: false (and none taken) when it
+  // holds its share already. Only with authentication on.
+  bool CountPendingOfPrincipal() {
+    if (state_->authorizer == nullptr || !state_->authorizer->enabled()) return true;
+    absl::MutexLock lock(&service_->pending_mu_);
+    int& mine = service_->pending_by_principal_[who_.name];
+    if (mine >= state_->limits.max_pending_hellos_per_principal) {
+      if (mine == 0) service_->pending_by_principal_.erase(who_.name);
+      return false;
+    }
+    ++mine;
+    counted_principal_ = true;
+    return true;
+  }
+
+  // Gives back the stream's pending-hello slots (once).
+  void UncountPending() {
     if (counted_pending_) service_->pending_hellos_.fetch_sub(1);
     counted_pending_ = false;
+    if (!counted_principal_) return;
+    counted_principal_ = false;
+    absl::MutexLock lock(&service_->pending_mu_);
+    auto it = service_->pending_by_principal_.find(who_.name);
+    if (it != service_->pending_by_principal_.end() && --it->second <= 0) {
+      service_->pending_by_principal_.erase(it);
+    }
   }
 
   // After a message is handled: read the next one, unless the stream is
@@ -383,13 +432,30 @@ class WorkerServiceImpl::AttachReactor final
       if (HandleHello(msg)) WantNextRead();
       return;
     }
+    if (!StillAuthorized()) return;
     if (HandleMessage(msg)) WantNextRead();
   }
 
-  // The principal authenticated in Start may attach ranks of `run`.
-  absl::Status Authorize(const std::string& run) const {
+  // The principal authenticated in Start may attach ranks of `run` (checked
+  // again if the tokens were re-read since).
+  absl::Status Authorize(const std::string& run) {
     if (state_->authorizer == nullptr) return absl::OkStatus();
+    grpc::Status again = state_->authorizer->Recheck(*context_, auth::Need::kWorker, "Attach",
+                                                      run, &auth_epoch_);
+    if (!again.ok()) return absl::PermissionDeniedError(again.error_message());
     return state_->authorizer->Authorize(who_, auth::Need::kWorker, "Attach", run);
+  }
+
+  // An attached stream whose token was revoked (the tokens file re-read)
+  // ends with a Reject: false then.
+  bool StillAuthorized() {
+    if (state_->authorizer == nullptr) return true;
+    grpc::Status s = state_->authorizer->Recheck(*context_, auth::Need::kWorker, "Attach",
+                                                 session_.run(), &auth_epoch_);
+    if (s.ok()) return true;
+    EndWithError(Refusal(Reject::BAD_TOKEN, s.error_message(), session_.generation(),
+                         static_cast<absl::StatusCode>(s.error_code())));
+    return false;
   }
 
   // Ends the stream with a session's error, after its Reject when it
@@ -405,10 +471,7 @@ class WorkerServiceImpl::AttachReactor final
 
   // The hello: false when the stream ends (a Reject is queued).
   bool HandleHello(const WorkerMessage& msg) {
-    if (counted_pending_) {
-      service_->pending_hellos_.fetch_sub(1);
-      counted_pending_ = false;
-    }
+    UncountPending();
     if (!msg.has_hello()) {
       EndWithError(Refusal(Reject::INVALID_HELLO, "the first message of a stream must be hello", 0,
                            absl::StatusCode::kInvalidArgument));
@@ -475,6 +538,10 @@ class WorkerServiceImpl::AttachReactor final
   }
 
   void Push(const ControllerMessage& m) {
+    if (!StillAuthorized()) {
+      Pump();
+      return;
+    }
     {
       absl::MutexLock lock(&mu_);
       if (replaying_) {
@@ -598,8 +665,11 @@ class WorkerServiceImpl::AttachReactor final
   // stream's tasks never run at once, and the next read starts after it):
   // read-only afterwards.
   auth::Principal who_;
+  // The tokens table who_ was checked against (Authorizer::Recheck).
+  std::atomic<uint64_t> auth_epoch_{0};
   uint64_t hello_timer_ = 0;
   bool counted_pending_ = false;
+  bool counted_principal_ = false;
   bool attached_ = false;
   uint64_t hub_id_ = 0;
   std::shared_ptr<PushTarget> push_target_;

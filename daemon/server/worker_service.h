@@ -28,11 +28,20 @@
 // A stream must send its hello within limits.hello_timeout (else it ends
 // DEADLINE_EXCEEDED), and at most limits.max_pending_hellos streams may be
 // waiting for theirs (others end RESOURCE_EXHAUSTED at once): a client that
-// never says hello holds nothing for long.
+// never says hello holds nothing for long. With authentication on, a stream
+// whose principal's role cannot attach at all ends PERMISSION_DENIED before
+// it takes a slot, and one principal holds at most
+// limits.max_pending_hellos_per_principal of them: a token cannot lock the
+// other workers out.
 #pragma once
 
 #include <atomic>
+#include <map>
 #include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 #include "daemon/ingest/group_commit.h"
 #include "daemon/server/daemon_state.h"
@@ -66,6 +75,9 @@ class WorkerServiceImpl final : public spikeguard::v1::WorkerService::CallbackSe
   // Ends streams that keep their hello past the deadline.
   std::unique_ptr<HelloWatchdog> hello_watchdog_;
   std::atomic<int> pending_hellos_{0};
+  // Streams waiting for their hello, by principal (authentication on).
+  absl::Mutex pending_mu_;
+  std::map<std::string, int> pending_by_principal_ ABSL_GUARDED_BY(pending_mu_);
   // Group commit of every stream's report batches; completed step records
   // go from it to the supervisor's run pipelines.
   std::unique_ptr<GroupCommitter> ingest_;

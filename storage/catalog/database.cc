@@ -1,10 +1,13 @@
 #include "storage/catalog/database.h"
 
-#include <cstring>
-
+#include <fcntl.h>
 #include <sqlite3.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -163,6 +166,23 @@ std::string Statement::ColumnBlob(int col) const {
 absl::StatusOr<std::unique_ptr<Database>> Database::Open(const DatabaseOptions& options) {
   if (options.path.empty()) {
     return absl::InvalidArgumentError("catalog path is empty");
+  }
+  // The catalog holds the audit log and what every run did: owner-only.
+  // Made here, not by SQLite (which uses the umask, 0644 as a rule); its
+  // -wal and -shm files take the database's mode. An existing file is
+  // tightened. Opening it first also names the real cause of a failure (a
+  // read-only file system, a permission) instead of SQLite's guess.
+  if (options.path != ":memory:" && options.path.rfind("file:", 0) != 0) {
+    const int fd = ::open(options.path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) {
+      const int err = errno;
+      return absl::Status(err == ENOSPC ? absl::StatusCode::kResourceExhausted
+                                        : absl::StatusCode::kFailedPrecondition,
+                          absl::StrCat("cannot open catalog ", options.path, ": ", std::strerror(err)));
+    }
+    struct stat st;
+    if (::fstat(fd, &st) == 0 && (st.st_mode & 077) != 0) ::fchmod(fd, st.st_mode & 0700);
+    ::close(fd);
   }
   sqlite3* raw = nullptr;
   const int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX;

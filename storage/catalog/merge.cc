@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "absl/container/flat_hash_map.h"
 
@@ -13,6 +14,16 @@ double MaxNanWins(double current, double incoming) {
   if (std::isnan(current)) return current;
   if (std::isnan(incoming)) return incoming;
   return std::max(current, incoming);
+}
+
+// Counts summed over ranks (tokens, non-finite values): each rank's is
+// validated non-negative, and the sum stops at INT64_MAX rather than wrap
+// (two ranks at INT64_MAX made a negative count, and a real non-finite value
+// beside one of them vanished).
+int64_t CountAdd(int64_t a, int64_t b) {
+  a = std::max<int64_t>(a, 0);
+  b = std::max<int64_t>(b, 0);
+  return a > std::numeric_limits<int64_t>::max() - b ? std::numeric_limits<int64_t>::max() : a + b;
 }
 
 // Running mean over n values so far. (mean*n + x)/(n+1) rather than
@@ -85,11 +96,13 @@ void MergeDomains(v1::StepRecord* record, const v1::StepReport& report) {
       appended = true;
       continue;
     }
-    const int64_t total = found->tokens() + in.tokens();
+    const int64_t total = CountAdd(found->tokens(), in.tokens());
+    // Weighed in doubles: a saturated total is no weight.
+    const double weight = static_cast<double>(found->tokens()) + static_cast<double>(in.tokens());
     if (total > 0) {
       found->set_loss((found->loss() * static_cast<double>(found->tokens()) +
                        in.loss() * static_cast<double>(in.tokens())) /
-                      static_cast<double>(total));
+                      weight);
     } else if (std::isnan(in.loss())) {
       // No tokens to weigh by: keep the first value, but never hide a NaN.
       found->set_loss(in.loss());
@@ -151,8 +164,8 @@ void MergeReport(v1::StepRecord* record, uint32_t rank, const v1::StepReport& re
   }
   record->set_loss(MeanAdd(record->loss(), n, report.loss()));
   record->set_lse_mean(MeanAdd(record->lse_mean(), n, report.lse_mean()));
-  record->set_tokens(record->tokens() + report.tokens());
-  record->set_nonfinite_count(record->nonfinite_count() + report.nonfinite_count());
+  record->set_tokens(CountAdd(record->tokens(), report.tokens()));
+  record->set_nonfinite_count(CountAdd(record->nonfinite_count(), report.nonfinite_count()));
   record->set_clipped(record->clipped() || report.clipped());
   // Unsigned addition wraps: the sum is mod 2^64 by definition.
   record->set_loss_hash(record->loss_hash() + LossHashContribution(rank, report.loss_hash()));

@@ -342,6 +342,11 @@ TEST_F(SpikectlTokenTest, TokenNewPrintsATokenAndTheLineWithItsHash) {
   EXPECT_THAT(bad_name.err, HasSubstr("bad value for --principal"));
   Result bad_runs = Spikectl({"token", "new", "--principal=a", "--role=worker", "--runs=a,,b"});
   EXPECT_EQ(bad_runs.code, 2);
+  // An admin covers every run: a run list on one is refused, not ignored.
+  Result scoped_admin = Spikectl({"token", "new", "--principal=a", "--role=admin", "--runs=runA"});
+  EXPECT_EQ(scoped_admin.code, 2);
+  EXPECT_THAT(scoped_admin.err, HasSubstr("--role=admin acts on every run"));
+  EXPECT_TRUE(scoped_admin.out.empty()) << "no token printed";
   Result missing = Spikectl({"token", "new", "--role=admin"});
   EXPECT_EQ(missing.code, 2);
   EXPECT_THAT(missing.err, HasSubstr("missing required flag --principal"));

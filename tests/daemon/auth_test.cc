@@ -85,6 +85,17 @@ TEST(TokensFile, RefusesBadLinesNamingTheLineWithoutEchoingSecrets) {
   EXPECT_NE(fields.status().message().find("expected 4 fields"), std::string::npos);
 }
 
+// An admin line with a run list was loaded and the list ignored: the token
+// was silently unscoped. It is refused, naming the line.
+TEST(TokensFile, AnAdminScopedToSomeRunsIsRefused) {
+  auto scoped = auth::ParseTokens(absl::StrCat("root admin runA ", HashToken("x"), "\n"));
+  ASSERT_FALSE(scoped.ok());
+  EXPECT_NE(scoped.status().message().find("line 1"), std::string::npos) << scoped.status();
+  EXPECT_NE(scoped.status().message().find("an admin acts on every run"), std::string::npos)
+      << scoped.status();
+  EXPECT_TRUE(auth::ParseTokens(absl::StrCat("root admin * ", HashToken("x"), "\n")).ok());
+}
+
 TEST(Secret, TokensAreRandomAndHashesCompareInConstantTimeShape) {
   const std::string a = NewToken(), b = NewToken();
   EXPECT_EQ(a.size(), 64u);
@@ -93,6 +104,24 @@ TEST(Secret, TokensAreRandomAndHashesCompareInConstantTimeShape) {
   EXPECT_FALSE(TokenMatches(b, HashToken(a)));
   EXPECT_FALSE(ConstantTimeEquals("abc", "abcd"));
   EXPECT_TRUE(ConstantTimeEquals("abcd", "abcd"));
+}
+
+TEST(HttpAuthorization, BearerAndBasicBecomeMetadataAndAnythingElseIsNamed) {
+  EXPECT_EQ(*auth::BearerFromHttpAuthorization(""), "");
+  EXPECT_EQ(*auth::BearerFromHttpAuthorization("Bearer abc"), "Bearer abc");
+  EXPECT_EQ(*auth::BearerFromHttpAuthorization("basic dTphYmM="), "Bearer abc");  // u:abc
+  auto tab = auth::BearerFromHttpAuthorization("Bearer a\tb");
+  ASSERT_FALSE(tab.ok());
+  EXPECT_EQ(tab.status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_NE(tab.status().message().find("byte 0x09 at offset 1"), std::string::npos)
+      << tab.status();
+  // u:\x01abc in base64.
+  auto control = auth::BearerFromHttpAuthorization("Basic dToBYWJj");
+  ASSERT_FALSE(control.ok());
+  EXPECT_NE(control.status().message().find("byte 0x01"), std::string::npos) << control.status();
+  EXPECT_FALSE(auth::BearerFromHttpAuthorization("Basic !!!").ok());
+  EXPECT_FALSE(auth::BearerFromHttpAuthorization("Digest x").ok());
+  EXPECT_FALSE(auth::BearerFromHttpAuthorization("Bearer " + std::string(5000, 'a')).ok());
 }
 
 TEST(Loopback, RecognizesLoopbackAddresses) {
@@ -346,6 +375,66 @@ TEST_F(AuthTest, AWorkerWithABadTokenGetsRejectBadToken) {
 // daemon's key in the data dir, so it still opens the run after the daemon
 // is restarted (a kill -9 mid-incident must not lock its workers out), and
 // only that run.
+// A viewer token holding streams open without a hello filled every
+// pending-hello slot and a real worker was refused RESOURCE_EXHAUSTED: a
+// principal that may not attach takes no slot, and one that may holds at
+// most its share.
+TEST_F(AuthTest, OneTokensSilentStreamsCannotLockOtherWorkersOut) {
+  struct Silent {
+    std::unique_ptr<grpc::ClientContext> ctx;
+    std::unique_ptr<grpc::ClientReaderWriter<v1::WorkerMessage, v1::ControllerMessage>> stream;
+    std::future<grpc::Status> end;
+  };
+  // More silent streams than the daemon's 64 pending-hello slots, from one
+  // token: the viewer's, then run-b's worker's.
+  auto open = [this](const std::string& token) {
+    std::vector<Silent> streams(70);
+    for (Silent& s : streams) {
+      s.ctx = As(token);
+      s.stream = worker_->Attach(s.ctx.get());
+      auto* stream = s.stream.get();
+      s.end = std::async(std::launch::async, [stream] {
+        v1::ControllerMessage in;
+        while (stream->Read(&in)) {
+        }
+        return stream->Finish();
+      });
+    }
+    return streams;
+  };
+  std::vector<Silent> viewer = open(kViewer);
+  for (Silent& s : viewer) {
+    grpc::Status end = s.end.get();
+    EXPECT_EQ(end.error_code(), grpc::StatusCode::PERMISSION_DENIED) << end.error_message();
+  }
+  std::vector<Silent> worker_b = open(kWorkerB);
+  // 16 of them wait for their hello; the others are refused at once.
+  int refused = 0;
+  while (refused < 70 - 16) {
+    refused = 0;
+    for (Silent& s : worker_b) {
+      refused += s.end.wait_for(std::chrono::milliseconds(10)) == std::future_status::ready;
+    }
+  }
+  // run-a's worker attaches at once, several times.
+  for (int i = 0; i < 3; ++i) {
+    auto [first, status] = AttachAs(kWorkerA, "run-a");
+    EXPECT_TRUE(first.has_welcome()) << first.DebugString() << status.error_message();
+  }
+  int exhausted = 0;
+  for (Silent& s : worker_b) s.ctx->TryCancel();
+  for (Silent& s : worker_b) {
+    grpc::Status end = s.end.get();
+    if (end.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      ++exhausted;
+      EXPECT_NE(end.error_message().find("'trainer-b' has too many streams waiting"),
+                std::string::npos)
+          << end.error_message();
+    }
+  }
+  EXPECT_EQ(exhausted, 70 - 16);
+}
+
 TEST_F(AuthTest, LaunchedWorkersTokensSurviveARestartAndOpenOnlyTheirRun) {
   const std::string key = ReadFile(dir_.File("worker-token.key")).substr(0, 64);
   ASSERT_EQ(key.size(), 64u);
@@ -407,6 +496,28 @@ TEST_F(AuthTest, MutatingAndRefusedCallsAreAuditedWithPrincipalRunAndOutcome) {
   EXPECT_TRUE(supervisor_->ListAudit(As(kOperatorA).get(), req, &out).ok());
 }
 
+// An operator of every run read the whole audit log, entries of no run
+// (CreateRun refusals, the default policy) included: that is the admin's.
+TEST_F(AuthTest, TheWholeAuditLogIsTheAdminsEvenForAnOperatorOfEveryRun) {
+  const std::string everywhere = NewToken();
+  std::ofstream(dir_.File("tokens"), std::ios::app)
+      << "bob operator * " << HashToken(everywhere) << "\n";
+  ASSERT_TRUE(daemon_->ReloadTokens().ok());
+  ASSERT_EQ(SetPolicyAs(kOperatorA, "").error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  v1::ListAuditRequest req;
+  v1::ListAuditResponse out;
+  grpc::Status whole = supervisor_->ListAudit(As(everywhere).get(), req, &out);
+  EXPECT_EQ(whole.error_code(), grpc::StatusCode::PERMISSION_DENIED) << whole.error_message();
+  EXPECT_NE(whole.error_message().find("admin"), std::string::npos) << whole.error_message();
+  req.set_run("run-a");
+  EXPECT_TRUE(supervisor_->ListAudit(As(everywhere).get(), req, &out).ok());
+  req.set_run("");
+  ASSERT_TRUE(supervisor_->ListAudit(As(kAdmin).get(), req, &out).ok());
+  bool no_run = false;
+  for (const auto& e : out.entries()) no_run = no_run || e.run().empty();
+  EXPECT_TRUE(no_run);
+}
+
 TEST_F(AuthTest, AuditRowsKeepNoControlCharactersFromTheRequest) {
   v1::AddQuarantineRequest req;
   req.mutable_entry()->set_run("run-a");
@@ -461,6 +572,55 @@ TEST_F(AuthTest, ReloadingTheTokensFileRevokesAndAddsTokensAndKeepsTheOldOnError
   EXPECT_FALSE(reload.ok());
   EXPECT_NE(reload.message().find("line 1"), std::string::npos);
   EXPECT_TRUE(supervisor_->GetStatus(As(fresh).get(), v1::GetStatusRequest(), &status).ok());
+}
+
+// A token removed from the tokens file and re-read (SIGHUP) stopped new
+// calls, but a worker stream opened before kept getting acks and a watch
+// kept receiving: both now end, the worker with Reject(BAD_TOKEN).
+TEST_F(AuthTest, ReloadingTheTokensFileEndsTheStreamsOfRevokedTokens) {
+  auto worker_ctx = As(kWorkerA);
+  auto stream = worker_->Attach(worker_ctx.get());
+  v1::WorkerMessage hello;
+  hello.mutable_hello()->set_run("run-a");
+  hello.mutable_hello()->set_world_size(1);
+  ASSERT_TRUE(stream->Write(hello));
+  v1::ControllerMessage in;
+  ASSERT_TRUE(stream->Read(&in));
+  ASSERT_TRUE(in.has_welcome()) << in.DebugString();
+  EXPECT_EQ(SendBatch(stream.get(), 1, {Report(1)}).accepted(), 1);
+
+  auto watch_ctx = As(kViewer);
+  v1::WatchIncidentsRequest watch_req;
+  watch_req.set_run("run-a");
+  auto watch = supervisor_->WatchIncidents(watch_ctx.get(), watch_req);
+
+  // trainer and carol are removed.
+  std::ofstream(dir_.File("tokens"), std::ios::trunc) << "root admin * " << HashToken(kAdmin) << "\n";
+  ASSERT_TRUE(daemon_->ReloadTokens().ok());
+
+  v1::WorkerMessage batch;
+  batch.mutable_reports()->set_seq(2);
+  *batch.mutable_reports()->add_reports() = Report(2);
+  stream->Write(batch);
+  ASSERT_TRUE(stream->Read(&in));
+  ASSERT_TRUE(in.has_reject()) << in.DebugString();
+  EXPECT_EQ(in.reject().reason(), v1::Reject::BAD_TOKEN);
+  EXPECT_FALSE(stream->Read(&in)) << in.DebugString();
+  EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  // Step 2 was not stored.
+  grpc::ClientContext q;
+  q.AddMetadata("authorization", std::string("Bearer ") + kAdmin);
+  v1::QueryTelemetryRequest query;
+  query.set_run("run-a");
+  v1::QueryTelemetryResponse records;
+  ASSERT_TRUE(supervisor_->QueryTelemetry(&q, query, &records).ok());
+  ASSERT_EQ(records.records_size(), 1);
+  EXPECT_EQ(records.records(0).step(), 1);
+
+  v1::IncidentUpdate update;
+  EXPECT_FALSE(watch->Read(&update));
+  grpc::Status watched = watch->Finish();
+  EXPECT_EQ(watched.error_code(), grpc::StatusCode::UNAUTHENTICATED) << watched.error_message();
 }
 
 // The status of a call to the reflection service.

@@ -353,6 +353,26 @@ TEST_F(LaunchSecurityTest, CheckpointsOutsideTheRootAreRefusedAndNotStored) {
   EXPECT_EQ(Checkpoints("r").size(), 2u);
 }
 
+// With the run's root a symbolic link to "/", every path was inside it: a
+// worker token registered /etc/shadow, and a rewind named /etc/passwd.
+TEST_F(LaunchSecurityTest, ASymlinkedCheckpointRootConfinesNothingAndIsRefused) {
+  ASSERT_TRUE(Create("s", Spec("lister")).ok());
+  fs::create_directories(root_);
+  fs::create_symlink("/", root_ + "/s");
+  for (const std::string& uri : {std::string("file:///etc/passwd"), std::string("/etc/shadow"),
+                                 absl::StrCat(root_, "/s/etc/passwd")}) {
+    grpc::Status s = Register("s", 10, uri);
+    EXPECT_FALSE(s.ok()) << uri;
+    EXPECT_THAT(s.error_message(), HasSubstr("is a symbolic link")) << uri;
+  }
+  EXPECT_TRUE(Checkpoints("s").empty());
+  // A real directory in its place confines again.
+  fs::remove(root_ + "/s");
+  fs::create_directories(root_ + "/s");
+  EXPECT_FALSE(Register("s", 10, "file:///etc/passwd").ok());
+  EXPECT_TRUE(Register("s", 10, absl::StrCat(root_, "/s/step-10")).ok());
+}
+
 TEST_F(LaunchSecurityTest, AnExternalProfileConfinesCheckpointsAndIsNeverLaunched) {
   // Created (spikectl asks to launch any run with a spec) and not launched:
   // it waits for workers started outside the daemon.

@@ -222,6 +222,38 @@ TEST(MergeReport, DomainLossIsTokenWeighted) {
   EXPECT_EQ(record.domain_losses(1).tokens(), 400);
 }
 
+// Counts at INT64_MAX from two ranks wrapped to a negative sum: tokens -2,
+// and one real non-finite value beside INT64_MAX became INT64_MIN, so no
+// non-finite incident opened. Sums now stop at INT64_MAX.
+TEST(MergeReport, CountsSummedOverRanksSaturateInsteadOfWrapping) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  v1::StepRecord tokens;
+  v1::StepReport a = Report(1, 2.0, 1.0, 0.1), b = Report(1, 2.0, 1.0, 0.1);
+  a.set_tokens(kMax);
+  b.set_tokens(kMax);
+  auto* da = a.add_domain_losses();
+  da->set_domain("web");
+  da->set_loss(2.0);
+  da->set_tokens(kMax);
+  *b.add_domain_losses() = *da;
+  MergeReport(&tokens, 0, a);
+  MergeReport(&tokens, 1, b);
+  EXPECT_EQ(tokens.tokens(), kMax);
+  ASSERT_EQ(tokens.domain_losses_size(), 1);
+  EXPECT_EQ(tokens.domain_losses(0).tokens(), kMax);
+  EXPECT_DOUBLE_EQ(tokens.domain_losses(0).loss(), 2.0);
+
+  v1::StepRecord nonfinite;
+  v1::StepReport real = Report(1, kNaN, 1.0, 0.1), huge = Report(1, 2.0, 1.0, 0.1);
+  real.set_nonfinite_count(1);
+  huge.set_nonfinite_count(kMax);
+  MergeReport(&nonfinite, 0, real);
+  MergeReport(&nonfinite, 1, huge);
+  EXPECT_EQ(nonfinite.nonfinite_count(), kMax);
+  EXPECT_GT(nonfinite.nonfinite_count(), 0);
+  EXPECT_EQ(nonfinite.first_nonfinite_rank(), 0u);
+}
+
 TEST(MergeReport, ExtremeTiesGoToTheLowestRank) {
   v1::StepRecord record;
   MergeReport(&record, 5, Report(1, 3.0, 1.0, 2.0));

@@ -405,5 +405,51 @@ TEST(Database, SqliteTurnsABoundNaNIntoNull) {
   EXPECT_EQ(s->ColumnDouble(1), std::numeric_limits<double>::infinity());
 }
 
+// The catalog (and its write-ahead log) holds the audit log and every
+// run's telemetry: it was created 0644, readable by every local user.
+TEST(Schema, TheCatalogAndItsLogAreOwnerOnlyAndAnOlderLooseFileIsTightened) {
+  TempDir dir;
+  const std::string path = dir.File("catalog.db");
+  {
+    auto catalog = Catalog::Open({.path = path});
+    ASSERT_TRUE(catalog.ok()) << catalog.status();
+    v1::Run run;
+    run.set_name("r");
+    run.set_world_size(1);
+    ASSERT_TRUE((*catalog)->CreateRun(run).ok());
+    for (const std::string& file : {path, path + "-wal"}) {
+      ASSERT_TRUE(std::filesystem::exists(file)) << file;
+      const auto perms = std::filesystem::status(file).permissions();
+      EXPECT_EQ(perms & (std::filesystem::perms::group_all | std::filesystem::perms::others_all),
+                std::filesystem::perms::none)
+          << file;
+    }
+  }
+  std::filesystem::permissions(path, std::filesystem::perms::owner_read |
+                                         std::filesystem::perms::owner_write |
+                                         std::filesystem::perms::group_read |
+                                         std::filesystem::perms::others_read);
+  auto again = Catalog::Open({.path = path});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(std::filesystem::status(path).permissions() & std::filesystem::perms::others_all,
+            std::filesystem::perms::none);
+}
+
+// A catalog that cannot be created names the real cause (it said "No such
+// file or directory" on a read-only file system).
+TEST(Schema, ACatalogThatCannotBeCreatedNamesTheCause) {
+  auto missing = Catalog::Open({.path = "/nonexistent-dir-for-spikeguard/catalog.db"});
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("/nonexistent-dir-for-spikeguard/catalog.db"),
+            std::string::npos);
+  EXPECT_NE(missing.status().message().find("No such file or directory"), std::string::npos)
+      << missing.status();
+  // /proc/self holds no new files, even for root: the OS's reason, not SQLite's.
+  auto refused = Catalog::Open({.path = "/proc/self/catalog.db"});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().message().find("unable to open database file"), std::string::npos)
+      << refused.status();
+}
+
 }  // namespace
 }  // namespace spikeguard::storage
