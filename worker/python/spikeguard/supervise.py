@@ -54,8 +54,10 @@ exchange_every - 1 steps late, on every rank at the same step).
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
+import time
 from typing import Callable, Optional
 
 import torch
@@ -125,6 +127,10 @@ class Supervisor:
                                    plan=_env(plan, "SPIKEGUARD_PLAN", ""))
         self.telemetry = (Telemetry(model, domain_names=domain_names) if telemetry else None)
         self._lr = 0.0
+        # Seconds spent in spikeguard per component (see timings()).
+        self._seconds = {"commands": 0.0, "telemetry_forward": 0.0, "telemetry_optimizer": 0.0,
+                         "report": 0.0, "checkpoints": 0.0}
+        self._steps_done = 0
         self._restart = True
         self._batch = None
         self._hooks = []
@@ -168,8 +174,14 @@ class Supervisor:
         """(step, batch) for each step to train; ends at the schedule's end,
         on STOP, or when lingering for a command finds none."""
         it = None
+        clock = time.perf_counter
         try:
-            while self.controller.step_boundary():
+            while True:
+                t = clock()
+                go = self.controller.step_boundary()
+                self._seconds["commands"] += clock() - t
+                if not go:
+                    break
                 self.generation = self.controller.generation
                 if self._restart or it is None:
                     self.sampler.set_step(self.step)
@@ -199,22 +211,39 @@ class Supervisor:
             per_row *= int(d)
         rows = self._batch.rows if self._batch is not None else token_losses.size(0)
         if self.telemetry is not None:
+            t = time.perf_counter()
             self.telemetry.losses(token_losses, domains)
+            self._seconds["telemetry_forward"] += time.perf_counter() - t
         return token_losses.sum() * (self.world_size / max(1, rows * per_row))
 
     def _end_step(self) -> None:
         b = self._batch
+        t = time.perf_counter()
         if self.telemetry is not None:
             docs = self.sampler.documents_for(b, self.document_of, self.document_domain)
             report = self.telemetry.report(self.step, b.position, self._lr, documents=docs)
             if self.client is not None:
                 self.client.report(report)
                 self.client.set_current_step(self.step)
+        t2 = time.perf_counter()
+        self._seconds["report"] += t2 - t
         self.step += 1
+        self._steps_done += 1
         due = self.controller.checkpoint_due(self.step)  # every rank: it consumes the request
         if self.checkpoint_dir and (due or (self.checkpoint_every > 0
                                             and self.step % self.checkpoint_every == 0)):
             self.save()
+        self._seconds["checkpoints"] += time.perf_counter() - t2
+
+    def timings(self) -> dict:
+        """Milliseconds per trained step spent in spikeguard, per component:
+        commands (step boundaries), telemetry_forward (logit and loss
+        statistics), telemetry_optimizer (gradient/update statistics and
+        clipping), report (the reduction, the host transfer, the StepReport
+        and its hand-over to the client), checkpoints (saving, retention,
+        registration)."""
+        n = max(1, self._steps_done)
+        return {k: 1000.0 * v / n for k, v in self._seconds.items()}
 
     # ---- the optimizer -----------------------------------------------------------
     def _wrap_optimizer(self) -> None:
@@ -223,6 +252,7 @@ class Supervisor:
 
         def step(*args, **kwargs):
             hp, s, tel = self.hparams, self.step, self.telemetry
+            t0 = time.perf_counter()
             hp.begin_step(s)
             clip = hp.clip(self.clip_norm)
             if tel is not None:
@@ -241,9 +271,12 @@ class Supervisor:
             try:
                 if tel is not None:
                     tel.before_optimizer_step()
+                t1 = time.perf_counter()
                 out = inner(*args, **kwargs)
+                t2 = time.perf_counter()
                 if tel is not None:
                     tel.after_optimizer_step()
+                self._seconds["telemetry_optimizer"] += (t1 - t0) + (time.perf_counter() - t2)
             finally:
                 for g, (lr, betas, eps) in zip(opt.param_groups, saved):
                     g["lr"] = lr
@@ -259,7 +292,9 @@ class Supervisor:
         out = output[0] if isinstance(output, (tuple, list)) else output
         if self._batch is not None and torch.is_tensor(out) and out.dim() >= 2 \
                 and self.module.training:
+            t = time.perf_counter()
             self.telemetry.logits(out)
+            self._seconds["telemetry_forward"] += time.perf_counter() - t
 
     # ---- checkpoints and rewinds ---------------------------------------------------
     def _set_hparams(self, hp: HParamState) -> None:
@@ -308,6 +343,10 @@ class Supervisor:
                                          complete=True)
 
     def close(self) -> None:
+        out = os.environ.get("SPIKEGUARD_TIMINGS_OUT", "")
+        if out:  # for benchmarks: this rank's timings() as JSON
+            with open(f"{out}.rank{self.rank}.json", "w") as f:
+                json.dump({"steps": self._steps_done, "ms_per_step": self.timings()}, f)
         for h in self._hooks:
             h.remove()
         self._hooks = []
