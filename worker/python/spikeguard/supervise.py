@@ -131,6 +131,9 @@ class Supervisor:
         self._seconds = {"commands": 0.0, "telemetry_forward": 0.0, "telemetry_optimizer": 0.0,
                          "report": 0.0, "checkpoints": 0.0}
         self._steps_done = 0
+        # SPIKEGUARD_TELEMETRY_JSONL: each step's StepReport as a JSON line (rank-suffixed).
+        path = os.environ.get("SPIKEGUARD_TELEMETRY_JSONL", "")
+        self._jsonl = open(f"{path}.rank{self.rank}", "a") if path else None
         self._restart = True
         self._batch = None
         self._hooks = []
@@ -204,15 +207,17 @@ class Supervisor:
 
     def loss(self, token_losses: torch.Tensor, domains: Optional[torch.Tensor] = None):
         """The objective to backpropagate from this rank's per-token losses
-        [rows, ...]: their sum × world size / the global batch's tokens, so
-        DDP's average is the global mean."""
-        per_row = 1
-        for d in token_losses.shape[1:]:
-            per_row *= int(d)
-        rows = self._batch.rows if self._batch is not None else token_losses.size(0)
+        (reduction="none"; [rows, T] or flattened): their sum × world size /
+        the global batch's tokens, so DDP's average is the global mean (also
+        when a mask leaves this rank fewer rows, or none)."""
+        b = self._batch
+        local_rows = len(b.slots) if b is not None else max(1, token_losses.size(0))
+        per_row = token_losses.numel() // local_rows if local_rows else 0
+        rows = b.rows if b is not None else local_rows
         if self.telemetry is not None:
             t = time.perf_counter()
-            self.telemetry.losses(token_losses, domains)
+            shaped = token_losses.reshape(local_rows, per_row) if local_rows else token_losses
+            self.telemetry.losses(shaped, domains)
             self._seconds["telemetry_forward"] += time.perf_counter() - t
         return token_losses.sum() * (self.world_size / max(1, rows * per_row))
 
@@ -222,6 +227,10 @@ class Supervisor:
         if self.telemetry is not None:
             docs = self.sampler.documents_for(b, self.document_of, self.document_domain)
             report = self.telemetry.report(self.step, b.position, self._lr, documents=docs)
+            if self._jsonl is not None:
+                from spikeguard.torch import report_json
+                self._jsonl.write(json.dumps(report_json(report, self.telemetry.attention_kind))
+                                  + "\n")
             if self.client is not None:
                 self.client.report(report)
                 self.client.set_current_step(self.step)
@@ -347,6 +356,9 @@ class Supervisor:
         if out:  # for benchmarks: this rank's timings() as JSON
             with open(f"{out}.rank{self.rank}.json", "w") as f:
                 json.dump({"steps": self._steps_done, "ms_per_step": self.timings()}, f)
+        if self._jsonl is not None:
+            self._jsonl.close()
+            self._jsonl = None
         for h in self._hooks:
             h.remove()
         self._hooks = []
