@@ -20,7 +20,12 @@ import pytest
 from conftest import PYTHON, PYTHON_DIR, REPO, Daemon, wait_until
 
 EXAMPLE = REPO / "worker" / "examples" / "own_data" / "supervised.py"
+# A garbage batch of this model is a one-step excursion that its next step
+# undoes (nothing corroborates it): a blip under the default policy. Here
+# every excursion opens an incident (the loss is smooth, so only the garbage
+# gets past the 5 % floor).
 POLICY = """
+loss_spike { blip_steps: 0 }
 probe {
   min_steps_before_onset: 50
   max_steps_before_onset: 500

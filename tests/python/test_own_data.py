@@ -82,6 +82,12 @@ def test_sampler_shards_the_global_batch_and_honours_holes_and_masks():
     b = ranks[0].batch_for_step(2)
     assert (b.position, b.slots, b.rows, b.global_rows) == (4, [1, 2, 4], 6, 8)
     assert ranks[1].batch_for_step(2).slots == [5, 6, 7]
+    # A mask leaving one row: rank 0 has none, and gets one placeholder
+    # index (a collate cannot build an empty batch) with no slots.
+    one = [PlanSampler(100, 8, rank=r, world_size=2, plan="0-;drop=0:1.2.3.4.5.6.7", seed=7)
+           for r in range(2)]
+    assert [o.batch_for_step(0).slots for o in one] == [[], [0]]
+    assert next(iter(one[0])) == [full.index_of(0, 0)] and one[0].last.slots == []
     # Every sample once per epoch (100 samples, 8 a batch).
     seen = [full.index_of(p, j) for p in range(13) for j in range(8)][:100]
     assert sorted(seen) == list(range(100))

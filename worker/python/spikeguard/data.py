@@ -608,7 +608,16 @@ class PlanSampler:
             batch = self.batch_for_step(self.step)
             self.last = batch
             self.step += 1
-            yield batch.indices
+            if batch.indices:
+                yield batch.indices
+            else:
+                # A mask can leave this rank no row; a collate cannot make
+                # an empty batch, so one placeholder row (the position's
+                # first fed sample) comes instead: ``last.slots`` is empty,
+                # and the trainer must feed zero rows (Supervisor does).
+                yield [self.index_of(batch.position,
+                                     self.plan.kept_slots(batch.position,
+                                                          self.global_batch_size)[0])]
 
     def __len__(self) -> int:
         end = self._end()

@@ -79,6 +79,17 @@ def _env(value, name, default=None):
     return v if v != "" else default
 
 
+def _no_rows(data):
+    """`data` (a collated batch) with zero rows, keeping its structure."""
+    if torch.is_tensor(data):
+        return data[:0]
+    if isinstance(data, (list, tuple)):
+        return type(data)(_no_rows(x) for x in data)
+    if isinstance(data, dict):
+        return {k: _no_rows(v) for k, v in data.items()}
+    return data
+
+
 class Supervisor:
     """One rank's training loop under spikeguard (see the module doc).
 
@@ -194,6 +205,8 @@ class Supervisor:
                 if self.telemetry is not None:
                     self.telemetry.before_step()
                 data = next(it)
+                if not self._batch.slots:
+                    data = _no_rows(data)  # the sampler's placeholder row, dropped
                 yield self.step, data
                 self._end_step()
         finally:
