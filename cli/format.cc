@@ -304,7 +304,7 @@ std::string FormatIncident(const v1::Incident& i) {
   const v1::Cost& c = i.cost();
   absl::StrAppend(&out, "\nCost: ", c.probes(), " probes, ", c.steps_reexecuted(),
                   " steps re-executed, ", FormatDouble(c.wall_time_s()), " s wall, ",
-                  FormatDouble(c.gpu_hours()), " GPU-hours\n");
+                  FormatDouble(c.gpu_hours()), " rank-hours\n");
 
   if (!i.events().empty()) {
     out += "\nEvents:\n";

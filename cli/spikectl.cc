@@ -814,7 +814,18 @@ int Manifest(Session& s, const ParsedArgs& args) {
   request.set_from_step(from);
   request.set_to_step(to);
   SPIKECTL_ASSIGN_OR_USAGE(s, gen, OptionalInt(args, "gen"));
-  if (gen.has_value()) request.set_generation(*gen);
+  if (gen.has_value()) {
+    request.set_generation(*gen);
+  } else {
+    // The request's 0 would mean generation 0: the current one is the run's.
+    v1::GetRunRequest get;
+    get.set_name(request.run());
+    v1::Run run;
+    if (!s.Call([&](Stub* stub, grpc::ClientContext* ctx) { return stub->GetRun(ctx, get, &run); })) {
+      return kExitFailed;
+    }
+    request.set_generation(run.current_generation());
+  }
   return CallAndEmit<v1::ResolveManifestResponse>(s, &Stub::ResolveManifest, request, FormatManifest);
 }
 

@@ -566,7 +566,8 @@ std::string RenderIncidentBody(const ReportData& data) {
   b += Row({"probes", absl::StrCat(inc.cost().probes())});
   b += Row({"steps re-executed", absl::StrCat(inc.cost().steps_reexecuted())});
   b += Row({"wall time", absl::StrFormat("%.1f s", inc.cost().wall_time_s())});
-  b += Row({"GPU-hours", absl::StrFormat("%.4f", inc.cost().gpu_hours())});
+  // Re-executed steps × step time × ranks: device-hours on GPUs, core time on CPUs.
+  b += Row({"rank-hours", absl::StrFormat("%.4f", inc.cost().gpu_hours())});
   absl::StrAppend(&b, "</table>\n");
 
   // Timeline.

@@ -227,11 +227,35 @@ absl::StatusOr<std::vector<v1::DocumentRef>> CatalogRunView::Documents(const std
   return out;
 }
 
+// Without a manifest: the samples as the trainer reported them with the
+// step that fed `position` (each document with its sample slot). Empty when
+// the step is not recorded or any of its documents lacks a sample: then the
+// batch's samples cannot be told apart.
+absl::StatusOr<std::vector<incident::SampleContent>> CatalogRunView::ReportedSamples(
+    const std::string& run, int64_t generation, int64_t position) {
+  SG_ASSIGN_OR_RETURN(v1::DataPlan plan, Plan(run, generation));
+  const int64_t step = incident::StepOfPosition(plan, position);
+  if (step < 0) return std::vector<incident::SampleContent>{};
+  SG_ASSIGN_OR_RETURN(std::vector<v1::StepRecord> records,
+                      catalog_->QueryTelemetry(run, generation, step, step, 1));
+  std::vector<incident::SampleContent> out;
+  if (records.empty() || records.front().data_position() != position) return out;
+  for (const auto& d : records.front().documents()) {
+    if (!d.has_sample()) return std::vector<incident::SampleContent>{};
+    if (static_cast<size_t>(d.sample()) >= out.size()) out.resize(d.sample() + 1);
+    v1::DocumentRef& ref = out[d.sample()].documents.emplace_back();
+    ref.set_domain(d.domain());
+    ref.set_document_id(d.id());
+    ref.set_data_position(position);
+  }
+  return out;
+}
+
 absl::StatusOr<std::vector<incident::SampleContent>> CatalogRunView::Samples(
     const std::string& run, int64_t generation, int64_t position) {
   storage::Manifest manifest;
   auto corpus = CorpusFor(run, &manifest);
-  if (absl::IsNotFound(corpus.status())) return std::vector<incident::SampleContent>{};
+  if (absl::IsNotFound(corpus.status())) return ReportedSamples(run, generation, position);
   if (!corpus.ok()) return corpus.status();
   SG_ASSIGN_OR_RETURN(std::unique_ptr<storage::DataOrder> order,
                       storage::DataOrder::Create(**corpus, manifest));

@@ -84,6 +84,10 @@ class CatalogRunView final : public incident::RunView {
     uint32_t world_size = 1;
   };
   RunConfig ConfigOf(const std::string& run);
+  // A position's samples from the documents the trainer reported per sample.
+  absl::StatusOr<std::vector<incident::SampleContent>> ReportedSamples(const std::string& run,
+                                                                       int64_t generation,
+                                                                       int64_t position);
   // The run's corpus and manifest; NOT_FOUND when the run has none.
   absl::StatusOr<const storage::Corpus*> CorpusFor(const std::string& run,
                                                    storage::Manifest* manifest);

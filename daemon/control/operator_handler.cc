@@ -397,6 +397,10 @@ absl::StatusOr<Page<v1::Run>> DaemonOperatorHandler::ListRuns(const auth::Princi
     // A spec stored before specs were bounded is left out of the list
     // (runs show has it) rather than make the list unreadable.
     if (static_cast<int64_t>(r.ByteSizeLong()) > budget / 2) r.clear_spec();
+    // The last step as runs show has it (the stored row's lags behind the
+    // ranks' progress); the ranks themselves stay out of the list.
+    MergeRanks(state_->registry.Ranks(r.name()), state_->catalog->ListRankProgress(r.name()), &r);
+    r.clear_ranks();
   }
   return CutPage(std::move(*runs), page_token, budget);
 }

@@ -113,7 +113,7 @@ absl::Status IncidentEngine::State::Close(IncidentCase& s) {
       s.verdict_ms > 0 ? (s.verdict_ms - s.inc.opened_unix_ms()) / 1000.0 : 0;
   p.set_detail(absl::StrFormat(
       "closed: %s; verdict after %.0f s, closed after %.0f s; %d probe(s), %d steps "
-      "re-executed, %.3f GPU-hours",
+      "re-executed, %.3f rank-hours",
       v1::Verdict_Name(s.verdict), to_verdict, (now - s.inc.opened_unix_ms()) / 1000.0, s.probes,
       s.reexecuted, s.inc.cost().gpu_hours()));
   SG_RETURN_IF_ERROR(Emit(s, EventKind::kClosed, p));

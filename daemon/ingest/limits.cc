@@ -209,6 +209,10 @@ absl::Status ValidateStepReport(const spikeguard::v1::StepReport& r, absl::strin
       return absl::InvalidArgumentError(
           absl::StrFormat("%s.documents[%d].id: %d is negative", field, i, d.id()));
     }
+    if (d.has_sample() && d.sample() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s.documents[%d].sample: %d is negative", field, i, d.sample()));
+    }
   }
   return absl::OkStatus();
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <tuple>
 
 #include "absl/container/flat_hash_map.h"
 
@@ -119,7 +120,10 @@ void MergeDocuments(v1::StepRecord* record, const v1::StepReport& report) {
   if (report.documents().empty()) return;
   auto* docs = record->mutable_documents();
   for (const v1::ReportedDocument& d : report.documents()) *docs->Add() = d;
-  auto key = [](const v1::ReportedDocument& d) { return std::make_pair(d.domain(), d.id()); };
+  // A document in two samples is listed once per sample.
+  auto key = [](const v1::ReportedDocument& d) {
+    return std::make_tuple(d.domain(), d.id(), d.has_sample() ? d.sample() : -1);
+  };
   std::sort(docs->begin(), docs->end(),
             [&](const v1::ReportedDocument& a, const v1::ReportedDocument& b) { return key(a) < key(b); });
   auto end = std::unique(docs->begin(), docs->end(),

@@ -251,7 +251,7 @@ TEST(FormatIncidentTest, ShowsEvidenceDocumentsFixRecommendationsAndCost) {
   EXPECT_THAT(text, ContainsRegex("600 +600 +web +991"));
   EXPECT_THAT(text, HasSubstr("Fix: kept skip window [598,604), quarantined 1 document"));
   EXPECT_THAT(text, HasSubstr("  - filter documents similar to web:991"));
-  EXPECT_THAT(text, HasSubstr("Cost: 2 probes, 510 steps re-executed, 130 s wall, 2.5 GPU-hours"));
+  EXPECT_THAT(text, HasSubstr("Cost: 2 probes, 510 steps re-executed, 130 s wall, 2.5 rank-hours"));
   EXPECT_THAT(text, HasSubstr("opened  loss 10.9 vs median 1.9"));
 }
 

@@ -431,6 +431,13 @@ TEST_F(SpikectlServerTest, ManifestAndQuarantine) {
   EXPECT_EQ(request.generation(), 2);
   EXPECT_THAT(manifest.out, ::testing::ContainsRegex("600 +600 +web:991"));
 
+  // Without --gen: the run's current generation, as the help says (not 0).
+  supervisor_.SetResponse("GetRun", ParseText<v1::Run>(R"pb(name: "r" current_generation: 3)pb"));
+  Result current = Spikectl({"manifest", "--run=r", "--from=600", "--to=605"});
+  EXPECT_EQ(current.code, 0) << current.err;
+  EXPECT_EQ(supervisor_.LastRequest<v1::GetRunRequest>("GetRun").name(), "r");
+  EXPECT_EQ(supervisor_.LastRequest<v1::ResolveManifestRequest>("ResolveManifest").generation(), 3);
+
   supervisor_.SetResponse("ListQuarantine", ParseText<v1::ListQuarantineResponse>(R"pb(
     entries { run: "r" domain: "web" document_id: 991 reason: "poisoned batch" incident_id: 12 }
   )pb"));

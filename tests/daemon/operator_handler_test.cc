@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -375,6 +376,32 @@ TEST_F(OperatorHandlerTest, APrincipalScopedToSomeRunsListsOnlyThose) {
   auth::Principal admin;
   admin.role = auth::Role::kAdmin;
   EXPECT_EQ(handler_->ListRuns(admin, "")->items.size(), 2u);
+}
+
+TEST_F(OperatorHandlerTest, RunsListShowsTheLastStepRunsShowShows) {
+  // Both ranks committed steps 0..599 and left: the stored row still says 0.
+  for (uint32_t rank : {0u, 1u}) {
+    storage::IngestBatch batch;
+    batch.run = kRun;
+    batch.rank = rank;
+    batch.world_size = 2;
+    for (int64_t step : {598, 599}) {
+      v1::StepReport r;
+      r.set_step(step);
+      r.set_data_position(step);
+      r.set_loss(2.0);
+      batch.reports.push_back(r);
+    }
+    ASSERT_TRUE(catalog_->IngestGroup(std::span(&batch, 1)).ok());
+  }
+  auth::Principal admin;
+  admin.role = auth::Role::kAdmin;
+  auto page = handler_->ListRuns(admin, "");
+  ASSERT_TRUE(page.ok()) << page.status();
+  ASSERT_EQ(page->items.size(), 1u);
+  EXPECT_EQ(page->items[0].last_step(), 599);
+  EXPECT_EQ(page->items[0].last_step(), handler_->GetRun(kRun)->last_step());
+  EXPECT_TRUE(page->items[0].ranks().empty());
 }
 
 TEST_F(OperatorHandlerTest, CommandsAndWatchesNameTheirRunBeforeAnythingIsSent) {

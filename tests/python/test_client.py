@@ -455,3 +455,19 @@ def test_the_interpreter_exits_cleanly_with_an_open_client(daemon, tmp_path, mod
     assert "Traceback" not in err and "Exception" not in err
     if mode == "flush":
         assert len(daemon.telemetry("exit", gen=0)) == 50
+
+
+def test_stale_generation_refusals_after_a_rewind_are_not_warnings(caplog):
+    """Every rewind makes the daemon refuse the reports a rank sent before it
+    acted on the REWIND: logged at INFO; any other refusal stays a warning."""
+    c = Client(f"127.0.0.1:{free_port()}", "nobody", tls_ca="")
+    try:
+        with caplog.at_level(logging.INFO, logger="spikeguard"):
+            c._on_ack(worker_pb2.Ack(seq=3, rejected=2, message=(
+                "stale generation: reports of generation 0 refused; the run is at generation 1")))
+            c._on_ack(worker_pb2.Ack(seq=4, rejected=1, message="step 7: loss is not a number"))
+        levels = {r.getMessage().split(": ", 2)[-1][:16]: r.levelno for r in caplog.records
+                  if "refused batch" in r.getMessage()}
+        assert levels == {"stale generation": logging.INFO, "step 7: loss is ": logging.WARNING}
+    finally:
+        c.close()

@@ -128,7 +128,8 @@ TEST(IncidentReportTest, PlotsOverlayOriginalAndEveryProbeWithMarks) {
   EXPECT_THAT(html, HasSubstr("data-scale=\"log\""));
   EXPECT_THAT(html, HasSubstr(">DATA</span>"));
   EXPECT_THAT(html, HasSubstr("90%"));
-  EXPECT_THAT(html, HasSubstr("0.2500"));  // GPU-hours
+  EXPECT_THAT(html, HasSubstr("0.2500"));  // rank-hours
+  EXPECT_THAT(html, Not(HasSubstr("GPU-hours")));
   EXPECT_THAT(html, HasSubstr("web:42"));  // near-duplicate's culprit
   // The document's bytes, readable and inert.
   EXPECT_THAT(html, HasSubstr("\\xff\\xfe&lt;script&gt;alert(3)&lt;/script&gt;\\x00ok\\n"));

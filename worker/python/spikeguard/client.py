@@ -970,8 +970,12 @@ class Client:
             if ack.message:
                 self._stats["last_ack_message"] = ack.message
                 if ack.rejected > 0:
-                    _log.warning("spikeguard: spikeguardd refused batch %d: %s", ack.seq,
-                                 ack.message)
+                    # Reports of a generation the run has left (sent before
+                    # this rank acted on the REWIND) are refused at every
+                    # rewind: expected, not worth a warning.
+                    stale = ack.message.startswith("stale generation")
+                    _log.log(logging.INFO if stale else logging.WARNING,
+                             "spikeguard: spikeguardd refused batch %d: %s", ack.seq, ack.message)
             self._cond.notify_all()
 
     def _next_message_locked(self, conn: _Connection):

@@ -3,10 +3,12 @@
 The same behaviour towards spikeguardd as the C++ reference worker
 (worker/ref/reference_worker.cc: HandleCommand, WaitForGo, Run):
 
-- At every step boundary rank 0 polls its Client and the commands it got
-  are broadcast over the process group (all_gather_object, which also
-  carries every rank's rejection state), so every rank acts on the same
-  commands at the same step. The other ranks drain their own streams and
+- At every step boundary (or every ``exchange_every``-th) rank 0 polls its
+  Client; an all-reduce of three integers tells every rank whether rank 0
+  got commands or some rank was rejected, and only then are the commands
+  broadcast over the process group (all_gather_object, which also carries
+  every rank's rejection state), so every rank acts on the same commands at
+  the same step. The other ranks drain their own streams and
   ignore those copies. Every rank reports its own CommandResult on its own
   stream; a command id is executed at most once per rank (a re-sent one is
   answered "already executed").
@@ -195,6 +197,13 @@ class Controller:
         default); raises on failure.
     on_hparams: called with the HParamState after SET_HPARAMS or REWIND.
     base_hparams: the configured base REWIND's hparams are absolute over.
+    exchange_every: with several ranks, the boundaries between two looks
+        for commands (1: every step). Each look is one all-reduce of three
+        integers; the commands themselves travel (all_gather_object) only
+        when rank 0 has some. A command then takes effect up to
+        exchange_every - 1 steps later, on every rank at the same step.
+        While a horizon is set every boundary looks, so a probe's commands
+        are not late.
     """
 
     def __init__(self, client, *, total_steps: int, get_step: Callable[[], int],
@@ -203,7 +212,7 @@ class Controller:
                  linger_s: float = 0.0, poll_interval_s: float = 0.2,
                  base_hparams: Optional[HParamState] = None,
                  on_hparams: Optional[Callable[[HParamState], None]] = None,
-                 flush_timeout_s: float = 60.0):
+                 flush_timeout_s: float = 60.0, exchange_every: int = 1):
         self.client = client
         self.total_steps = int(total_steps)
         self.get_step = get_step
@@ -219,6 +228,11 @@ class Controller:
         self.hparams = dataclasses.replace(self.base_hparams)
         self.on_hparams = on_hparams
         self.flush_timeout_s = flush_timeout_s
+        # With several ranks: look for commands at every exchange_every-th
+        # boundary only (they wait in the client meanwhile); at the others
+        # no collective runs. Counted in boundaries, the same on every rank.
+        self.exchange_every = max(1, int(exchange_every))
+        self._boundaries = 0
         self.paused = False
         self.stopped = False
         self.ended_generation: Optional[int] = None
@@ -255,13 +269,25 @@ class Controller:
             if rej is not None:
                 rejection = str(getattr(rej, "message", "") or rej)
         if self._distributed():
+            import torch
             import torch.distributed as dist
-            payload = [None] * self.world_size
-            dist.all_gather_object(payload, (mine, rejection, flag), group=self.group)
-            commands, _, flag = payload[0]
-            for r, (_, rej, _) in enumerate(payload):
-                if rej is not None:
-                    raise RejectedError(f"rejected by spikeguardd (rank {r}): {rej}")
+            # A three-number all-reduce says whether there is anything to
+            # exchange (rank 0's commands, a rejection, rank 0's flag); the
+            # objects themselves travel only when there is.
+            dev = self._collective_device()
+            head = torch.tensor([len(mine), int(rejection is not None), int(bool(flag))],
+                                dtype=torch.int64, device=dev)
+            dist.all_reduce(head, op=dist.ReduceOp.MAX, group=self.group)
+            n_commands, any_rejected, flag_set = head.tolist()
+            if n_commands == 0 and any_rejected == 0:
+                commands, flag = [], bool(flag_set)
+            else:
+                payload = [None] * self.world_size
+                dist.all_gather_object(payload, (mine, rejection, flag), group=self.group)
+                commands, _, flag = payload[0]
+                for r, (_, rej, _) in enumerate(payload):
+                    if rej is not None:
+                        raise RejectedError(f"rejected by spikeguardd (rank {r}): {rej}")
         else:
             commands = mine
             if rejection is not None:
@@ -272,6 +298,15 @@ class Controller:
             c.ParseFromString(blob)
             out.append(c)
         return out, flag
+
+    def _collective_device(self):
+        """Where the process group's tensors live: the current CUDA device
+        under NCCL (torch.cuda.set_device(LOCAL_RANK) first), else the CPU."""
+        import torch
+        import torch.distributed as dist
+        if dist.get_backend(self.group) == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
 
     def _all_ok(self, ok: bool) -> bool:
         if not self._distributed():
@@ -408,9 +443,13 @@ class Controller:
             if self.client is None:  # the same on every rank: no exchange needed
                 return not (self.stopped or self._past_horizon()
                             or self.get_step() >= self.total_steps)
-            commands, _ = self._exchange(0.0)
-            for c in commands:
-                self.handle(c)
+            self._boundaries += 1
+            if (self.exchange_every <= 1 or not self._distributed()
+                    or self._boundaries % self.exchange_every == 0 or self.stop_after >= 0
+                    or self.get_step() >= self.total_steps):
+                commands, _ = self._exchange(0.0)
+                for c in commands:
+                    self.handle(c)
             if not self.stopped and self._past_horizon():
                 self._flush()
             while not self.stopped and (self.paused or self._past_horizon()):

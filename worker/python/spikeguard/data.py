@@ -41,6 +41,28 @@ Errors: a bad corpus directory raises ``FileNotFoundError`` or ``ValueError``
 naming the directory and the problem; a bad manifest field or plan raises
 ``ValueError`` naming the field; a step past the end of a bounded plan raises
 ``IndexError``.
+
+Any dataset (no spikeguard corpus): ``Plan`` is the daemon's data plan on its
+own (step → data position, the position a checkpoint stores, which samples a
+mask drops), and ``PlanSampler`` a batch sampler for any index-addressable
+dataset (``torch.utils.data.Dataset`` with ``__len__``)::
+
+    from spikeguard.data import Plan, PlanSampler
+
+    plan = Plan(plan_text_or_DataPlan)            # "" / None: "0-" (every position)
+    plan.position_for_step(600)                   # 610 with "0-600,610-"
+    plan.dropped_slots(300)                       # [0, 1, 5] with ";drop=300:0.1.5"
+    sampler = PlanSampler(len(dataset), global_batch_size=16, seed=0,
+                          rank=rank, world_size=world, plan=plan, start_step=step)
+    loader = DataLoader(dataset, batch_sampler=sampler)   # one step's rows per item
+
+Global batch of position ``p``: sample slot ``j`` (0 ≤ j < global batch size)
+is dataset index ``perm_e[(p·B + j) mod N]`` with ``e = (p·B + j) // N`` the
+epoch and ``perm_e`` a permutation seeded by ``(seed, e)`` (no shuffle: the
+identity). A mask drops slots; the kept slots are split across ranks
+contiguously (``shard_bounds``). ``sampler.last`` tells the trainer what it
+fed (position, slots, indices, the global kept rows), so the daemon can be
+told which documents each *sample* holds (``documents_for``).
 """
 
 from __future__ import annotations
@@ -53,7 +75,8 @@ import numpy as np
 
 from spikeguard import _corpus
 
-__all__ = ["Batch", "Corpus", "DataOrder", "plan_text", "shard_bounds"]
+__all__ = ["Batch", "Corpus", "DataOrder", "Plan", "PlanSampler", "SampleBatch", "plan_text",
+           "shard_bounds"]
 
 # The C++ Manifest's defaults (storage/corpus/data_order.h), for a corpus
 # directory without corpus.meta.
@@ -391,3 +414,254 @@ class DataOrder:
         return (f"DataOrder(corpus={self._corpus.dir!r}, seed={self._seed}, "
                 f"global_batch_size={self._global_batch_size}, "
                 f"sequence_length={self._sequence_length}, blend={self._blend}, plan={self.plan!r})")
+
+
+
+# --- any dataset ------------------------------------------------------------------
+
+
+class Plan:
+    """A data plan without a corpus: which data position each step consumes,
+    which sample slots a mask drops. ``plan``: the text form ("0-600,610-",
+    ";drop=300:0.1.5" masks), a ``spikeguard.v1.DataPlan`` message, another
+    Plan, or ""/None for "0-" (every position once, in order). Normalized by
+    the same C++ DataPlan the daemon uses (``text`` is its ToString)."""
+
+    def __init__(self, plan=None):
+        if isinstance(plan, Plan):
+            plan = plan.text
+        text = plan_text(plan) or _DEFAULT_PLAN
+        self._text = text
+        ranges_part, _, masks_part = text.partition(";")
+        self._ranges: List[Tuple[int, int]] = []
+        for item in ranges_part.split(","):
+            if not item:
+                continue
+            b, _, e = item.partition("-")
+            self._ranges.append((int(b), int(e) if e else -1))
+        self._masks: Dict[int, List[int]] = {}
+        for part in masks_part.split(";") if masks_part else ():
+            key, _, value = part.partition("=")
+            if key != "drop":
+                raise ValueError(f"plan {text!r}: unknown part {part!r}")
+            pos, _, slots = value.partition(":")
+            self._masks[int(pos)] = sorted(int(x) for x in slots.split(".") if x)
+
+    @property
+    def text(self) -> str:
+        return self._text
+
+    @property
+    def ranges(self) -> List[Tuple[int, int]]:
+        """[(begin, end)], end exclusive, -1 = unbounded."""
+        return list(self._ranges)
+
+    @property
+    def masks(self) -> Dict[int, List[int]]:
+        """position → the sample slots dropped there."""
+        return {k: list(v) for k, v in self._masks.items()}
+
+    @property
+    def step_count(self) -> Optional[int]:
+        """Steps the plan feeds; None when unbounded."""
+        n = 0
+        for b, e in self._ranges:
+            if e < 0:
+                return None
+            n += e - b
+        return n
+
+    def position_for_step(self, step: int) -> int:
+        """The data position step `step` consumes; IndexError past a bounded plan."""
+        step = _int_field("step", step, 0, 2**63 - 1)
+        left = step
+        for b, e in self._ranges:
+            if e < 0 or left < e - b:
+                return b + left
+            left -= e - b
+        raise IndexError(f"step {step} is past the end of plan {self._text!r} "
+                         f"({self.step_count} steps)")
+
+    def first_step_for_position(self, position: int) -> Optional[int]:
+        """The first step that consumes `position` (None: no step does)."""
+        step = 0
+        for b, e in self._ranges:
+            if position >= b and (e < 0 or position < e):
+                return step + position - b
+            if e < 0:
+                return None
+            step += e - b
+        return None
+
+    def checkpoint_position(self, step: int) -> int:
+        """The data position a checkpoint taken before `step` (after steps
+        0..step-1) stores: the one `step` consumes, -1 past the plan's end."""
+        try:
+            return self.position_for_step(step)
+        except IndexError:
+            return -1
+
+    def dropped_slots(self, position: int) -> List[int]:
+        """The sample slots of batch `position` the plan's mask drops ([] none)."""
+        return list(self._masks.get(int(position), ()))
+
+    def kept_slots(self, position: int, global_batch_size: int) -> List[int]:
+        """The sample slots of batch `position` that are fed, in order."""
+        dropped = set(self._masks.get(int(position), ()))
+        return [j for j in range(int(global_batch_size)) if j not in dropped]
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Plan) and other._text == self._text
+
+    def __repr__(self) -> str:
+        return f"Plan({self._text!r})"
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleBatch:
+    """What a PlanSampler fed this rank for one step."""
+
+    step: int
+    position: int
+    slots: List[int]      # this rank's sample slots of the global batch
+    indices: List[int]    # the dataset indices of those slots
+    rows: int             # the global batch's fed rows (all ranks, after the mask)
+    global_rows: int      # the global batch size
+
+
+class PlanSampler:
+    """A batch sampler (``DataLoader(ds, batch_sampler=...)``) feeding steps
+    ``start_step, start_step + 1, ...`` of `plan` from a dataset of
+    `num_samples` index-addressable samples: per step, this rank's dataset
+    indices of the step's global batch (see the module doc). Iterating ends
+    at `total_steps` (None: the plan's end, or never) — a loop normally
+    stops by step count. ``state_dict()``/``load_state_dict()`` carry the next
+    step and the plan; ``set_plan`` (REWIND) and ``set_step`` restart it.
+
+    A re-created iterator starts at the sampler's current step; the step
+    advances as batches are handed out, so a DataLoader with workers that
+    prefetches must be re-created after set_step/set_plan (the high-level
+    ``spikeguard.torch.Supervisor`` does)."""
+
+    def __init__(self, num_samples, global_batch_size: int, *, rank: int = 0, world_size: int = 1,
+                 plan=None, seed: int = 0, shuffle: bool = True, start_step: int = 0,
+                 total_steps: Optional[int] = None):
+        if hasattr(num_samples, "__len__"):
+            num_samples = len(num_samples)
+        self.num_samples = _int_field("num_samples", num_samples, 1, 2**62)
+        self.global_batch_size = _int_field("global_batch_size", global_batch_size, 1, 2**31 - 1)
+        shard_bounds(self.global_batch_size, rank, world_size)  # validates rank, world_size
+        self.rank, self.world_size = int(rank), int(world_size)
+        self.seed = _int_field("seed", seed, 0, 2**63 - 1)
+        self.shuffle = bool(shuffle)
+        self.plan = Plan(plan)
+        self.step = _int_field("start_step", start_step, 0, 2**63 - 1)
+        self.total_steps = None if total_steps is None else int(total_steps)
+        self.last: Optional[SampleBatch] = None
+        self._perm_epoch = -1
+        self._perm = None
+
+    # --- resolving ------------------------------------------------------------
+    def _permutation(self, epoch: int):
+        if epoch != self._perm_epoch:
+            import torch
+            if self.shuffle:
+                g = torch.Generator()
+                g.manual_seed((self.seed * 1000003 + epoch) % (2**63))
+                self._perm = torch.randperm(self.num_samples, generator=g).tolist()
+            else:
+                self._perm = None
+            self._perm_epoch = epoch
+        return self._perm
+
+    def index_of(self, position: int, slot: int) -> int:
+        """The dataset index of sample `slot` of batch `position`."""
+        k = int(position) * self.global_batch_size + int(slot)
+        perm = self._permutation(k // self.num_samples)
+        i = k % self.num_samples
+        return perm[i] if perm is not None else i
+
+    def global_indices(self, position: int) -> List[Tuple[int, int]]:
+        """(slot, dataset index) of every fed sample of batch `position`."""
+        return [(j, self.index_of(position, j))
+                for j in self.plan.kept_slots(position, self.global_batch_size)]
+
+    def batch_for_step(self, step: int) -> SampleBatch:
+        position = self.plan.position_for_step(step)
+        kept = self.global_indices(position)
+        b, e = shard_bounds(len(kept), self.rank, self.world_size)
+        mine = kept[b:e]
+        return SampleBatch(step=int(step), position=position, slots=[j for j, _ in mine],
+                           indices=[i for _, i in mine], rows=len(kept),
+                           global_rows=self.global_batch_size)
+
+    # --- iterating --------------------------------------------------------------
+    def _end(self) -> Optional[int]:
+        ends = [x for x in (self.total_steps, self.plan.step_count) if x is not None]
+        return min(ends) if ends else None
+
+    def __iter__(self):
+        while True:
+            end = self._end()
+            if end is not None and self.step >= end:
+                return
+            batch = self.batch_for_step(self.step)
+            self.last = batch
+            self.step += 1
+            if batch.indices:
+                yield batch.indices
+            else:
+                # A mask can leave this rank no row; a collate cannot make
+                # an empty batch, so one placeholder row (the position's
+                # first fed sample) comes instead: ``last.slots`` is empty,
+                # and the trainer must feed zero rows (Supervisor does).
+                yield [self.index_of(batch.position,
+                                     self.plan.kept_slots(batch.position,
+                                                          self.global_batch_size)[0])]
+
+    def __len__(self) -> int:
+        end = self._end()
+        if end is None:
+            raise TypeError("an unbounded PlanSampler has no length")
+        return max(0, end - self.step)
+
+    def set_step(self, step: int) -> None:
+        self.step = _int_field("step", step, 0, 2**63 - 1)
+
+    def set_plan(self, plan) -> None:
+        self.plan = Plan(plan)
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "plan": self.plan.text, "seed": self.seed,
+                "global_batch_size": self.global_batch_size, "num_samples": self.num_samples}
+
+    def load_state_dict(self, state: dict) -> None:
+        for k in ("seed", "global_batch_size", "num_samples"):
+            if k in state and int(state[k]) != getattr(self, k):
+                raise ValueError(f"sampler state: {k} {state[k]} is not this sampler's "
+                                 f"{getattr(self, k)}")
+        self.step = int(state["step"])
+        self.plan = Plan(state.get("plan", ""))
+
+    # --- for the daemon -----------------------------------------------------
+    def documents_for(self, batch: Optional[SampleBatch] = None, document_of=None,
+                      domain: str = "data") -> List[Tuple[str, int, int]]:
+        """(domain, document id, sample slot) of every document this rank's
+        part of `batch` (default: the last one handed out) holds, for
+        StepReport.documents. document_of(index) → a document id, a (domain,
+        id) pair or a list of those (default: the index is the document, in
+        `domain`)."""
+        batch = batch or self.last
+        if batch is None:
+            return []
+        out = []
+        for slot, index in zip(batch.slots, batch.indices):
+            docs = index if document_of is None else document_of(index)
+            if not isinstance(docs, list):
+                docs = [docs]
+            for d in docs:
+                if isinstance(d, tuple):
+                    out.append((str(d[0]), int(d[1]), slot))
+                else:
+                    out.append((domain, int(d), slot))
+        return out

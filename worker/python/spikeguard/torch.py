@@ -211,6 +211,7 @@ class Telemetry:
         self._grad_norm = 0.0
         self._clipped = False
         self._grad_nonfinite = 0
+        self._grads = None
         self._layer_grad_sq = None
         self._snap = None
         self._before_sq = None
@@ -289,10 +290,8 @@ class Telemetry:
             m = lse.amax()
             # Counted in full only when the sum says there is something to
             # count (-inf logits leave the log-sum-exp finite, not the sum).
-            if torch.isfinite(x.sum()):
-                bad = torch.zeros((), dtype=torch.long)
-            else:
-                bad = (~torch.isfinite(x)).sum()
+            # Counted on the logits' device, without a host round trip.
+            bad = (~torch.isfinite(x)).sum()
         self._lse_sum = s if self._lse_sum is None else self._lse_sum + s
         self._lse_max = m if self._lse_max is None else torch.maximum(self._lse_max, m)
         self._lse_n += lse.numel()
@@ -312,23 +311,27 @@ class Telemetry:
             s = rows.sum()
             self._loss_sum = s if self._loss_sum is None else self._loss_sum + s
             self._loss_tokens += tl.numel()
-            bad = (torch.zeros((), dtype=torch.long) if torch.isfinite(s)
-                   else (~torch.isfinite(tl)).sum())
+            bad = (~torch.isfinite(tl)).sum()
             self._loss_nonfinite = bad if self._loss_nonfinite is None else self._loss_nonfinite + bad
             if domains is not None and self.domain_names:
                 D = len(self.domain_names)
-                d = domains.to(torch.long).reshape(-1)
-                ds = torch.zeros(D, dtype=torch.float64).index_add_(0, d, rows)
-                dt = torch.zeros(D, dtype=torch.float64).index_add_(
-                    0, d, torch.full((d.numel(),), float(per_row), dtype=torch.float64))
+                dev = rows.device
+                d = domains.to(device=dev, dtype=torch.long).reshape(-1)
+                ds = torch.zeros(D, dtype=torch.float64, device=dev).index_add_(0, d, rows)
+                dt = torch.zeros(D, dtype=torch.float64, device=dev).index_add_(
+                    0, d, torch.full((d.numel(),), float(per_row), dtype=torch.float64, device=dev))
                 self._dom_sum = ds if self._dom_sum is None else self._dom_sum + ds
                 self._dom_tok = dt if self._dom_tok is None else self._dom_tok + dt
 
     # ---- backward and optimizer -------------------------------------------
-    def after_backward(self, clip_norm: Optional[float] = None) -> float:
+    def after_backward(self, clip_norm: Optional[float] = None, *, sync: bool = True):
         """Pre-clip global gradient norm (returned), per-layer gradient norms;
         with clip_norm > 0 the gradients are scaled in place to clip_norm when
-        the norm exceeds it (and the norm is finite)."""
+        the norm exceeds it (and the norm is finite).
+
+        sync=True returns a float (one host round trip); sync=False returns
+        the norm as a 0-d tensor on the gradients' device and clips there
+        (the report then reads everything in its one transfer)."""
         with torch.no_grad():
             pairs = [(p.grad, b) for p, b in zip(self._all_params, self._bucket_list)
                      if p.grad is not None]
@@ -336,12 +339,31 @@ class Telemetry:
                 self._grad_norm = 0.0
                 return 0.0
             grads = [g for g, _ in pairs]
-            buckets = torch.tensor([b for _, b in pairs], dtype=torch.long)
+            dev = grads[0].device
+            key = (dev, tuple(b for _, b in pairs))
+            if getattr(self, "_bucket_key", None) != key:
+                self._bucket_key = key
+                self._buckets_dev = torch.tensor([b for _, b in pairs], dtype=torch.long, device=dev)
             norms = torch.stack(torch._foreach_norm(grads)).double()
             sq = norms.square()
             L = len(self.layer_modules)
-            self._layer_grad_sq = torch.zeros(L + 1, dtype=torch.float64).index_add_(0, buckets, sq)[:L]
-            total = math.sqrt(float(sq.sum()))
+            self._layer_grad_sq = torch.zeros(L + 1, dtype=torch.float64, device=dev).index_add_(
+                0, self._buckets_dev, sq)[:L]
+            total_t = sq.sum().sqrt()
+            self._grads = grads
+            if not sync:
+                self._grad_norm = total_t
+                if clip_norm is not None and clip_norm > 0:
+                    # clip/total where finite and above the limit, else 1.
+                    ok = torch.isfinite(total_t) & (total_t > clip_norm)
+                    coef = torch.where(ok, clip_norm / total_t.clamp_min(1e-30),
+                                       torch.ones_like(total_t))
+                    self._clipped = ok
+                    c = coef.float()
+                    for g in grads:
+                        g.mul_(c.to(g.dtype))
+                return total_t
+            total = float(total_t)
             self._grad_norm = total
             if not math.isfinite(total):
                 self._grad_nonfinite = int(sum(int((~torch.isfinite(g)).sum()) for g in grads))
@@ -373,7 +395,10 @@ class Telemetry:
         self._snap = None
 
     def _layer_sums(self, values: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(len(self.layer_modules), dtype=torch.float64).index_add_(
+        dev = values.device
+        if self._layer_of_layer_param.device != dev:
+            self._layer_of_layer_param = self._layer_of_layer_param.to(dev)
+        return torch.zeros(len(self.layer_modules), dtype=torch.float64, device=dev).index_add_(
             0, self._layer_of_layer_param, values)
 
     # ---- the report --------------------------------------------------------
@@ -389,32 +414,68 @@ class Telemetry:
         """The step's StepReport. loss: pass it to override the recorded
         token losses (it is then taken as already global). domain_losses:
         {name: (loss, tokens)} to override the recorded per-domain losses.
-        documents: (domain, id) pairs of this rank's part of the batch, for a
-        dataset not in spikeguard's format: the daemon names the documents
-        of a culprit batch from them.
+        documents: (domain, id) pairs of this rank's part of the batch, or
+        (domain, id, sample) triples naming the sample slot of the global
+        batch that holds each, for a dataset not in spikeguard's format: the
+        daemon names the documents of a culprit batch from them, and with
+        samples it can feed the batch's samples apart (document bisect).
+        One host transfer per step (after the reduction, when there is one).
         With reduce and a process group of more than one rank this is a
         collective: every rank must call it at every step."""
         L = len(self.layer_modules)
         D = len(self.domain_names)
         ninf = float("-inf")
+        dev = self._device()
+        f64 = torch.float64
 
-        def f(t, default=0.0):
-            return float(t) if t is not None else default
+        def t(x, default):
+            if x is None:
+                return torch.tensor(default, dtype=f64, device=dev)
+            if torch.is_tensor(x):
+                return x.detach().to(device=dev, dtype=f64).reshape(())
+            return torch.tensor(float(x), dtype=f64, device=dev)
 
-        attn = [f(a, ninf) for a in self._attn_max]
-        act_sq = [f(a) for a in self._act_sq]
-        local = [f(self._loss_sum), float(self._loss_tokens), f(self._lse_sum), float(self._lse_n),
-                 f(self._lse_max, ninf)] + attn + act_sq + [float(n) for n in self._act_n]
+        # Everything the report needs goes to the host in one transfer: the
+        # reduced statistics, then the per-rank ones.
+        local = torch.stack(
+            [t(self._loss_sum, 0.0), t(float(self._loss_tokens), 0.0), t(self._lse_sum, 0.0),
+             t(float(self._lse_n), 0.0), t(self._lse_max, ninf)]
+            + [t(a, ninf) for a in self._attn_max] + [t(a, 0.0) for a in self._act_sq]
+            + [t(float(n), 0.0) for n in self._act_n])
         world = self._world() if reduce else 1
         if world > 1:
-            vec = torch.tensor(local, dtype=torch.float64)
-            gathered = [torch.empty_like(vec) for _ in range(world)]
-            dist.all_gather(gathered, vec, group=self.group)
+            gathered = [torch.empty_like(local) for _ in range(world)]
+            dist.all_gather(gathered, local, group=self.group)
             allv = torch.stack(gathered)          # [world, n], summed in rank order
-            sums = allv.sum(dim=0).tolist()
-            maxs = allv.amax(dim=0).tolist()
+            reduced = [allv.sum(dim=0), allv.amax(dim=0)]
         else:
-            sums = maxs = local
+            reduced = [local, local]
+        n = local.numel()
+        if self._param_norm is None and self._layer_params:
+            with torch.no_grad():
+                self._param_norm = self._layer_sums(torch.stack(
+                    torch._foreach_norm(self._layer_params)).double().square()).sqrt()
+        zeros_l = torch.zeros(L, dtype=f64, device=dev)
+        per_rank = [
+            t(self._grad_norm, 0.0), t(self._clipped, 0.0),
+            t(self._loss_nonfinite, 0.0), t(self._logit_nonfinite, 0.0)]
+        tail = [
+            self._layer_grad_sq.to(dev) if self._layer_grad_sq is not None else zeros_l,
+            self._update_ratio.to(dev) if self._update_ratio is not None else zeros_l,
+            self._param_norm.to(dev) if self._param_norm is not None else zeros_l]
+        if self._dom_sum is not None:
+            tail += [self._dom_sum.to(dev), self._dom_tok.to(dev)]
+        host = torch.cat(reduced + [torch.stack(per_rank)] + tail).tolist()
+        sums, maxs = host[:n], host[n:2 * n]
+        grad_norm, clipped, loss_bad, logit_bad = host[2 * n:2 * n + 4]
+        rest = host[2 * n + 4:]
+        grad_sq, ratio, pnorm = rest[:L], rest[L:2 * L], rest[2 * L:3 * L]
+        dom = rest[3 * L:]
+        if not math.isfinite(grad_norm) and self._grads is not None and torch.is_tensor(
+                self._grad_norm):
+            # The rare path: count the non-finite gradient entries.
+            self._grad_nonfinite = int(sum(int((~torch.isfinite(g)).sum()) for g in self._grads))
+        self._grads = None
         loss_sum, loss_tok, lse_sum, lse_n = sums[0], sums[1], sums[2], sums[3]
         lse_max = maxs[4]
         attn_g = maxs[5:5 + L]
@@ -423,9 +484,7 @@ class Telemetry:
 
         if loss is None:
             loss = loss_sum / loss_tok if loss_tok > 0 else float("nan")
-        nonfinite = int(extra_nonfinite) + self._grad_nonfinite
-        nonfinite += int(self._loss_nonfinite) if self._loss_nonfinite is not None else 0
-        nonfinite += int(self._logit_nonfinite) if self._logit_nonfinite is not None else 0
+        nonfinite = int(extra_nonfinite) + self._grad_nonfinite + int(loss_bad) + int(logit_bad)
         if not math.isfinite(loss) and nonfinite == 0:
             nonfinite = 1
 
@@ -433,8 +492,8 @@ class Telemetry:
         r.step = int(step)
         r.data_position = int(data_position)
         r.loss = float(loss)
-        r.grad_norm = float(self._grad_norm)
-        r.clipped = bool(self._clipped)
+        r.grad_norm = float(grad_norm)
+        r.clipped = bool(clipped)
         r.lr = float(lr)
         r.loss_scale = float(loss_scale)
         r.tokens = int(tokens if tokens is not None else self._loss_tokens)
@@ -447,22 +506,11 @@ class Telemetry:
             for name in sorted(domain_losses):
                 value, ntok = domain_losses[name]
                 d = r.domain_losses.add(domain=name, loss=float(value), tokens=int(ntok))
-        elif self._dom_sum is not None:
+        elif dom:
             for i, name in enumerate(self.domain_names):
-                ntok = float(self._dom_tok[i])
+                ntok = dom[D + i]
                 if ntok > 0:
-                    r.domain_losses.add(domain=name, loss=float(self._dom_sum[i]) / ntok,
-                                        tokens=int(ntok))
-        grad_sq = self._layer_grad_sq.tolist() if self._layer_grad_sq is not None else [0.0] * L
-        ratio = self._update_ratio.tolist() if self._update_ratio is not None else [0.0] * L
-        if self._param_norm is not None:
-            pnorm = self._param_norm.tolist()
-        elif self._layer_params:
-            with torch.no_grad():
-                pnorm = self._layer_sums(torch.stack(
-                    torch._foreach_norm(self._layer_params)).double().square()).sqrt().tolist()
-        else:
-            pnorm = [0.0] * L
+                    r.domain_losses.add(domain=name, loss=dom[i] / ntok, tokens=int(ntok))
         for li in range(L):
             ls = r.layers.add()
             ls.layer = self.layer_indices[li]
@@ -473,11 +521,18 @@ class Telemetry:
             ls.act_rms = math.sqrt(act_sq_g[li] / act_n_g[li]) if act_n_g[li] > 0 else 0.0
             ls.param_norm = pnorm[li]
         r.unix_ms = int(time.time() * 1000)
-        for domain, doc_id in documents or ():
+        for item in documents or ():
             d = r.documents.add()
-            d.domain = str(domain)
-            d.id = int(doc_id)
+            d.domain = str(item[0])
+            d.id = int(item[1])
+            if len(item) > 2 and item[2] is not None:
+                d.sample = int(item[2])
         return r
+
+    def _device(self) -> torch.device:
+        for p in self._all_params:
+            return p.device
+        return torch.device("cpu")
 
 
 def report_json(report, attention_kind: Optional[str] = None) -> dict:

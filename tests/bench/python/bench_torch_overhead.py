@@ -1,0 +1,135 @@
+#!/usr/bin/python3
+"""What supervising a PyTorch loop costs: worker/examples/own_data/plain.py
+against supervised.py (the same loop under spikeguard.supervise.Supervisor,
+reporting to a real spikeguardd), both on 2 gloo ranks, in alternating pairs
+(plain first in even pairs, supervised first in odd ones) so the load of a
+shared machine hits both. Prints figures and writes OUT/torch_overhead.json:
+plain_steps_per_s, supervised_steps_per_s and overhead_pct (medians over the
+pairs; overhead from each pair's ratio), and the supervised ranks' ms/step
+per spikeguard component (Supervisor.timings(), rank 0, median over pairs).
+Fails only when it cannot run.
+
+    PYTHONPATH=build/python /usr/bin/python3 tests/bench/python/bench_torch_overhead.py \
+        --build build --out build/bench-results [--pairs 3] [--steps 200]
+"""
+import argparse
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+EXAMPLE = ROOT / "worker" / "examples" / "own_data"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_daemon(build: Path, tmp: Path):
+    exe = build / "daemon" / "spikeguardd"
+    port_file = tmp / "port"
+    addr = f"127.0.0.1:{free_port()}"
+    proc = subprocess.Popen([str(exe), f"--listen={addr}", f"--data-dir={tmp / 'data'}",
+                             f"--port-file={port_file}", "--allow_anonymous"],
+                            stdout=open(tmp / "daemon.out", "wb"),
+                            stderr=open(tmp / "daemon.err", "wb"), stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not (port_file.exists() and port_file.read_text().strip()):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"spikeguardd did not start:\n{(tmp / 'daemon.err').read_text()}")
+        time.sleep(0.05)
+    return proc, addr
+
+
+def spikectl(build: Path, addr: str, *args):
+    subprocess.run([str(build / "cli" / "spikectl"), f"--addr={addr}", *args], check=True,
+                   capture_output=True, text=True, timeout=60)
+
+
+def run_pair_member(script: str, steps: int, threads: int, env_extra: dict) -> float:
+    port = free_port()
+    procs = []
+    for r in range(2):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS=str(threads))
+        env.update(env_extra)
+        procs.append(subprocess.Popen([sys.executable, str(EXAMPLE / script), f"--steps={steps}",
+                                       f"--threads={threads}"], env=env, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    outs = [p.communicate(timeout=3600)[0] for p in procs]
+    rates = []
+    for p, out in zip(procs, outs):
+        m = re.search(r"([0-9.]+) steps/s", out)
+        if p.returncode != 0 or not m:
+            raise SystemExit(f"{script} failed ({p.returncode}):\n{out[-3000:]}")
+        rates.append(float(m.group(1)))
+    return min(rates)  # the pair of ranks runs at the slower one's pace
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default=str(ROOT / "build"))
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    build = Path(args.build).resolve()
+    out = Path(args.out or build / "bench-results")
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="sg-torch-overhead-"))
+    daemon, addr = start_daemon(build, tmp)
+    plain, supervised, components = [], [], []
+    try:
+        for i in range(args.pairs):
+            run = f"bench{i}"
+            spikectl(build, addr, "runs", "create", run, "--world-size=2", "--mode=observe")
+            timings = tmp / f"timings{i}"
+            sup_env = {"SPIKEGUARD_ADDR": addr, "SPIKEGUARD_RUN": run,
+                       "SPIKEGUARD_TIMINGS_OUT": str(timings),
+                       "SPIKEGUARD_CHECKPOINT_DIR": str(tmp / f"ckpt{i}")}
+            order = ["plain", "supervised"] if i % 2 == 0 else ["supervised", "plain"]
+            got = {}
+            for which in order:
+                if which == "plain":
+                    got[which] = run_pair_member("plain.py", args.steps, args.threads, {})
+                else:
+                    got[which] = run_pair_member("supervised.py", args.steps, args.threads, sup_env)
+            plain.append(got["plain"])
+            supervised.append(got["supervised"])
+            components.append(json.loads(Path(f"{timings}.rank0.json").read_text())["ms_per_step"])
+            print(f"pair {i}: plain {got['plain']:.2f} steps/s, supervised "
+                  f"{got['supervised']:.2f} steps/s", flush=True)
+    finally:
+        daemon.terminate()
+        daemon.wait(30)
+    overheads = [100.0 * (p / s - 1.0) for p, s in zip(plain, supervised)]
+    result = {
+        "pairs": args.pairs, "steps": args.steps, "world_size": 2, "backend": "gloo",
+        "threads_per_rank": args.threads,
+        "plain_steps_per_s": statistics.median(plain),
+        "supervised_steps_per_s": statistics.median(supervised),
+        "overhead_pct": statistics.median(overheads),
+        "overhead_pct_per_pair": overheads,
+        "plain_steps_per_s_per_pair": plain, "supervised_steps_per_s_per_pair": supervised,
+        "component_ms_per_step": {k: statistics.median(c[k] for c in components)
+                                  for k in components[0]},
+        "plain_ms_per_step": 1000.0 / statistics.median(plain),
+    }
+    (out / "torch_overhead.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    print(f"overhead {result['overhead_pct']:.1f} % (median of {args.pairs} pairs; the time per "
+          f"step a trainer under spikeguard takes more than the same plain loop, 2 gloo ranks)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,382 @@
+"""spikeguard.supervise: a PyTorch training loop under spikeguard in a few lines.
+
+``Supervisor`` wraps what a loop needs from spikeguard: the data order of the
+daemon's plan for any index-addressable dataset (``spikeguard.data``'s
+PlanSampler), per-step telemetry (``spikeguard.torch.Telemetry``), the
+daemon's commands (``spikeguard.control.Controller``: rewinds, horizons,
+hyperparameter overrides, pause/stop), checkpoints (save on a cadence and
+when the daemon asks, retention with the daemon's pins, registration) and
+resuming. A plain DDP loop changes like this
+(worker/examples/own_data/plain.py → supervised.py)::
+
+    from spikeguard.supervise import Supervisor
+    sg = Supervisor(ddp, opt, dataset, global_batch_size=B, steps=N, seed=0)
+    for step, (x, y) in sg.steps():               # replaces the epoch/loader loops
+        logits = ddp(x)
+        loss = sg.loss(F.cross_entropy(logits.flatten(0, 1), y.flatten(),
+                                       reduction="none").view(y.shape))
+        opt.zero_grad(); loss.backward(); opt.step()
+    sg.close()
+
+What it does around the user's lines:
+
+- ``steps()`` yields ``(step, batch)`` for the steps the daemon lets run:
+  the batch is ``DataLoader(dataset, batch_sampler=sg.sampler)``'s item
+  (``make_loader`` builds another loader over the same sampler); after a
+  rewind the loader is re-created at the checkpoint's step and plan.
+- ``loss(token_losses, domains=None)`` records the per-token losses
+  (``[rows, ...]``, reduction="none") and returns the objective whose DDP
+  average is the global batch's mean (also with masked or empty shards).
+- ``opt.step`` is wrapped: gradient statistics and clipping (``clip_norm``;
+  the daemon's override wins), the daemon's lr scale / extra warmup / β2 /
+  ε applied for this step only (the user's own lr schedule stays the base),
+  update statistics.
+- The model's output (a tensor, or the first of a tuple) is taken as the
+  logits for the log-sum-exp statistics; ``logits=False`` turns that off.
+
+Settings come from arguments or, where an argument is None, from the
+environment the daemon's launcher sets: SPIKEGUARD_ADDR, SPIKEGUARD_RUN,
+SPIKEGUARD_GENERATION (the launcher always sets these), and from the launch
+profile: SPIKEGUARD_RESUME (a checkpoint path/URI, or "newest"),
+SPIKEGUARD_PLAN (a data plan's text), SPIKEGUARD_CHECKPOINT_DIR. Without an
+address and a run there is no daemon: the loop runs its schedule (still
+under the plan, with checkpoints when a directory is set).
+
+Each step's documents are reported with their sample slot (by default the
+dataset index is the document id, in domain "data"; ``document_of(index)``
+names others), so the daemon can bisect a culprit batch down to its
+documents on any dataset.
+
+Cost per step: one all-gather of a small vector (telemetry), one host
+transfer, and every ``exchange_every`` steps an all-reduce of three integers
+to look for commands (the daemon's commands then take effect up to
+exchange_every - 1 steps late, on every rank at the same step).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from spikeguard import checkpoint as sgckpt
+from spikeguard.control import Controller, HParamState
+from spikeguard.data import Plan, PlanSampler
+
+log = logging.getLogger("spikeguard.supervise")
+
+__all__ = ["Supervisor"]
+
+
+def _env(value, name, default=None):
+    if value is not None:
+        return value
+    v = os.environ.get(name, "")
+    return v if v != "" else default
+
+
+def _no_rows(data):
+    """`data` (a collated batch) with zero rows, keeping its structure."""
+    if torch.is_tensor(data):
+        return data[:0]
+    if isinstance(data, (list, tuple)):
+        return type(data)(_no_rows(x) for x in data)
+    if isinstance(data, dict):
+        return {k: _no_rows(v) for k, v in data.items()}
+    return data
+
+
+class Supervisor:
+    """One rank's training loop under spikeguard (see the module doc).
+
+    model: the module the loop calls (a DDP wrapper is fine).
+    optimizer: its optimizer (``step`` is wrapped).
+    dataset: index-addressable (``__len__``, ``__getitem__``); the sampler
+        draws global batches of ``global_batch_size`` samples from it.
+    steps: the schedule's length.
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, dataset, *,
+                 global_batch_size: int, steps: int, seed: int = 0, shuffle: bool = True,
+                 checkpoint_dir: Optional[str] = None, checkpoint_every: int = 50,
+                 keep_checkpoints: int = 3, clip_norm: Optional[float] = None,
+                 addr: Optional[str] = None, run: Optional[str] = None,
+                 generation: Optional[int] = None, resume: Optional[str] = None,
+                 plan: Optional[str] = None, telemetry: bool = True, logits: bool = True,
+                 domain_names=None, document_of: Optional[Callable] = None,
+                 document_domain: str = "data", exchange_every: int = 10,
+                 linger_s: float = 0.0, config_fingerprint: str = "",
+                 make_loader: Optional[Callable] = None, client=None):
+        from spikeguard.torch import Telemetry, _unwrap
+
+        self.model = model
+        self.module = _unwrap(model)
+        self.optimizer = optimizer
+        self.dataset = dataset
+        self.total_steps = int(steps)
+        self.clip_norm = clip_norm
+        self.document_of = document_of
+        self.document_domain = document_domain
+        self.make_loader = make_loader
+        distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if distributed else 0
+        self.world_size = dist.get_world_size() if distributed else 1
+        self.local_rank = int(os.environ.get("LOCAL_RANK", str(self.rank)))
+        self.device = next(self.module.parameters()).device
+        self.checkpoint_dir = _env(checkpoint_dir, "SPIKEGUARD_CHECKPOINT_DIR", "")
+        self.checkpoint_every = int(checkpoint_every)
+        self.keep_checkpoints = int(keep_checkpoints)
+        self.generation = int(_env(generation, "SPIKEGUARD_GENERATION", 0))
+        self.step = 0
+        self.hparams = HParamState()
+        self.sampler = PlanSampler(dataset, global_batch_size, rank=self.rank,
+                                   world_size=self.world_size, seed=seed, shuffle=shuffle,
+                                   plan=_env(plan, "SPIKEGUARD_PLAN", ""))
+        self.telemetry = (Telemetry(model, domain_names=domain_names) if telemetry else None)
+        self._lr = 0.0
+        # Seconds spent in spikeguard per component (see timings()).
+        self._seconds = {"commands": 0.0, "telemetry_forward": 0.0, "telemetry_optimizer": 0.0,
+                         "report": 0.0, "checkpoints": 0.0}
+        self._steps_done = 0
+        # SPIKEGUARD_TELEMETRY_JSONL: each step's StepReport as a JSON line (rank-suffixed).
+        path = os.environ.get("SPIKEGUARD_TELEMETRY_JSONL", "")
+        self._jsonl = open(f"{path}.rank{self.rank}", "a") if path else None
+        self._restart = True
+        self._batch = None
+        self._hooks = []
+        if self.telemetry is not None and logits:
+            self._hooks.append(self.module.register_forward_hook(self._logits_hook))
+        self._wrap_optimizer()
+        if self.checkpoint_dir and self.rank == 0:
+            os.makedirs(self.checkpoint_dir, exist_ok=True)
+            sgckpt.clean_temporaries(self.checkpoint_dir)
+
+        resume = _env(resume, "SPIKEGUARD_RESUME", "")
+        if resume == "newest":
+            newest = (sgckpt.latest_checkpoint(self.checkpoint_dir, rank=0)
+                      if self.checkpoint_dir else None)
+            if newest is not None:
+                self._load(newest["path"], _env(plan, "SPIKEGUARD_PLAN", ""))
+        elif resume:
+            self._load(resume, _env(plan, "SPIKEGUARD_PLAN", ""))
+
+        addr = _env(addr, "SPIKEGUARD_ADDR")
+        run = _env(run, "SPIKEGUARD_RUN")
+        self.client = client
+        if self.client is None and addr and run:
+            from spikeguard import Client
+            self.client = Client(addr, run, rank=self.rank, world_size=self.world_size,
+                                 generation=self.generation, device_id=self.local_rank,
+                                 config_fingerprint=config_fingerprint, resume_step=self.step,
+                                 total_steps=self.total_steps)
+            self.client.start()
+        self.controller = Controller(
+            self.client, total_steps=self.total_steps, get_step=lambda: self.step,
+            rewind=self._rewind, rank=self.rank, world_size=self.world_size,
+            generation=self.generation, linger_s=float(_env(None, "SPIKEGUARD_LINGER_S", linger_s)),
+            exchange_every=exchange_every, on_hparams=self._set_hparams)
+        self.controller.hparams = self.hparams
+        log.info("rank %d/%d: steps %d..%d, generation %d, plan %s", self.rank, self.world_size,
+                 self.step, self.total_steps, self.generation, self.sampler.plan.text)
+
+    # ---- the loop --------------------------------------------------------------
+    def steps(self):
+        """(step, batch) for each step to train; ends at the schedule's end,
+        on STOP, or when lingering for a command finds none."""
+        it = None
+        clock = time.perf_counter
+        try:
+            while True:
+                t = clock()
+                go = self.controller.step_boundary()
+                self._seconds["commands"] += clock() - t
+                if not go:
+                    break
+                self.generation = self.controller.generation
+                if self._restart or it is None:
+                    self.sampler.set_step(self.step)
+                    it = iter(self._loader())
+                    self._restart = False
+                self._batch = self.sampler.batch_for_step(self.step)
+                if self.telemetry is not None:
+                    self.telemetry.before_step()
+                data = next(it)
+                if not self._batch.slots:
+                    data = _no_rows(data)  # the sampler's placeholder row, dropped
+                yield self.step, data
+                self._end_step()
+        finally:
+            if self.client is not None:
+                self.client.flush(timeout=60.0)
+
+    def _loader(self):
+        if self.make_loader is not None:
+            return self.make_loader(self.sampler)
+        return torch.utils.data.DataLoader(self.dataset, batch_sampler=self.sampler)
+
+    def loss(self, token_losses: torch.Tensor, domains: Optional[torch.Tensor] = None):
+        """The objective to backpropagate from this rank's per-token losses
+        (reduction="none"; [rows, T] or flattened): their sum × world size /
+        the global batch's tokens, so DDP's average is the global mean (also
+        when a mask leaves this rank fewer rows, or none)."""
+        b = self._batch
+        local_rows = len(b.slots) if b is not None else max(1, token_losses.size(0))
+        per_row = token_losses.numel() // local_rows if local_rows else 0
+        rows = b.rows if b is not None else local_rows
+        if self.telemetry is not None:
+            t = time.perf_counter()
+            shaped = token_losses.reshape(local_rows, per_row) if local_rows else token_losses
+            self.telemetry.losses(shaped, domains)
+            self._seconds["telemetry_forward"] += time.perf_counter() - t
+        return token_losses.sum() * (self.world_size / max(1, rows * per_row))
+
+    def _end_step(self) -> None:
+        b = self._batch
+        t = time.perf_counter()
+        if self.telemetry is not None:
+            docs = self.sampler.documents_for(b, self.document_of, self.document_domain)
+            report = self.telemetry.report(self.step, b.position, self._lr, documents=docs)
+            if self._jsonl is not None:
+                from spikeguard.torch import report_json
+                self._jsonl.write(json.dumps(report_json(report, self.telemetry.attention_kind))
+                                  + "\n")
+            if self.client is not None:
+                self.client.report(report)
+                self.client.set_current_step(self.step)
+        t2 = time.perf_counter()
+        self._seconds["report"] += t2 - t
+        self.step += 1
+        self._steps_done += 1
+        due = self.controller.checkpoint_due(self.step)  # every rank: it consumes the request
+        if self.checkpoint_dir and (due or (self.checkpoint_every > 0
+                                            and self.step % self.checkpoint_every == 0)):
+            self.save()
+        self._seconds["checkpoints"] += time.perf_counter() - t2
+
+    def timings(self) -> dict:
+        """Milliseconds per trained step spent in spikeguard, per component:
+        commands (step boundaries), telemetry_forward (logit and loss
+        statistics), telemetry_optimizer (gradient/update statistics and
+        clipping), report (the reduction, the host transfer, the StepReport
+        and its hand-over to the client), checkpoints (saving, retention,
+        registration)."""
+        n = max(1, self._steps_done)
+        return {k: 1000.0 * v / n for k, v in self._seconds.items()}
+
+    # ---- the optimizer -----------------------------------------------------------
+    def _wrap_optimizer(self) -> None:
+        opt = self.optimizer
+        inner = opt.step
+
+        def step(*args, **kwargs):
+            hp, s, tel = self.hparams, self.step, self.telemetry
+            t0 = time.perf_counter()
+            hp.begin_step(s)
+            clip = hp.clip(self.clip_norm)
+            if tel is not None:
+                tel.after_backward(clip, sync=False)
+            elif clip:
+                torch.nn.utils.clip_grad_norm_(self.module.parameters(), clip)
+            factor = hp.lr_factor(s)
+            saved = [(g.get("lr"), g.get("betas"), g.get("eps")) for g in opt.param_groups]
+            for g in opt.param_groups:
+                g["lr"] = g["lr"] * factor
+                if hp.beta2 is not None and "betas" in g:
+                    g["betas"] = (g["betas"][0], hp.beta2)
+                if hp.eps is not None and "eps" in g:
+                    g["eps"] = hp.eps
+            self._lr = float(opt.param_groups[0]["lr"]) if opt.param_groups else 0.0
+            try:
+                if tel is not None:
+                    tel.before_optimizer_step()
+                t1 = time.perf_counter()
+                out = inner(*args, **kwargs)
+                t2 = time.perf_counter()
+                if tel is not None:
+                    tel.after_optimizer_step()
+                self._seconds["telemetry_optimizer"] += (t1 - t0) + (time.perf_counter() - t2)
+            finally:
+                for g, (lr, betas, eps) in zip(opt.param_groups, saved):
+                    g["lr"] = lr
+                    if betas is not None:
+                        g["betas"] = betas
+                    if eps is not None:
+                        g["eps"] = eps
+            return out
+
+        opt.step = step
+
+    def _logits_hook(self, _module, _inputs, output):
+        out = output[0] if isinstance(output, (tuple, list)) else output
+        if self._batch is not None and torch.is_tensor(out) and out.dim() >= 2 \
+                and self.module.training:
+            t = time.perf_counter()
+            self.telemetry.logits(out)
+            self._seconds["telemetry_forward"] += time.perf_counter() - t
+
+    # ---- checkpoints and rewinds ---------------------------------------------------
+    def _set_hparams(self, hp: HParamState) -> None:
+        self.hparams = hp
+
+    def _load(self, path: str, plan_override: str = "") -> None:
+        state = sgckpt.load_checkpoint(path, model=self.module, optimizer=self.optimizer,
+                                       map_location=self.device)
+        extra = state.get("extra") or {}
+        plan = plan_override or state.get("data_plan") or extra.get("plan", "")
+        self.sampler.set_plan(plan)
+        self.step = int(state["step"])
+        self.sampler.set_step(self.step)
+        self.hparams = HParamState.from_dict(extra.get("hparams"))
+        if hasattr(self, "controller"):
+            self.controller.hparams = self.hparams
+        self._restart = True
+        log.info("rank %d: loaded checkpoint %s (step %d, plan %s)", self.rank, path, self.step,
+                 self.sampler.plan.text)
+
+    def _rewind(self, uri: str, plan: str, command=None) -> None:
+        self._load(uri, plan)
+        if command is not None:
+            self.generation = int(command.new_generation)
+
+    def save(self) -> None:
+        """Rank 0 saves the checkpoint of self.step (steps 0..step-1 done),
+        applies retention (never a pinned checkpoint) and registers both."""
+        if self.rank != 0 or not self.checkpoint_dir:
+            return
+        plan: Plan = self.sampler.plan
+        position = plan.checkpoint_position(self.step)
+        extra = {"generation": self.generation, "plan": plan.text,
+                 "hparams": self.hparams.to_dict(), "sampler": self.sampler.state_dict()}
+        info = sgckpt.save_checkpoint(self.checkpoint_dir, self.step, generation=self.generation,
+                                      model=self.module, optimizer=self.optimizer,
+                                      data_position=position, extra=extra, data_plan=plan.text)
+        deleted = sgckpt.retain(self.checkpoint_dir, self.keep_checkpoints,
+                                pinned_uris=self.controller.pinned_uris,
+                                generation=self.generation)
+        if self.client is not None:
+            for gone in deleted:
+                self.client.checkpoint_deleted(gone["step"], gone["uri"])
+            self.client.checkpoint_saved(info["step"], info["uri"], data_position=position,
+                                         size_bytes=info["bytes"], checksum=info["checksum"],
+                                         complete=True)
+
+    def close(self) -> None:
+        out = os.environ.get("SPIKEGUARD_TIMINGS_OUT", "")
+        if out:  # for benchmarks: this rank's timings() as JSON
+            with open(f"{out}.rank{self.rank}.json", "w") as f:
+                json.dump({"steps": self._steps_done, "ms_per_step": self.timings()}, f)
+        if self._jsonl is not None:
+            self._jsonl.close()
+            self._jsonl = None
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        if self.telemetry is not None:
+            self.telemetry.close()
+        if self.client is not None:
+            self.client.close()
+            self.client = None
