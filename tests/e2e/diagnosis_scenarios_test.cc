@@ -12,7 +12,7 @@
 #include <set>
 
 #include "base/status_macros.h"
-#include "storage/corpus/data_plan.h"
+#include "daemon/incident/plan_proto.h"
 #include "storage/corpus/corpus.h"
 #include "storage/corpus/corpus_tools.h"
 #include "storage/corpus/data_order.h"
@@ -85,19 +85,6 @@ class DiagnosisScenario : public IncidentE2E {
     m.dataset_fingerprint = corpus_->fingerprint();
     if (seed) m.seed = *seed;
     return storage::DataOrder::Create(*corpus_, m);
-  }
-
-  // The first step `plan` feeds `position` at; -1 never.
-  static int64_t StepOf(const v1::DataPlan& plan, int64_t position) {
-    std::vector<storage::PositionRange> ranges;
-    for (const auto& r : plan.ranges()) {
-      ranges.push_back({r.begin(), r.end()});
-    }
-    auto p = ranges.empty() ? absl::StatusOr<storage::DataPlan>(storage::DataPlan::Default())
-                            : storage::DataPlan::FromRanges(ranges);
-    if (!p.ok()) return -1;
-    auto step = p->FirstStepForPosition(position);
-    return step.ok() ? *step : -1;
   }
 
   void Figures(const std::string& scenario, const v1::Incident& i) {
@@ -396,7 +383,7 @@ TEST_F(DiagnosisScenario, OneCulpritDocumentIsOneIncidentThroughLaterEpochs) {
   ASSERT_EQ(fix.kind(), "fix") << EventLines(i);
   int held = 0;
   for (const auto& [p, slots] : later) {
-    const int64_t step = StepOf(fix.data_plan(), p);
+    const int64_t step = incident::StepOfPosition(fix.data_plan(), p);
     if (step < 0) {
       ++held;  // a hole
       continue;
