@@ -251,6 +251,21 @@ std::optional<std::vector<std::string>> WorkerClient::TakePins() {
   return out;
 }
 
+bool WorkerClient::AwaitCheckpointAnswers(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  const absl::Time deadline = absl::Now() + timeout;
+  auto pending = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!connected_ || stopping_) return false;
+    return notices_unanswered_ > 0 ||
+           std::any_of(outbox_.begin(), outbox_.end(),
+                       [](const v1::WorkerMessage& m) { return m.has_checkpoint(); });
+  };
+  while (pending()) {
+    if (cv_.WaitWithDeadline(&mu_, deadline)) return !pending();
+  }
+  return true;
+}
+
 bool WorkerClient::connected() const {
   absl::MutexLock lock(&mu_);
   return connected_;
@@ -435,6 +450,12 @@ bool WorkerClient::RunConnection() {
           }
         }
         if (ack.has_pins()) pins_.emplace(ack.pinned_uris().begin(), ack.pinned_uris().end());
+        // A notice is answered by its pins, or refused by an Ack naming no
+        // batch.
+        if ((ack.has_pins() || (ack.seq() == 0 && ack.rejected() > 0)) &&
+            notices_unanswered_ > 0) {
+          --notices_unanswered_;
+        }
         stats_.reports_acked += ack.accepted();
         stats_.reports_duplicate += ack.duplicates();
         stats_.reports_rejected += ack.rejected();
@@ -462,6 +483,8 @@ bool WorkerClient::RunConnection() {
     }
     absl::MutexLock lock(&mu_);
     connected_ = false;
+    // Unanswered notices are resent on the next stream.
+    notices_unanswered_ = 0;
     cv_.SignalAll();
   });
 
@@ -488,6 +511,7 @@ bool WorkerClient::RunConnection() {
       finishing = stopping_;
       if (finishing) SealLocked();
       while (!outbox_.empty()) {
+        if (outbox_.front().has_checkpoint()) ++notices_unanswered_;
         to_send.push_back(std::move(outbox_.front()));
         outbox_.pop_front();
       }

@@ -146,6 +146,12 @@ class WorkerClient {
   // since the last call or since the last command (whose pinned_uris are
   // newer). Retention must keep them.
   std::optional<std::vector<std::string>> TakePins();
+  // Waits up to `timeout` until the daemon has answered every checkpoint
+  // notice queued or written on the current stream (with its pins, or by
+  // refusing it), so retention does not delete a checkpoint the daemon is
+  // about to pin. False on timeout; true at once when not connected (the
+  // last pins known then stand).
+  bool AwaitCheckpointAnswers(absl::Duration timeout);
   bool connected() const;
   Stats stats() const;
   // Stops the connection thread without waiting for acknowledgements. When
@@ -184,6 +190,8 @@ class WorkerClient {
   bool welcomed_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<spikeguard::v1::Reject> rejection_ ABSL_GUARDED_BY(mu_);
   std::optional<std::vector<std::string>> pins_ ABSL_GUARDED_BY(mu_);
+  // Checkpoint notices written on the current stream and not yet answered.
+  int notices_unanswered_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t generation_ ABSL_GUARDED_BY(mu_);
   int64_t current_step_ ABSL_GUARDED_BY(mu_) = -1;
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;

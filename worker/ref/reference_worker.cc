@@ -20,6 +20,8 @@ namespace v1 = spikeguard::v1;
 
 constexpr char kTrainerSection[] = "trainer";
 constexpr char kPlanKey[] = "data_plan";
+// How long retention waits for the daemon to answer the last checkpoint notice.
+constexpr absl::Duration kCheckpointAnswerWait = absl::Seconds(10);
 
 std::string PathFromUri(const std::string& uri) {
   if (absl::StartsWith(uri, "file://")) return uri.substr(7);
@@ -209,6 +211,13 @@ absl::StatusOr<storage::CheckpointFileInfo> ReferenceWorker::SaveCheckpoint() {
   // The daemon's pins as its last answer to a checkpoint notice gave them
   // (the rolling rewind target among them).
   if (client_) {
+    // The daemon may be about to pin a checkpoint this would delete (the
+    // rolling rewind target moves with each notice): its answers come first.
+    if (!client_->AwaitCheckpointAnswers(kCheckpointAnswerWait)) {
+      SG_LOG(WARNING) << "no answer from spikeguardd to a checkpoint notice within "
+                      << absl::FormatDuration(kCheckpointAnswerWait)
+                      << "; retention uses the pins it last sent";
+    }
     if (std::optional<std::vector<std::string>> pins = client_->TakePins()) {
       pinned_paths_.clear();
       for (const std::string& uri : *pins) pinned_paths_.insert(PathFromUri(uri));

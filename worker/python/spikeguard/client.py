@@ -391,6 +391,9 @@ class Client:
         # The run's pinned checkpoint URIs from the daemon's last answer to a
         # checkpoint notice, until take_pins() takes them.
         self._pins: Optional[List[str]] = None
+        # Checkpoint notices written on the current stream and not yet
+        # answered (by pins, or refused).
+        self._notices_unanswered = 0
         self._stats = {
             "reports_acked": 0,
             "reports_duplicate": 0,
@@ -661,6 +664,21 @@ class Client:
             pins, self._pins = self._pins, None
             return pins
 
+    def await_checkpoint_answers(self, timeout: float) -> bool:
+        """Waits up to `timeout` seconds until the daemon has answered every
+        checkpoint notice queued or written on the current stream, so
+        retention does not delete a checkpoint the daemon is about to pin.
+        False on timeout; True at once when not connected (the last pins
+        known then stand)."""
+        def pending() -> bool:
+            if not self._connected or self._stopping:
+                return False
+            return self._notices_unanswered > 0 or any(
+                isinstance(m, worker_pb2.WorkerMessage) and m.HasField("checkpoint")
+                for m in self._outbox)
+        with self._cond:
+            return self._cond.wait_for(lambda: not pending(), timeout=timeout)
+
     @property
     def rejection(self) -> Optional[worker_pb2.Reject]:
         with self._cond:
@@ -903,6 +921,8 @@ class Client:
                 if self._conn is conn:
                     self._conn = None
                 self._connected = False
+                # Unanswered notices are resent on the next stream.
+                self._notices_unanswered = 0
                 self._cond.notify_all()
         with self._cond:
             return not self._stopping, welcomed
@@ -961,6 +981,10 @@ class Client:
         with self._cond:
             if ack.has_pins:
                 self._pins = list(ack.pinned_uris)
+            # A notice is answered by its pins, or refused by an Ack naming
+            # no batch.
+            if (ack.has_pins or (ack.seq == 0 and ack.rejected > 0)) and self._notices_unanswered:
+                self._notices_unanswered -= 1
             b = self._unacked.pop(ack.seq, None)
             if b is not None:
                 self._unacked_reports -= b.count
@@ -991,7 +1015,10 @@ class Client:
                 item.sent = True
                 self._stats["batches_sent"] += 1
                 return item.message
-            return self._outbox.popleft()
+            msg = self._outbox.popleft()
+            if isinstance(msg, worker_pb2.WorkerMessage) and msg.HasField("checkpoint"):
+                self._notices_unanswered += 1
+            return msg
         return None
 
     def _requests(self, conn: _Connection, hello: worker_pb2.WorkerMessage):

@@ -237,6 +237,9 @@ class Controller:
         self.stopped = False
         self.ended_generation: Optional[int] = None
         self._pinned_uris: List[str] = []
+        # How long retention waits for the daemon's answer to the last
+        # checkpoint notice (pinned_uris).
+        self.answer_wait_s = 10.0
         # The step REWIND's checkpoint_at_step asked a checkpoint at (-1: none).
         self.checkpoint_at = -1
         self.executed: set = set()
@@ -327,7 +330,14 @@ class Controller:
     def pinned_uris(self) -> List[str]:
         """The checkpoints retention must keep: the last command's pins, or
         the daemon's newer answer to a checkpoint notice (the run's rolling
-        rewind target and the checkpoint just saved among them)."""
+        rewind target and the checkpoint just saved among them). It first
+        waits (up to ``answer_wait_s``) for the daemon to answer every
+        checkpoint notice sent, so retention never deletes a checkpoint the
+        daemon is about to pin."""
+        wait = getattr(self.client, "await_checkpoint_answers", None)
+        if wait is not None and not wait(self.answer_wait_s):
+            log.warning("spikeguard: no answer from spikeguardd to a checkpoint notice within "
+                         "%.0f s; retention uses the pins it last sent", self.answer_wait_s)
         take = getattr(self.client, "take_pins", None)
         if take is not None:
             pins = take()
