@@ -35,7 +35,7 @@ SAN_ENV = ASAN_OPTIONS=detect_container_overflow=0:detect_leaks=1:strict_init_or
 all: build
 
 deps:
-	@./deploy/install-deps.sh
+	@./deploy/stage.sh deps ./deploy/install-deps.sh
 
 $(BUILD)/build.ninja: | deps
 	cmake -S . -B $(BUILD) -G $(GENERATOR)
@@ -43,10 +43,10 @@ $(BUILD)/build.ninja: | deps
 configure: deps $(BUILD)/build.ninja
 
 build: configure
-	cmake --build $(BUILD)
+	@./deploy/stage.sh build cmake --build $(BUILD)
 
 test: build
-	ctest --test-dir $(BUILD) --output-on-failure --label-exclude bench -j2 --timeout 900 $(CTEST_ARGS)
+	@./deploy/stage.sh ctest ctest --test-dir $(BUILD) --output-on-failure --label-exclude bench -j2 --timeout 900 $(CTEST_ARGS)
 ifneq ($(SANITIZE),0)
 	$(MAKE) check-sanitize
 endif
@@ -57,7 +57,7 @@ $(SAN_BUILD)/build.ninja: | deps
 
 # nice: the checking build yields the CPU to interactive builds.
 sanitize-build: deps $(SAN_BUILD)/build.ninja
-	nice -n 10 cmake --build $(SAN_BUILD)
+	@./deploy/stage.sh sanitize-build nice -n 10 cmake --build $(SAN_BUILD)
 
 # Unit and bad-input tests under ASan+UBSan, then each fuzz target's
 # regression inputs and a bounded run (label fuzz, SPIKEGUARD_FUZZ_SECONDS=5).
@@ -67,7 +67,7 @@ sanitize-build: deps $(SAN_BUILD)/build.ninja
 # loaded 2-core machine: a failed test gets one more try (a sanitizer report
 # fails both).
 check-sanitize: sanitize-build
-	$(SAN_ENV) ctest --test-dir $(SAN_BUILD) --output-on-failure --label-exclude 'bench|e2e|scenario' \
+	@$(SAN_ENV) ./deploy/stage.sh sanitize-ctest ctest --test-dir $(SAN_BUILD) --output-on-failure --label-exclude 'bench|e2e|scenario' \
 	  -j2 --timeout 900 --repeat until-pass:2 $(CTEST_ARGS)
 
 # Longer fuzzing: every target for FUZZ_SECONDS; new inputs stay in

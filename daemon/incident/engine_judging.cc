@@ -58,6 +58,17 @@ absl::Status IncidentEngine::State::BuildJudge(IncidentCase& s) {
                         view->Steps(s.run(), s.opened.generation(), j->checkpoint_step,
                                     s.onset() - 1));
     for (const auto& o : original) j->original_hash[o.step] = o.loss_hash;
+    // The event itself: the onset through the step after the peak (a fault
+    // in a step's update shows in the next step's loss), within the horizon.
+    // Without hashes (a trainer that reports none) nothing is compared.
+    const int64_t last = std::min(std::max(s.onset(), s.opened.peak_step()) + 1, j->to);
+    SG_ASSIGN_OR_RETURN(std::vector<StepObservation> event,
+                        view->Steps(s.run(), s.opened.generation(), s.onset(), last));
+    bool complete = static_cast<int64_t>(event.size()) == last - s.onset() + 1;
+    for (const auto& o : event) complete = complete && o.loss_hash != 0;
+    if (complete) {
+      for (const auto& o : event) j->event_hash[o.step] = o.loss_hash;
+    }
   }
   j->last_fed = j->checkpoint_step - 1;
   j->last_progress = clock->Now();
@@ -100,6 +111,19 @@ absl::StatusOr<bool> IncidentEngine::State::HandleJudge(IncidentCase& s) {
       p.set_detail(absl::StrCat("verified: no spike through step ", f.last_step()));
       SG_RETURN_IF_ERROR(Emit(s, EventKind::kVerified, p));
     } else {
+      if (s.verdict == v1::TRANSIENT) {
+        // The replay already showed that this event does not recur; a spike
+        // after it is another event, which the detectors open on its own.
+        const std::string what = absl::StrCat(
+            "a new spike while verifying the continuation: ", f.detail(),
+            "; the TRANSIENT verdict stands (the replay did not repeat the spike at step ",
+            s.onset(), "), and the new spike is diagnosed as an incident of its own");
+        p.set_note(what);
+        p.set_detail(what);
+        SG_RETURN_IF_ERROR(Emit(s, EventKind::kVerificationFailed, p));
+        SG_RETURN_IF_ERROR(Close(s));
+        return true;
+      }
       const std::string what = absl::StrCat("spike returned while verifying the fix: ", f.detail());
       p.set_note(what);
       p.set_detail(what);

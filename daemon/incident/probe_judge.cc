@@ -41,9 +41,22 @@ void ProbeJudge::EndEarly() {
   } else if (last_fed < from && !verification) {
     Finish(ProbeOutcome::kFailed, absl::StrCat(why, "; no judged step was executed"), -1, -1);
   } else {
-    Finish(ProbeOutcome::kClean, absl::StrCat("no spike through step ", last_fed, "; ", why), -1,
-           -1);
+    FinishWithoutDetectedSpike(absl::StrCat("no spike through step ", last_fed, "; ", why));
   }
+}
+
+void ProbeJudge::FinishWithoutDetectedSpike(const std::string& clean_detail) {
+  if (!ReproducedBitExactly()) {
+    Finish(ProbeOutcome::kClean, clean_detail, -1, -1);
+    return;
+  }
+  const int64_t onset = event_hash.begin()->first;
+  auto pos = positions.find(onset);
+  Finish(ProbeOutcome::kSpiked,
+         absl::StrCat("the replay repeated the original bit for bit through step ",
+                      event_hash.rbegin()->first, " (loss hashes), the event at step ", onset,
+                      " included: it recurs (", clean_detail, " by the probe's detector alone)"),
+         onset, -1, pos == positions.end() ? -1 : pos->second);
 }
 
 void ProbeJudge::Feed(const StepObservation& o, absl::Time now) {
@@ -60,6 +73,13 @@ void ProbeJudge::Feed(const StepObservation& o, absl::Time now) {
       mismatch_step = o.step;
       mismatch_original = it->second;
       mismatch_replayed = o.loss_hash;
+    }
+  }
+  if (auto it = event_hash.find(o.step); it != event_hash.end()) {
+    if (it->second == o.loss_hash) {
+      ++event_matched;
+    } else {
+      event_differs = true;
     }
   }
   if (NonFinite(o) && o.step >= from) {
@@ -102,7 +122,7 @@ void ProbeJudge::Feed(const StepObservation& o, absl::Time now) {
     return;
   }
   if (o.step >= to) {
-    Finish(ProbeOutcome::kClean, absl::StrCat("no spike through step ", o.step), -1, -1);
+    FinishWithoutDetectedSpike(absl::StrCat("no spike through step ", o.step));
     return;
   }
   EndEarly();

@@ -66,6 +66,17 @@ struct ProbeJudge {
   int64_t budget_left = std::numeric_limits<int64_t>::max();
   // Replay fidelity: the original generation's loss hash per step.
   std::map<int64_t, uint64_t> original_hash;
+  // A replay's event steps (the onset through the step after the peak) with
+  // the original's loss hash, and how many the replay matched. A replay that
+  // repeats them bit for bit repeated the event, whether or not this judge's
+  // detector (which lacks the live monitor's corroboration) flags it.
+  std::map<int64_t, uint64_t> event_hash;
+  size_t event_matched = 0;
+  bool event_differs = false;
+  bool ReproducedBitExactly() const {
+    return !event_hash.empty() && !event_differs && event_matched == event_hash.size() &&
+           mismatch_step < 0;
+  }
   std::unique_ptr<detect::SpikeDetector> detector;
   // Data position of the recent steps (the spike's position is evidence).
   std::map<int64_t, int64_t> positions;
@@ -87,6 +98,9 @@ struct ProbeJudge {
   // The schedule ended: judge with what came. A probe that never reached the
   // steps it was to judge has failed; otherwise what it saw stands.
   void EndEarly();
+  // Judged at the horizon (or the schedule's end) with no spike flagged:
+  // clean, unless the replay repeated the event bit for bit.
+  void FinishWithoutDetectedSpike(const std::string& clean_detail);
   // One step of any generation (others and repeats are ignored).
   void Feed(const StepObservation& o, absl::Time now);
 };

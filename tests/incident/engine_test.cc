@@ -290,15 +290,32 @@ TEST_F(IncidentEngineTest, NumericsNamesTheFirstNonFiniteLayerAndPauses) {
   EXPECT_TRUE(ctl.continue_calls.empty());
 }
 
-TEST_F(IncidentEngineTest, SpikeDuringVerificationIsInconclusive) {
+// After a transient fault, a spike while the continuation is verified is
+// another event (the replay showed this one does not recur): the verdict
+// stands, the run is not paused, and the detectors open the new spike.
+TEST_F(IncidentEngineTest, ASpikeWhileVerifyingATransientIsAnotherEvent) {
   Start({.transient = true, .late_spike_step = 1100});
   RunProtocol();
   const v1::Incident inc = Only();
-  EXPECT_EQ(inc.verdict(), v1::INCONCLUSIVE);
+  EXPECT_EQ(inc.verdict(), v1::TRANSIENT);
+  EXPECT_EQ(inc.state(), v1::CLOSED);
+  EXPECT_TRUE(HasEvent(inc, "verification_failed"));
+  EXPECT_THAT(inc.note(), HasSubstr("the TRANSIENT verdict stands"));
+  EXPECT_THAT(inc.note(), HasSubstr("step 1100"));
+  EXPECT_TRUE(ctl.pause_calls.empty());
+}
+
+// A fix whose verification spikes again is not trusted: INCONCLUSIVE, and
+// the run waits for an operator.
+TEST_F(IncidentEngineTest, SpikeWhileVerifyingADataFixIsInconclusive) {
+  Start({.poison = {1000}, .late_spike_step = 1250});
+  RunProtocol();
+  const v1::Incident inc = Only();
+  EXPECT_EQ(inc.verdict(), v1::INCONCLUSIVE) << inc.note();
   EXPECT_EQ(inc.state(), v1::CLOSED);
   EXPECT_TRUE(HasEvent(inc, "verification_failed"));
   EXPECT_THAT(inc.note(), HasSubstr("spike returned while verifying the fix"));
-  EXPECT_THAT(inc.note(), HasSubstr("step 1100"));
+  EXPECT_THAT(inc.note(), HasSubstr("step 1250"));
   EXPECT_EQ(ctl.pause_calls.size(), 1u);
 }
 

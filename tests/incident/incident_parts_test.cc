@@ -167,6 +167,37 @@ TEST(ProbeJudgeTest, ASpikeIsReportedAtTheHorizonWithItsPosition) {
   EXPECT_EQ(j->result->spike_position(), 1000);
 }
 
+// A replay that repeats the original's event steps bit for bit repeated the
+// event, even when the judge's own detector (no corroboration by precursors
+// or grad norm, as the live monitor has) does not flag the mild rise.
+TEST(ProbeJudgeTest, AReplayThatRepeatsTheEventBitForBitSpikedEvenUnflagged) {
+  auto j = Judge(998, 1005);
+  for (int64_t s = 1000; s <= 1001; ++s) j->event_hash[s] = 0xabc0 + s;
+  for (int64_t s = 900; s <= 1005; ++s) {
+    StepObservation o = Step(s, Noise(s));
+    o.loss_hash = 0xabc0 + s;
+    j->Feed(o, absl::Now());
+  }
+  ASSERT_TRUE(j->result.has_value());
+  EXPECT_EQ(OutcomeOf(*j->result), ProbeOutcome::kSpiked) << j->result->detail();
+  EXPECT_EQ(j->result->spike_step(), 1000);
+  EXPECT_THAT(j->result->detail(), ::testing::HasSubstr("bit for bit through step 1001"));
+}
+
+// One differing step of the event (a fault in the original's update shows in
+// the next step's loss) and the replay is clean: the event did not recur.
+TEST(ProbeJudgeTest, AReplayThatDiffersInsideTheEventIsClean) {
+  auto j = Judge(998, 1005);
+  for (int64_t s = 1000; s <= 1001; ++s) j->event_hash[s] = 0xabc0 + s;
+  for (int64_t s = 900; s <= 1005; ++s) {
+    StepObservation o = Step(s, Noise(s));
+    o.loss_hash = s == 1001 ? 0x1234 : 0xabc0 + s;
+    j->Feed(o, absl::Now());
+  }
+  ASSERT_TRUE(j->result.has_value());
+  EXPECT_EQ(OutcomeOf(*j->result), ProbeOutcome::kClean) << j->result->detail();
+}
+
 TEST(ProbeJudgeTest, NonFiniteEndsTheProbeAtOnce) {
   auto j = Judge(998, 1010);
   for (int64_t s = 900; s < 1000; ++s) j->Feed(Step(s, Noise(s)), absl::Now());
