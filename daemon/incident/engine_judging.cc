@@ -58,16 +58,27 @@ absl::Status IncidentEngine::State::BuildJudge(IncidentCase& s) {
                         view->Steps(s.run(), s.opened.generation(), j->checkpoint_step,
                                     s.onset() - 1));
     for (const auto& o : original) j->original_hash[o.step] = o.loss_hash;
-    // The event itself: the onset through the step after the peak (a fault
-    // in a step's update shows in the next step's loss), within the horizon.
-    // Without hashes (a trainer that reports none) nothing is compared.
-    const int64_t last = std::min(std::max(s.onset(), s.opened.peak_step()) + 1, j->to);
+    // The event itself: the onset through the peak, and the step after the
+    // peak when the original got that far (a fault in a step's update shows
+    // in the next step's loss; one in its gradient already in the judged
+    // grad norm), within the horizon. Without hashes (a trainer that
+    // reports none) nothing is compared.
+    const int64_t peak = std::min(std::max(s.onset(), s.opened.peak_step()), j->to);
     SG_ASSIGN_OR_RETURN(std::vector<StepObservation> event,
-                        view->Steps(s.run(), s.opened.generation(), s.onset(), last));
-    bool complete = static_cast<int64_t>(event.size()) == last - s.onset() + 1;
-    for (const auto& o : event) complete = complete && o.loss_hash != 0;
+                        view->Steps(s.run(), s.opened.generation(), s.onset(),
+                                    std::min(peak + 1, j->to)));
+    int64_t through_peak = 0;
+    bool complete = true;
+    for (const auto& o : event) {
+      complete = complete && o.loss_hash != 0;
+      if (o.step <= peak) ++through_peak;
+    }
+    complete = complete && through_peak == peak - s.onset() + 1;
     if (complete) {
-      for (const auto& o : event) j->event_hash[o.step] = o.loss_hash;
+      for (const auto& o : event) {
+        j->event_hash[o.step] = o.loss_hash;
+        j->event_value[o.step] = grad ? o.grad_norm : o.loss;
+      }
     }
   }
   j->last_fed = j->checkpoint_step - 1;

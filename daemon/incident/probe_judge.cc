@@ -76,7 +76,9 @@ void ProbeJudge::Feed(const StepObservation& o, absl::Time now) {
     }
   }
   if (auto it = event_hash.find(o.step); it != event_hash.end()) {
-    if (it->second == o.loss_hash) {
+    auto value = event_value.find(o.step);
+    const double judged = use_grad ? o.grad_norm : o.loss;
+    if (it->second == o.loss_hash && (value == event_value.end() || value->second == judged)) {
       ++event_matched;
     } else {
       event_differs = true;

@@ -71,6 +71,9 @@ struct ProbeJudge {
   // repeats them bit for bit repeated the event, whether or not this judge's
   // detector (which lacks the live monitor's corroboration) flags it.
   std::map<int64_t, uint64_t> event_hash;
+  // The original's judged value (loss, or grad norm) at the event steps: a
+  // report that differs while the loss does not is not the same event.
+  std::map<int64_t, double> event_value;
   size_t event_matched = 0;
   bool event_differs = false;
   bool ReproducedBitExactly() const {

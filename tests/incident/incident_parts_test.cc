@@ -198,6 +198,24 @@ TEST(ProbeJudgeTest, AReplayThatDiffersInsideTheEventIsClean) {
   EXPECT_EQ(OutcomeOf(*j->result), ProbeOutcome::kClean) << j->result->detail();
 }
 
+// The loss repeats but the judged value does not (a grad-norm event whose
+// report the replay does not repeat): not the same event.
+TEST(ProbeJudgeTest, AReplayWhoseJudgedValueDiffersAtTheEventIsClean) {
+  auto j = Judge(998, 1005);
+  j->use_grad = true;
+  for (int64_t s = 1000; s <= 1001; ++s) {
+    j->event_hash[s] = 0xabc0 + s;
+    j->event_value[s] = s == 1000 ? 9.0 : 1.0;
+  }
+  for (int64_t s = 900; s <= 1005; ++s) {
+    StepObservation o = Step(s, Noise(s));
+    o.loss_hash = 0xabc0 + s;
+    j->Feed(o, absl::Now());
+  }
+  ASSERT_TRUE(j->result.has_value());
+  EXPECT_EQ(OutcomeOf(*j->result), ProbeOutcome::kClean) << j->result->detail();
+}
+
 TEST(ProbeJudgeTest, NonFiniteEndsTheProbeAtOnce) {
   auto j = Judge(998, 1010);
   for (int64_t s = 900; s < 1000; ++s) j->Feed(Step(s, Noise(s)), absl::Now());
