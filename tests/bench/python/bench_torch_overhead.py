@@ -96,7 +96,9 @@ def main():
             timings = tmp / f"timings{i}"
             sup_env = {"SPIKEGUARD_ADDR": addr, "SPIKEGUARD_RUN": run,
                        "SPIKEGUARD_TIMINGS_OUT": str(timings),
-                       "SPIKEGUARD_CHECKPOINT_DIR": str(tmp / f"ckpt{i}")}
+                       # Under the run's checkpoint root, where the daemon
+                       # accepts their registration.
+                       "SPIKEGUARD_CHECKPOINT_DIR": str(tmp / "data" / "runs" / run / "checkpoints")}
             order = ["plain", "supervised"] if i % 2 == 0 else ["supervised", "plain"]
             got = {}
             for which in order:
