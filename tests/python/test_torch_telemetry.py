@@ -247,3 +247,19 @@ def test_staged_steps_resolve_to_the_same_reports_in_one_transfer():
             for k in la:
                 assert la[k] == pytest.approx(lb[k], rel=1e-6), k
         assert fa == fb
+
+
+def test_domain_ids_without_domain_names_are_not_dropped_silently(caplog):
+    torch.manual_seed(4)
+    m = small_model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.0)
+    tel = Telemetry(m)
+    x, y = batch(4)
+    with caplog.at_level("WARNING", logger="spikeguard.torch"):
+        for _ in range(2):
+            one_step(m, tel, opt, x, y, domains=torch.tensor([0, 1, 1, 0]))
+    r = tel.report(0, 0, lr=0.0)
+    assert len(r.domain_losses) == 0
+    warnings = [rec for rec in caplog.records if "domain_names" in rec.getMessage()]
+    assert len(warnings) == 1  # once, not at every step
+    tel.close()

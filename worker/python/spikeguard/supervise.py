@@ -200,9 +200,10 @@ class Supervisor:
         clock = time.perf_counter
         try:
             while True:
-                t = clock()
+                t, reported = clock(), self._seconds["report"]
                 go = self.controller.step_boundary()
-                self._seconds["commands"] += clock() - t
+                # The reports resolved during the look count as report time.
+                self._seconds["commands"] += clock() - t - (self._seconds["report"] - reported)
                 if not go:
                     self._flush_reports()
                     break

@@ -52,8 +52,12 @@ import struct
 import time
 from typing import Iterable, Optional, Sequence
 
+import logging
+
 import torch
 import torch.distributed as dist
+
+log = logging.getLogger("spikeguard.torch")
 
 try:  # the generated stubs; absent only in a broken build
     from spikeguard.v1 import telemetry_pb2
@@ -175,6 +179,7 @@ class Telemetry:
         self.layer_modules = [m for _, m in pairs]
         self.layer_indices = [first_layer + i for i in range(len(pairs))]
         self.domain_names = list(domain_names) if domain_names else []
+        self._warned_domains = False
         L = len(pairs)
 
         # Parameters: all of the model's (global grad norm) and each layer's.
@@ -331,6 +336,11 @@ class Telemetry:
             self._loss_tokens += tl.numel()
             bad = (~torch.isfinite(tl)).sum()
             self._loss_nonfinite = bad if self._loss_nonfinite is None else self._loss_nonfinite + bad
+            if domains is not None and not self.domain_names and not self._warned_domains:
+                self._warned_domains = True
+                log.warning("spikeguard: per-domain losses are not reported: the batch has "
+                            "domain ids but Telemetry has no domain_names= (pass the names "
+                            "the ids index)")
             if domains is not None and self.domain_names:
                 D = len(self.domain_names)
                 dev = rows.device
