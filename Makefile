@@ -1,7 +1,8 @@
 # spikeguard: two commands.
 #   make demo   the daemon supervising a demo run (installs, builds, runs)
 #   make test   the test suite (installs, builds, runs ctest)
-#   make demo-torch  the demo's incident with the PyTorch trainer (2 DDP ranks)
+#   make demo-torch  a user's own PyTorch loop and dataset under spikeguard.supervise
+#                    (2 DDP ranks): garbage samples named down to their documents
 #   make check-sanitize  (part of make test) the clang build: ASan+UBSan unit and
 #                    bad-input tests, -Werror=thread-safety, fuzzers' bounded runs
 #   make fuzz        every fuzz target for FUZZ_SECONDS (60) each

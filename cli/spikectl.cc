@@ -565,6 +565,14 @@ int RunsCreate(Session& s, const ParsedArgs& args) {
   if (auto spec = args.Get("spec")) {
     SPIKECTL_USAGE_IF_ERROR(s, ReadTextProto("--spec", *spec, request.mutable_spec()));
     request.set_launch(true);
+    if (!world_size.has_value() && !request.spec().profile().empty()) {
+      // A launch profile has no rank count: the run's world size is the
+      // number of ranks the daemon starts. Said, so a DDP trainer meant for
+      // several ranks does not quietly train on one.
+      s.err() << "spikectl: warning: no --world-size: the daemon launches 1 rank of profile '"
+              << request.spec().profile() << "' (--world-size=N launches N ranks; workers "
+              << "of another world size are refused)\n";
+    }
   }
   return CallAndEmit<v1::Run>(s, &Stub::CreateRun, request, FormatRun);
 }

@@ -5,9 +5,12 @@
 # to an earlier checkpoint, replays, skips the batches around the spike,
 # concludes DATA, keeps the hole, quarantines the culprit documents, verifies
 # the fix and closes the incident.
-# With "torch", the same incident with the PyTorch trainer
-# (worker/examples/torch_gpt): two torch.distributed ranks (gloo, CPU) that
-# report through the Python client, poisoned batch at data position 160.
+# With "torch", a user's own PyTorch loop on its own dataset (no spikeguard
+# corpus) under spikeguard.supervise.Supervisor
+# (worker/examples/own_data/supervised.py): two torch.distributed ranks (gloo,
+# CPU) launched from a launch profile; two samples of the global batch at data
+# position 130 are garbage, and the daemon names exactly their documents
+# (document bisect on the samples the trainer reports).
 # Usage: deploy/demo.sh [BUILD_DIR] [cpp|torch]
 set -euo pipefail
 BUILD="${1:-build}"
@@ -28,10 +31,23 @@ cleanup() {
 }
 trap cleanup EXIT
 
-if [ "$TRAINER" = torch ]; then POISON_AT=160; SEED=23; else POISON_AT=300; SEED=7; fi
+if [ "$TRAINER" = torch ]; then
+POISON_AT=130
+echo "== 1. the user's own dataset (8000 byte documents, worker/examples/own_data/common.py):"
+echo "      samples 1 and 9 of the global batch at data position $POISON_AT are garbage bytes"
+# Which dataset indices those samples are: the sampler's order (seed 0, batch 16).
+GARBAGE="$(PYTHONPATH="$BUILD/python" /usr/bin/python3 -c "
+from spikeguard.data import PlanSampler
+s = PlanSampler(8000, 16, seed=0)
+print(','.join(str(s.index_of($POISON_AT, j)) for j in (1, 9)))")"
+{ echo "poison: $(echo "$GARBAGE" | tr ',' '\n' | sed 's/^/data:/' | tr '\n' ' ')"; echo "echo:"; } \
+  | tee "$DEMO/synth.txt"
+else
+POISON_AT=300; SEED=7
 echo "== 1. a synthetic corpus with bytes the model never saw at data position $POISON_AT"
 "$WORKER" corpus synth --out "$DEMO/corpus" --seed "$SEED" --poison "highbytes@$POISON_AT" \
   --poison-echoes 2 | tee "$DEMO/synth.txt"
+fi
 
 echo "== 2. spikeguardd on the embedded SQLite catalog ($DATA/catalog.db), over TLS, with tokens"
 # A throwaway CA and the daemon's certificate; the daemon makes its tokens file
@@ -58,17 +74,16 @@ profile {
   param { name: "args" flags { allow: "steps" allow: "set" } default_value: "" }
 }
 profile {
-  name: "torch-gpt"
-  argv: "/usr/bin/python3" argv: "$ROOT/worker/examples/torch_gpt/train.py"
-  argv: "--corpus={corpus_dir}" argv: "--checkpoint-dir=$DEMO/ckpt"
-  argv: "--addr={addr}" argv: "--run={run}" argv: "--generation={generation}"
-  argv: "--resume={resume}" argv: "--plan={plan}" argv: "--linger-s=120" argv: "{args}"
+  name: "own-data"
+  argv: "/usr/bin/env" argv: "SPIKEGUARD_RESUME={resume}" argv: "SPIKEGUARD_PLAN={plan}"
+  argv: "SPIKEGUARD_CHECKPOINT_DIR=$DEMO/ckpt" argv: "SPIKEGUARD_LINGER_S=120"
+  argv: "/usr/bin/python3" argv: "$ROOT/worker/examples/own_data/supervised.py"
+  argv: "--threads=1" argv: "{args}"
   env_allow: "PATH" env_allow: "HOME"
   env { key: "PYTHONPATH" value: "$BUILD/python" }
   checkpoint_root: "$DEMO"
-  corpus_root: "$DEMO"
   max_world_size: 4
-  param { name: "args" flags { allow: "steps" allow: "checkpoint-every" } default_value: "" }
+  param { name: "args" flags { allow: "steps" allow: "garbage" } default_value: "" }
 }
 PB
 "$BUILD/daemon/spikeguardd" --listen=127.0.0.1:0 --data-dir="$DATA" --port-file="$PORT_FILE" \
@@ -83,21 +98,33 @@ SECURE=("--token-file=$DATA/admin.token" "--tls-ca=$DEMO/tls/ca.pem")
 SPIKECTL=("$BUILD/cli/spikectl" "--addr=$ADDR" "${SECURE[@]}")
 
 echo "== 3. policy: probe horizons sized for a small demo run; bisect the skip window to the culprit batch"
+if [ "$TRAINER" = torch ]; then
+# This small model undoes a garbage batch at its next step (a blip under the
+# default policy): here every excursion opens an incident.
+cat > "$DEMO/policy.textproto" <<'PB'
+loss_spike { blip_steps: 0 }
+probe { min_steps_before_onset: 50 max_steps_before_onset: 500 replay_steps_past_onset: 5
+        skip_before: 2 skip_after: 2 skip_horizon: 100 max_document_probes: 24 }
+budget { max_probes: 48 max_reexecuted_steps: 20000 }
+fix { verify_steps: 100 }
+PB
+else
 cat > "$DEMO/policy.textproto" <<'PB'
 probe { min_steps_before_onset: 50 max_steps_before_onset: 500 replay_steps_past_onset: 5
         skip_before: 2 skip_after: 2 skip_horizon: 100 bisect: true }
 fix { verify_steps: 100 }
 PB
+fi
 "${SPIKECTL[@]}" policy set --file "$DEMO/policy.textproto" >/dev/null
 
 if [ "$TRAINER" = torch ]; then
 echo "== 4. spikectl runs create demo --world-size=2 --mode=auto --spec=... (the daemon launches"
-echo "      two ranks of worker/examples/torch_gpt/train.py with torch.distributed's environment)"
+echo "      two ranks of worker/examples/own_data/supervised.py, the user's loop plus the"
+echo "      lines spikeguard.supervise.Supervisor needs, with torch.distributed's environment)"
 cat > "$DEMO/spec.textproto" <<PB
-profile: "torch-gpt"
-params { key: "args" value: "--steps=300 --checkpoint-every=50" }
+profile: "own-data"
+params { key: "args" value: "--steps=240 --garbage=$GARBAGE" }
 restart_all_ranks: true
-manifest { corpus_dir: "$DEMO/corpus" }
 PB
 "${SPIKECTL[@]}" runs create demo --world-size=2 --mode=auto --spec="$DEMO/spec.textproto"
 else
@@ -142,7 +169,7 @@ echo "== 7. spikectl quarantine list --run demo"
 "${SPIKECTL[@]}" quarantine list --run demo
 echo
 echo "Placed poison (from step 1): $(grep '^poison' "$DEMO/synth.txt")"
-echo "Its near-copies later in the corpus: $(grep '^echo' "$DEMO/synth.txt")"
+[ "$TRAINER" = torch ] || echo "Its near-copies later in the corpus: $(grep '^echo' "$DEMO/synth.txt")"
 PLACED="$(grep '^poison' "$DEMO/synth.txt" | cut -d: -f2- | tr ' ' '\n' | grep . | sort | tr '\n' ' ')"
 QUARANTINED="$("${SPIKECTL[@]}" --output=json quarantine list --run demo \
   | tr -d ' \n' | grep -o '"domain":"[a-z]*","document_id":"[0-9]*"' \

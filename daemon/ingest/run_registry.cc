@@ -62,6 +62,39 @@ bool RunRegistry::OtherRankConnected(const std::string& run, uint32_t rank) cons
   return false;
 }
 
+void RunRegistry::MarkSelfStarted(const std::string& run) {
+  absl::MutexLock lock(&mu_);
+  self_started_.insert(run);
+}
+
+bool RunRegistry::SelfStarted(const std::string& run) const {
+  absl::MutexLock lock(&mu_);
+  return self_started_.count(run) > 0;
+}
+
+void RunRegistry::GenerationEnded(const std::string& run, uint32_t rank, int64_t generation) {
+  absl::MutexLock lock(&mu_);
+  ended_[run][rank] = generation;
+}
+
+bool RunRegistry::AllRanksDone(const std::string& run, int64_t generation,
+                               uint32_t world_size) const {
+  absl::MutexLock lock(&mu_);
+  auto it = runs_.find(run);
+  if (it != runs_.end()) {
+    for (const auto& [rank, r] : it->second) {
+      if (r.connected) return false;
+    }
+  }
+  auto ended = ended_.find(run);
+  if (ended == ended_.end()) return false;
+  for (uint32_t rank = 0; rank < std::max<uint32_t>(1, world_size); ++rank) {
+    auto e = ended->second.find(rank);
+    if (e == ended->second.end() || e->second != generation) return false;
+  }
+  return true;
+}
+
 std::vector<spikeguard::v1::RankState> RunRegistry::Ranks(const std::string& run) const {
   absl::MutexLock lock(&mu_);
   std::vector<spikeguard::v1::RankState> out;

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -52,6 +53,16 @@ class RunRegistry {
   // Whether a rank of `run` other than `rank` is connected (no copies).
   bool OtherRankConnected(const std::string& run, uint32_t rank) const;
 
+  // Runs whose workers were started outside the daemon (they attached to a
+  // run still "created"): the daemon ends them when their workers are done.
+  void MarkSelfStarted(const std::string& run);
+  bool SelfStarted(const std::string& run) const;
+  // A rank said its generation ended (end of the training schedule).
+  void GenerationEnded(const std::string& run, uint32_t rank, int64_t generation);
+  // Whether ranks 0..world_size-1 of `run` all ended `generation` and none
+  // is connected any more.
+  bool AllRanksDone(const std::string& run, int64_t generation, uint32_t world_size) const;
+
  private:
   struct Rank {
     bool connected = false;
@@ -68,6 +79,9 @@ class RunRegistry {
   std::map<std::string, std::map<uint32_t, Rank>> runs_ ABSL_GUARDED_BY(mu_);
   // Max of the ranks' last_step by run (each rank's only grows).
   std::map<std::string, int64_t> last_step_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> self_started_ ABSL_GUARDED_BY(mu_);
+  // The generation each rank last said ended, by run.
+  std::map<std::string, std::map<uint32_t, int64_t>> ended_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace spikeguard::daemon

@@ -165,6 +165,16 @@ absl::StatusOr<spikeguard::v1::Welcome> WorkerSession::Hello(const spikeguard::v
     rank_last_step_ = *committed;
   }
   stream_id_ = state_->registry.Connect(hello_.run(), hello_.rank(), generation_, hello_.host());
+  if (run->state() == "created") {
+    // Workers started outside the daemon (the launcher moves its own runs
+    // on): the run is running from its first rank on, and finished once
+    // every rank ended the generation and left (Detach).
+    state_->registry.MarkSelfStarted(hello_.run());
+    if (absl::Status s = state_->catalog->SetRunState(hello_.run(), "running"); !s.ok()) {
+      SG_LOG(WARNING) << "run " << hello_.run() << ": a rank attached, but its state stays "
+                      << "created: " << s;
+    }
+  }
   spikeguard::v1::Welcome welcome;
   welcome.set_run(hello_.run());
   welcome.set_generation(generation_);
@@ -405,6 +415,7 @@ void WorkerSession::GenerationEnded(const spikeguard::v1::GenerationEnded& e) {
   SG_LOG(INFO) << "run " << run() << " rank " << rank() << ": generation " << e.generation()
                << " ended at step " << e.last_step() << ": "
                << LogText(e.reason(), state_->limits.max_logged_text);
+  state_->registry.GenerationEnded(run(), rank(), e.generation());
   if (state_->supervisor != nullptr) {
     state_->supervisor->OnGenerationEnded(run(), e.generation(), rank(), e.last_step(),
                                           e.reason());
@@ -438,6 +449,17 @@ void WorkerSession::Detach() {
   if (!stream_id_.has_value()) return;
   state_->registry.Disconnect(run(), rank(), *stream_id_);
   stream_id_.reset();
+  if (!state_->registry.SelfStarted(run())) return;
+  absl::StatusOr<spikeguard::v1::Run> row = state_->catalog->GetRunWithoutRanks(run());
+  if (row.ok() && row->state() == "running" &&
+      state_->registry.AllRanksDone(run(), row->current_generation(), row->world_size())) {
+    if (absl::Status s = state_->catalog->SetRunState(run(), "finished"); !s.ok()) {
+      SG_LOG(WARNING) << "run " << run() << ": its workers are done, but it stays running: " << s;
+    } else {
+      SG_LOG(INFO) << "run " << run() << " finished: every rank ended generation "
+                   << row->current_generation() << " and left";
+    }
+  }
 }
 
 }  // namespace spikeguard::daemon

@@ -127,6 +127,13 @@ TEST_F(SpikectlServerTest, RunsCreateWithSpecLaunches) {
   EXPECT_EQ(request.spec().profile(), "ref-worker");
   EXPECT_EQ(request.spec().params().at("args"), "--steps=600");
   EXPECT_EQ(request.spec().manifest().seed(), 1234u);
+  // Without --world-size the launch is one rank, and spikectl says so.
+  EXPECT_THAT(r.err, ::testing::HasSubstr("no --world-size: the daemon launches 1 rank of "
+                                          "profile 'ref-worker'"));
+  Result two = Spikectl({"runs", "create", "gpt-2", "--world-size=2", "--spec=" + spec});
+  EXPECT_EQ(two.code, 0) << two.err;
+  EXPECT_EQ(supervisor_.LastRequest<v1::CreateRunRequest>("CreateRun").world_size(), 2u);
+  EXPECT_THAT(two.err, ::testing::Not(::testing::HasSubstr("--world-size")));
 }
 
 TEST_F(SpikectlServerTest, RunsSetProfileSendsTheProfileAndParams) {

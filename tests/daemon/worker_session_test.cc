@@ -502,5 +502,60 @@ TEST_F(WorkerSessionTest, ImplausibleHeartbeatDoesNotMoveTheRank) {
   EXPECT_EQ(state_->registry.LastStep(kRun), 40);
 }
 
+// --- the state of a run whose workers the user starts ---------------------------
+
+v1::GenerationEnded Ended(int64_t generation, int64_t last_step) {
+  v1::GenerationEnded e;
+  e.set_generation(generation);
+  e.set_last_step(last_step);
+  e.set_reason("end of training schedule");
+  return e;
+}
+
+TEST_F(WorkerSessionTest, SelfStartedRunGoesRunningThenFinishedWhenEveryRankEndedAndLeft) {
+  v1::Run own;
+  own.set_name("own");
+  own.set_world_size(2);
+  own.set_state("created");
+  ASSERT_TRUE(catalog_->CreateRun(own).ok());
+  auto state = [&] {
+    auto row = catalog_->GetRunWithoutRanks("own");
+    EXPECT_TRUE(row.ok()) << row.status();
+    return row.ok() ? row->state() : std::string();
+  };
+  auto rank0 = Session();
+  ASSERT_TRUE(rank0->Hello(Hello(0, 0, "own")).ok());
+  EXPECT_EQ(state(), "running");
+  auto rank1 = Session();
+  ASSERT_TRUE(rank1->Hello(Hello(1, 0, "own")).ok());
+  rank0->GenerationEnded(Ended(0, 599));
+  rank0->Detach();
+  EXPECT_EQ(state(), "running");  // rank 1 still trains
+  rank1->Detach();                // gone without ending its generation: a crash
+  EXPECT_EQ(state(), "running");
+  auto again = Session();
+  ASSERT_TRUE(again->Hello(Hello(1, 0, "own")).ok());
+  again->GenerationEnded(Ended(0, 599));
+  again->Detach();
+  EXPECT_EQ(state(), "finished");
+}
+
+TEST_F(WorkerSessionTest, ALaunchedRunsStateIsLeftToItsLauncher) {
+  v1::Run launched;
+  launched.set_name("launched");
+  launched.set_world_size(1);
+  launched.set_state("running");
+  ASSERT_TRUE(catalog_->CreateRun(launched).ok());
+  v1::Hello hello = Hello(0, 0, "launched");
+  hello.set_world_size(1);
+  auto rank0 = Session();
+  ASSERT_TRUE(rank0->Hello(hello).ok());
+  rank0->GenerationEnded(Ended(0, 99));
+  rank0->Detach();
+  auto row = catalog_->GetRunWithoutRanks("launched");
+  ASSERT_TRUE(row.ok());
+  EXPECT_EQ(row->state(), "running");
+}
+
 }  // namespace
 }  // namespace spikeguard::daemon

@@ -196,3 +196,70 @@ def test_micro_batches_accumulate_and_hooks_go_on_close():
     tel.before_step()
     m(x)
     assert tel._act_sq[0] is None
+
+
+def test_staged_steps_resolve_to_the_same_reports_in_one_transfer():
+    """stage()+resolve() (what the Supervisor does: statistics stay on the
+    device, several steps reach the host together) gives the reports that
+    report() gives step by step, clipping included."""
+    from google.protobuf import json_format
+
+    def run(staged):
+        torch.manual_seed(3)
+        m = small_model()
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+        tel = Telemetry(m, domain_names=["a", "b"])
+        out, pending = [], []
+        for s in range(3):
+            x, y = batch(10 + s)
+            tel.before_step()
+            logits = m(x)
+            ce, obj = token_losses(logits, y)
+            tel.logits(logits)
+            tel.losses(ce, torch.tensor([0, 1, 1, 0]))
+            opt.zero_grad()
+            obj.mean().backward()
+            tel.after_backward(0.05, sync=not staged)
+            tel.before_optimizer_step()
+            opt.step()
+            tel.after_optimizer_step()
+            docs = [("a", 100 + s, 0), ("b", 7, 1)]
+            if staged:
+                pending.append(tel.stage(s, 40 + s, 1e-2, documents=docs))
+            else:
+                out.append(tel.report(s, 40 + s, 1e-2, documents=docs))
+        tel.close()
+        return tel.resolve(pending) if staged else out
+
+    def fields(r):
+        d = json_format.MessageToDict(r, preserving_proto_field_name=True)
+        d.pop("step_time_s", None)
+        d.pop("unix_ms", None)
+        return d
+
+    plain, staged = run(False), run(True)
+    assert len(staged) == 3
+    for a, b in zip(plain, staged):
+        assert a.clipped and b.clipped
+        assert a.loss == b.loss and a.loss_hash == b.loss_hash
+        fa, fb = fields(a), fields(b)
+        for la, lb in zip(fa.pop("layers"), fb.pop("layers")):
+            for k in la:
+                assert la[k] == pytest.approx(lb[k], rel=1e-6), k
+        assert fa == fb
+
+
+def test_domain_ids_without_domain_names_are_not_dropped_silently(caplog):
+    torch.manual_seed(4)
+    m = small_model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.0)
+    tel = Telemetry(m)
+    x, y = batch(4)
+    with caplog.at_level("WARNING", logger="spikeguard.torch"):
+        for _ in range(2):
+            one_step(m, tel, opt, x, y, domains=torch.tensor([0, 1, 1, 0]))
+    r = tel.report(0, 0, lr=0.0)
+    assert len(r.domain_losses) == 0
+    warnings = [rec for rec in caplog.records if "domain_names" in rec.getMessage()]
+    assert len(warnings) == 1  # once, not at every step
+    tel.close()

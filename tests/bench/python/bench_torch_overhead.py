@@ -66,13 +66,17 @@ def run_pair_member(script: str, steps: int, threads: int, env_extra: dict) -> f
                                        f"--threads={threads}"], env=env, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     outs = [p.communicate(timeout=3600)[0] for p in procs]
-    rates = []
+    rates, cpu = [], 0.0
     for p, out in zip(procs, outs):
         m = re.search(r"([0-9.]+) steps/s", out)
         if p.returncode != 0 or not m:
             raise SystemExit(f"{script} failed ({p.returncode}):\n{out[-3000:]}")
         rates.append(float(m.group(1)))
-    return min(rates)  # the pair of ranks runs at the slower one's pace
+        c = re.search(r"([0-9.]+) cpu ms/step", out)
+        cpu += float(c.group(1)) if c else float("nan")
+    # The pair of ranks runs at the slower one's pace; CPU: both ranks'
+    # processes (all their threads) over the training loop, per step.
+    return min(rates), cpu
 
 
 def main():
@@ -89,6 +93,7 @@ def main():
     tmp = Path(tempfile.mkdtemp(prefix="sg-torch-overhead-"))
     daemon, addr = start_daemon(build, tmp)
     plain, supervised, components = [], [], []
+    plain_cpu, supervised_cpu = [], []
     try:
         for i in range(args.pairs):
             run = f"bench{i}"
@@ -96,19 +101,26 @@ def main():
             timings = tmp / f"timings{i}"
             sup_env = {"SPIKEGUARD_ADDR": addr, "SPIKEGUARD_RUN": run,
                        "SPIKEGUARD_TIMINGS_OUT": str(timings),
-                       "SPIKEGUARD_CHECKPOINT_DIR": str(tmp / f"ckpt{i}")}
+                       # Under the run's checkpoint root, where the daemon
+                       # accepts their registration.
+                       "SPIKEGUARD_CHECKPOINT_DIR": str(tmp / "data" / "runs" / run / "checkpoints")}
             order = ["plain", "supervised"] if i % 2 == 0 else ["supervised", "plain"]
-            got = {}
+            got, cpu = {}, {}
             for which in order:
                 if which == "plain":
-                    got[which] = run_pair_member("plain.py", args.steps, args.threads, {})
+                    got[which], cpu[which] = run_pair_member("plain.py", args.steps,
+                                                             args.threads, {})
                 else:
-                    got[which] = run_pair_member("supervised.py", args.steps, args.threads, sup_env)
+                    got[which], cpu[which] = run_pair_member("supervised.py", args.steps,
+                                                             args.threads, sup_env)
             plain.append(got["plain"])
             supervised.append(got["supervised"])
+            plain_cpu.append(cpu["plain"])
+            supervised_cpu.append(cpu["supervised"])
             components.append(json.loads(Path(f"{timings}.rank0.json").read_text())["ms_per_step"])
             print(f"pair {i}: plain {got['plain']:.2f} steps/s, supervised "
-                  f"{got['supervised']:.2f} steps/s", flush=True)
+                  f"{got['supervised']:.2f} steps/s; CPU ms/step plain {cpu['plain']:.1f}, "
+                  f"supervised {cpu['supervised']:.1f}", flush=True)
     finally:
         daemon.terminate()
         daemon.wait(30)
@@ -124,6 +136,13 @@ def main():
         "component_ms_per_step": {k: statistics.median(c[k] for c in components)
                                   for k in components[0]},
         "plain_ms_per_step": 1000.0 / statistics.median(plain),
+        # CPU time of both ranks' processes over the loop, per step: less
+        # sensitive than wall time to other load on a shared machine.
+        "plain_cpu_ms_per_step": statistics.median(plain_cpu),
+        "supervised_cpu_ms_per_step": statistics.median(supervised_cpu),
+        "cpu_overhead_pct": statistics.median(
+            100.0 * (s / p - 1.0) for p, s in zip(plain_cpu, supervised_cpu)),
+        "load_average_1m_at_end": os.getloadavg()[0],
     }
     (out / "torch_overhead.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

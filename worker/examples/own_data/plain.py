@@ -22,7 +22,7 @@ ddp = DDP(model) if world > 1 else model
 opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
 sampler = DistributedSampler(dataset, world, rank, seed=args.data_seed) if world > 1 else None
 loader = DataLoader(dataset, batch_size=args.batch_size // world, sampler=sampler, drop_last=True)
-step, epoch, t0 = 0, 0, time.perf_counter()
+step, epoch, t0, c0 = 0, 0, time.perf_counter(), time.process_time()
 while step < args.steps:
     if sampler is not None:
         sampler.set_epoch(epoch)
@@ -37,4 +37,5 @@ while step < args.steps:
         loss.backward()
         opt.step()
         step += 1
-print(f"done: rank {rank}, step {step}, {step / (time.perf_counter() - t0):.2f} steps/s", flush=True)
+print(f"done: rank {rank}, step {step}, {step / (time.perf_counter() - t0):.2f} steps/s, "
+      f"{1000 * (time.process_time() - c0) / max(1, step):.2f} cpu ms/step", flush=True)

@@ -22,7 +22,7 @@ ddp = DDP(model) if world > 1 else model
 opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
 sg = Supervisor(ddp, opt, dataset, global_batch_size=args.batch_size, steps=args.steps,
                 seed=args.data_seed, checkpoint_every=50)
-start, t0 = sg.step, time.perf_counter()
+start, t0, c0 = sg.step, time.perf_counter(), time.process_time()
 for step, (x, y) in sg.steps():
     x, y = x.to(device), y.to(device)
     logits = ddp(x)
@@ -31,4 +31,5 @@ for step, (x, y) in sg.steps():
     loss.backward()
     opt.step()
 sg.close()
-print(f"done: rank {rank}, step {sg.step}, {(sg.step - start) / (time.perf_counter() - t0):.2f} steps/s")
+print(f"done: rank {rank}, step {sg.step}, {(sg.step - start) / (time.perf_counter() - t0):.2f} "
+      f"steps/s, {1000 * (time.process_time() - c0) / max(1, sg.step - start):.2f} cpu ms/step")

@@ -244,6 +244,11 @@ class Controller:
         self.checkpoint_at = -1
         self.executed: set = set()
         self.results: list = []  # (id, ok, message, step) as sent, for tests and logs
+        # Values the trainer has every rank exchange at each look for
+        # commands, before any command runs: an object with take() -> a 1-D
+        # tensor (the same length on every rank) or None, and put(rows), rows
+        # being every rank's tensors as [world, n] in rank order.
+        self.piggyback = None
 
     # ---- the exchange -------------------------------------------------------
     def _distributed(self) -> bool:
@@ -278,10 +283,23 @@ class Controller:
             # exchange (rank 0's commands, a rejection, rank 0's flag); the
             # objects themselves travel only when there is.
             dev = self._collective_device()
-            head = torch.tensor([len(mine), int(rejection is not None), int(bool(flag))],
-                                dtype=torch.int64, device=dev)
-            dist.all_reduce(head, op=dist.ReduceOp.MAX, group=self.group)
-            n_commands, any_rejected, flag_set = head.tolist()
+            extra = self.piggyback.take() if self.piggyback is not None else None
+            if extra is not None and extra.numel():
+                # The trainer's pending values ride along: one all_gather
+                # of [head, values] instead of two collectives.
+                vec = torch.cat([torch.tensor([len(mine), int(rejection is not None),
+                                               int(bool(flag))], dtype=torch.float64,
+                                              device=dev), extra.to(dev, torch.float64)])
+                rows = [torch.empty_like(vec) for _ in range(self.world_size)]
+                dist.all_gather(rows, vec, group=self.group)
+                allv = torch.stack(rows)
+                self.piggyback.put(allv[:, 3:])
+                n_commands, any_rejected, flag_set = (int(x) for x in allv[:, :3].amax(0).tolist())
+            else:
+                head = torch.tensor([len(mine), int(rejection is not None), int(bool(flag))],
+                                    dtype=torch.int64, device=dev)
+                dist.all_reduce(head, op=dist.ReduceOp.MAX, group=self.group)
+                n_commands, any_rejected, flag_set = head.tolist()
             if n_commands == 0 and any_rejected == 0:
                 commands, flag = [], bool(flag_set)
             else:
@@ -292,6 +310,10 @@ class Controller:
                     if rej is not None:
                         raise RejectedError(f"rejected by spikeguardd (rank {r}): {rej}")
         else:
+            if self.piggyback is not None:
+                extra = self.piggyback.take()
+                if extra is not None and extra.numel():
+                    self.piggyback.put(extra.unsqueeze(0))
             commands = mine
             if rejection is not None:
                 raise RejectedError(f"rejected by spikeguardd: {rejection}")

@@ -47,10 +47,15 @@ dataset index is the document id, in domain "data"; ``document_of(index)``
 names others), so the daemon can bisect a culprit batch down to its
 documents on any dataset.
 
-Cost per step: one all-gather of a small vector (telemetry), one host
-transfer, and every ``exchange_every`` steps an all-reduce of three integers
-to look for commands (the daemon's commands then take effect up to
-exchange_every - 1 steps late, on every rank at the same step).
+Cost per step: no collective and no host transfer of its own. Each step's
+statistics stay on the device; every ``exchange_every`` steps one all-gather
+carries both the look for commands (three numbers) and the pending steps'
+statistics, which then reach the host in one transfer and go to the client
+(reports are up to exchange_every - 1 steps late; the daemon's commands take
+effect up to exchange_every - 1 steps late, on every rank at the same step).
+Before a checkpoint is saved the pending reports are sent first (one more
+all-gather), so the daemon gets a checkpoint after the reports of the steps
+before it.
 """
 from __future__ import annotations
 
@@ -180,6 +185,10 @@ class Supervisor:
             generation=self.generation, linger_s=float(_env(None, "SPIKEGUARD_LINGER_S", linger_s)),
             exchange_every=exchange_every, on_hparams=self._set_hparams)
         self.controller.hparams = self.hparams
+        self.exchange_every = max(1, int(exchange_every))
+        self._pending = []
+        if self.telemetry is not None:
+            self.controller.piggyback = self
         log.info("rank %d/%d: steps %d..%d, generation %d, plan %s", self.rank, self.world_size,
                  self.step, self.total_steps, self.generation, self.sampler.plan.text)
 
@@ -191,10 +200,12 @@ class Supervisor:
         clock = time.perf_counter
         try:
             while True:
-                t = clock()
+                t, reported = clock(), self._seconds["report"]
                 go = self.controller.step_boundary()
-                self._seconds["commands"] += clock() - t
+                # The reports resolved during the look count as report time.
+                self._seconds["commands"] += clock() - t - (self._seconds["report"] - reported)
                 if not go:
+                    self._flush_reports()
                     break
                 self.generation = self.controller.generation
                 if self._restart or it is None:
@@ -209,6 +220,9 @@ class Supervisor:
                     data = _no_rows(data)  # the sampler's placeholder row, dropped
                 yield self.step, data
                 self._end_step()
+        except GeneratorExit:  # the loop left early (on every rank)
+            self._flush_reports()
+            raise
         finally:
             if self.client is not None:
                 self.client.flush(timeout=60.0)
@@ -238,31 +252,71 @@ class Supervisor:
         b = self._batch
         t = time.perf_counter()
         if self.telemetry is not None:
+            # Staged on the device; reported at the next look for commands
+            # (or before a checkpoint), several steps in one transfer.
             docs = self.sampler.documents_for(b, self.document_of, self.document_domain)
-            report = self.telemetry.report(self.step, b.position, self._lr, documents=docs)
-            if self._jsonl is not None:
-                from spikeguard.torch import report_json
-                self._jsonl.write(json.dumps(report_json(report, self.telemetry.attention_kind))
-                                  + "\n")
-            if self.client is not None:
-                self.client.report(report)
-                self.client.set_current_step(self.step)
-        t2 = time.perf_counter()
-        self._seconds["report"] += t2 - t
+            self._pending.append(self.telemetry.stage(self.step, b.position, self._lr,
+                                                      documents=docs))
         self.step += 1
         self._steps_done += 1
         due = self.controller.checkpoint_due(self.step)  # every rank: it consumes the request
-        if self.checkpoint_dir and (due or (self.checkpoint_every > 0
-                                            and self.step % self.checkpoint_every == 0)):
+        save = bool(self.checkpoint_dir) and (due or (self.checkpoint_every > 0
+                                                      and self.step % self.checkpoint_every == 0))
+        if self._pending and (save or (self.client is None
+                                       and len(self._pending) >= self.exchange_every)):
+            # The same decision on every rank: the reports before the
+            # checkpoint's registration (without a daemon: every few steps).
+            self._flush_reports()
+        t2 = time.perf_counter()
+        self._seconds["report"] += t2 - t
+        if save:
             self.save()
         self._seconds["checkpoints"] += time.perf_counter() - t2
+
+    # ---- staged reports ------------------------------------------------------------
+    def take(self):
+        """For the Controller (piggyback): the pending steps' values to reduce."""
+        if not self._pending:
+            return None
+        return self.telemetry.reduced_of(self._pending)
+
+    def put(self, rows) -> None:
+        """For the Controller: every rank's values ([world, n]); reports the
+        pending steps."""
+        t = time.perf_counter()
+        pending, self._pending = self._pending, []
+        reports = self.telemetry.resolve(pending, gathered=rows)
+        if self._jsonl is not None:
+            from spikeguard.torch import report_json
+            for report in reports:
+                self._jsonl.write(json.dumps(report_json(report, self.telemetry.attention_kind))
+                                  + "\n")
+        if self.client is not None:
+            for report in reports:
+                self.client.report(report)
+            self.client.set_current_step(reports[-1].step)
+        self._seconds["report"] += time.perf_counter() - t
+
+    def _flush_reports(self) -> None:
+        """Reports every pending step now (a collective with several ranks:
+        every rank calls it at the same point)."""
+        vec = self.take()
+        if vec is None:
+            return
+        if self.world_size > 1 and dist.is_available() and dist.is_initialized():
+            rows = [torch.empty_like(vec) for _ in range(self.world_size)]
+            dist.all_gather(rows, vec)
+            self.put(torch.stack(rows))
+        else:
+            self.put(vec.unsqueeze(0))
 
     def timings(self) -> dict:
         """Milliseconds per trained step spent in spikeguard, per component:
         commands (step boundaries), telemetry_forward (logit and loss
         statistics), telemetry_optimizer (gradient/update statistics and
-        clipping), report (the reduction, the host transfer, the StepReport
-        and its hand-over to the client), checkpoints (saving, retention,
+        clipping), report (staging each step's statistics, and for the
+        pending steps the reduction, the host transfer, the StepReports and
+        their hand-over to the client), checkpoints (saving, retention,
         registration)."""
         n = max(1, self._steps_done)
         return {k: 1000.0 * v / n for k, v in self._seconds.items()}

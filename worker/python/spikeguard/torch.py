@@ -46,20 +46,25 @@ token-weights them when it merges the ranks' reports).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import struct
 import time
 from typing import Iterable, Optional, Sequence
 
+import logging
+
 import torch
 import torch.distributed as dist
+
+log = logging.getLogger("spikeguard.torch")
 
 try:  # the generated stubs; absent only in a broken build
     from spikeguard.v1 import telemetry_pb2
 except ImportError:  # pragma: no cover
     telemetry_pb2 = None
 
-__all__ = ["Telemetry", "loss_hash", "splitmix64", "discover_layers", "report_json"]
+__all__ = ["Telemetry", "StagedStep", "loss_hash", "splitmix64", "discover_layers", "report_json"]
 
 _MASK64 = (1 << 64) - 1
 ATTENTION_KINDS = {
@@ -68,6 +73,22 @@ ATTENTION_KINDS = {
     "bound": "upper bound (max‖q‖·max‖k‖/√d per head, Cauchy-Schwarz)",
     "off": "not measured",
 }
+
+
+@dataclasses.dataclass
+class StagedStep:
+    """One step's statistics kept on the device until ``Telemetry.resolve``
+    (``reduced``: summed/maxed over the ranks; ``local``: this rank's own)."""
+
+    step: int
+    position: int
+    lr: float
+    tokens: int
+    step_time_s: float
+    unix_ms: int
+    documents: object
+    reduced: "torch.Tensor"
+    local: "torch.Tensor"
 
 
 def splitmix64(x: int) -> int:
@@ -158,6 +179,7 @@ class Telemetry:
         self.layer_modules = [m for _, m in pairs]
         self.layer_indices = [first_layer + i for i in range(len(pairs))]
         self.domain_names = list(domain_names) if domain_names else []
+        self._warned_domains = False
         L = len(pairs)
 
         # Parameters: all of the model's (global grad norm) and each layer's.
@@ -212,6 +234,7 @@ class Telemetry:
         self._clipped = False
         self._grad_nonfinite = 0
         self._grads = None
+        self._grad_bad_t = None
         self._layer_grad_sq = None
         self._snap = None
         self._before_sq = None
@@ -313,6 +336,11 @@ class Telemetry:
             self._loss_tokens += tl.numel()
             bad = (~torch.isfinite(tl)).sum()
             self._loss_nonfinite = bad if self._loss_nonfinite is None else self._loss_nonfinite + bad
+            if domains is not None and not self.domain_names and not self._warned_domains:
+                self._warned_domains = True
+                log.warning("spikeguard: per-domain losses are not reported: the batch has "
+                            "domain ids but Telemetry has no domain_names= (pass the names "
+                            "the ids index)")
             if domains is not None and self.domain_names:
                 D = len(self.domain_names)
                 dev = rows.device
@@ -353,6 +381,9 @@ class Telemetry:
             self._grads = grads
             if not sync:
                 self._grad_norm = total_t
+                # Gradient tensors holding a non-finite entry (their norm is
+                # not finite): the staged report's count, without a host trip.
+                self._grad_bad_t = (~torch.isfinite(norms)).sum()
                 if clip_norm is not None and clip_norm > 0:
                     # clip/total where finite and above the limit, else 1.
                     ok = torch.isfinite(total_t) & (total_t > clip_norm)
@@ -377,7 +408,21 @@ class Telemetry:
         if not self._layer_params:
             return
         with torch.no_grad():
-            self._snap = torch._foreach_mul(self._layer_params, 1.0)
+            # One flat buffer, allocated once: the step path allocates no
+            # copy of the weights.
+            params = self._layer_params
+            p0 = params[0]
+            key = (p0.device, p0.dtype, tuple(p.numel() for p in params))
+            if getattr(self, "_snap_key", None) != key:
+                self._snap_key = key
+                buf = torch.empty(sum(key[2]), dtype=p0.dtype, device=p0.device)
+                self._snap_views = [v.view_as(p) for v, p in zip(buf.split(list(key[2])), params)]
+                self._snap_flat = buf
+            if all(p.dtype == p0.dtype and p.device == p0.device for p in params):
+                torch.cat([p.reshape(-1) for p in params], out=self._snap_flat)
+                self._snap = self._snap_views
+            else:  # mixed dtypes or devices: a copy per parameter
+                self._snap = torch._foreach_mul(params, 1.0)
             n = torch.stack(torch._foreach_norm(self._snap)).double()
             self._before_sq = self._layer_sums(n.square())
 
@@ -527,6 +572,134 @@ class Telemetry:
             d.id = int(item[1])
             if len(item) > 2 and item[2] is not None:
                 d.sample = int(item[2])
+        return r
+
+    # ---- staged reports (one host transfer for several steps) ---------------
+    def stage(self, step: int, data_position: int, lr: float, *, documents=None,
+              tokens: Optional[int] = None) -> "StagedStep":
+        """This step's statistics, still on the device, for ``resolve``:
+        no host transfer and no collective here (unlike ``report``). Call
+        after the optimizer step (with ``after_backward(sync=False)``)."""
+        dev = self._device()
+        consts = getattr(self, "_consts", None)
+        if consts is None or consts[0].device != dev:
+            consts = (torch.zeros((), dtype=torch.float64, device=dev),
+                      torch.full((), float("-inf"), dtype=torch.float64, device=dev))
+            self._consts = consts
+        zero, ninf = consts
+        L = len(self.layer_modules)
+        D = len(self.domain_names)
+
+        def v(x, default):
+            return default if x is None else x
+        # The part summed or maxed over the ranks: tensors, then counts.
+        parts = ([v(self._loss_sum, zero), v(self._lse_sum, zero), v(self._lse_max, ninf)]
+                 + [v(a, ninf) for a in self._attn_max] + [v(a, zero) for a in self._act_sq])
+        counts = [float(self._loss_tokens), float(self._lse_n)] + [float(n) for n in self._act_n]
+        grad_norm = self._grad_norm
+        mine = [grad_norm if torch.is_tensor(grad_norm) else torch.tensor(
+                    float(grad_norm), dtype=torch.float64, device=dev),
+                self._clipped if torch.is_tensor(self._clipped) else
+                (torch.ones((), dtype=torch.float64, device=dev) if self._clipped else zero),
+                v(self._loss_nonfinite, zero), v(self._logit_nonfinite, zero),
+                v(self._grad_bad_t, zero)]
+        if self._param_norm is None and self._layer_params:
+            with torch.no_grad():
+                self._param_norm = self._layer_sums(torch.stack(
+                    torch._foreach_norm(self._layer_params)).double().square()).sqrt()
+        with torch.no_grad():
+            f64 = torch.float64
+            reduced = torch.cat([torch.stack([x.to(f64) for x in parts]),
+                                 torch.tensor(counts, dtype=f64, device=dev)])
+            zeros_l = zero.expand(L)
+            tail = [self._layer_grad_sq if self._layer_grad_sq is not None else zeros_l,
+                    self._update_ratio if self._update_ratio is not None else zeros_l,
+                    self._param_norm if self._param_norm is not None else zeros_l]
+            if D:
+                tail += [self._dom_sum if self._dom_sum is not None else zero.expand(D),
+                         self._dom_tok if self._dom_tok is not None else zero.expand(D)]
+            local = torch.cat([torch.stack([x.to(f64) for x in mine])] + [x.to(f64) for x in tail])
+        self._grads = None
+        return StagedStep(step=int(step), position=int(data_position), lr=float(lr),
+                          tokens=int(tokens if tokens is not None else self._loss_tokens),
+                          step_time_s=(time.perf_counter() - self._t0) if self._t0 else 0.0,
+                          unix_ms=int(time.time() * 1000), documents=documents,
+                          reduced=reduced, local=local)
+
+    def resolve(self, staged: Sequence["StagedStep"], gathered: Optional[torch.Tensor] = None,
+                host: Optional[list] = None) -> list:
+        """StepReports of staged steps, in one host transfer. gathered: every
+        rank's ``reduced`` vectors, [world, len(staged) * n] in rank order
+        (``reduced_of(staged)`` gathered over the ranks); None: this rank's
+        own (one process, or values that stay per rank)."""
+        if not staged:
+            return []
+        k = len(staged)
+        if host is None:
+            mine = torch.cat([st.local for st in staged])
+            if gathered is None:
+                gathered = self.reduced_of(staged).unsqueeze(0)
+            gathered = gathered.to(mine.device)
+            host = torch.cat([gathered.sum(dim=0), gathered.amax(dim=0), mine]).tolist()
+        n = staged[0].reduced.numel()
+        m = staged[0].local.numel()
+        sums, maxs, loc = host[:k * n], host[k * n:2 * k * n], host[2 * k * n:]
+        return [self._build(st, sums[i * n:(i + 1) * n], maxs[i * n:(i + 1) * n],
+                            loc[i * m:(i + 1) * m]) for i, st in enumerate(staged)]
+
+    @staticmethod
+    def reduced_of(staged: Sequence["StagedStep"]) -> torch.Tensor:
+        """The staged steps' values to reduce over the ranks, one vector."""
+        return torch.cat([st.reduced for st in staged])
+
+    def _build(self, st: "StagedStep", sums, maxs, loc):
+        L = len(self.layer_modules)
+        D = len(self.domain_names)
+        ninf = float("-inf")
+        # reduced = [loss_sum, lse_sum, lse_max, attn×L, act_sq×L, loss_tok, lse_n, act_n×L]
+        loss_sum, lse_sum, lse_max = sums[0], sums[1], maxs[2]
+        attn_g = maxs[3:3 + L]
+        act_sq_g = sums[3 + L:3 + 2 * L]
+        loss_tok, lse_n = sums[3 + 2 * L], sums[4 + 2 * L]
+        act_n_g = sums[5 + 2 * L:5 + 3 * L]
+        grad_norm, clipped, loss_bad, logit_bad, grad_bad = loc[:5]
+        grad_sq, ratio, pnorm = loc[5:5 + L], loc[5 + L:5 + 2 * L], loc[5 + 2 * L:5 + 3 * L]
+        dom = loc[5 + 3 * L:]
+        loss = loss_sum / loss_tok if loss_tok > 0 else float("nan")
+        nonfinite = int(grad_bad) + int(loss_bad) + int(logit_bad)
+        if not math.isfinite(loss) and nonfinite == 0:
+            nonfinite = 1
+        r = telemetry_pb2.StepReport()
+        r.step = st.step
+        r.data_position = st.position
+        r.loss = loss
+        r.grad_norm = grad_norm
+        r.clipped = bool(clipped)
+        r.lr = st.lr
+        r.loss_scale = 1.0
+        r.tokens = st.tokens
+        r.step_time_s = st.step_time_s
+        r.lse_mean = lse_sum / lse_n if lse_n > 0 else 0.0
+        r.lse_max = lse_max if lse_n > 0 else 0.0
+        r.nonfinite_count = nonfinite
+        r.loss_hash = loss_hash(loss)
+        for i in range(D):
+            ntok = dom[D + i]
+            if ntok > 0:
+                r.domain_losses.add(domain=self.domain_names[i], loss=dom[i] / ntok,
+                                    tokens=int(ntok))
+        for li in range(L):
+            a = attn_g[li]
+            r.layers.add(layer=self.layer_indices[li], max_attn_logit=a if a != ninf else 0.0,
+                         grad_norm=math.sqrt(grad_sq[li]), update_ratio=ratio[li],
+                         act_rms=math.sqrt(act_sq_g[li] / act_n_g[li]) if act_n_g[li] > 0 else 0.0,
+                         param_norm=pnorm[li])
+        r.unix_ms = st.unix_ms
+        for item in st.documents or ():
+            if len(item) > 2 and item[2] is not None:
+                r.documents.add(domain=str(item[0]), id=int(item[1]), sample=int(item[2]))
+            else:
+                r.documents.add(domain=str(item[0]), id=int(item[1]))
         return r
 
     def _device(self) -> torch.device:
