@@ -213,12 +213,16 @@ absl::StatusOr<storage::CheckpointFileInfo> ReferenceWorker::SaveCheckpoint() {
   if (client_) {
     // The daemon may be about to pin a checkpoint this would delete (the
     // rolling rewind target moves with each notice): its answers come first.
-    if (!client_->AwaitCheckpointAnswers(kCheckpointAnswerWait)) {
+    // A daemon that did not answer once is not waited for again until it
+    // answers.
+    if (!answers_missing_ && !client_->AwaitCheckpointAnswers(kCheckpointAnswerWait)) {
       SG_LOG(WARNING) << "no answer from spikeguardd to a checkpoint notice within "
                       << absl::FormatDuration(kCheckpointAnswerWait)
                       << "; retention uses the pins it last sent";
+      answers_missing_ = true;
     }
     if (std::optional<std::vector<std::string>> pins = client_->TakePins()) {
+      answers_missing_ = false;
       pinned_paths_.clear();
       for (const std::string& uri : *pins) pinned_paths_.insert(PathFromUri(uri));
     }

@@ -148,6 +148,8 @@ class ReferenceWorker {
   std::set<std::string> executed_commands_;
   // Checkpoint paths the last command named as pinned: retention keeps them.
   std::set<std::string> pinned_paths_;
+  // The last wait for the daemon's answer to a checkpoint notice timed out.
+  bool answers_missing_ = false;
   // The generation a GenerationEnded was sent for (-1: none).
   int64_t ended_generation_ = -1;
 };

@@ -240,6 +240,7 @@ class Controller:
         # How long retention waits for the daemon's answer to the last
         # checkpoint notice (pinned_uris).
         self.answer_wait_s = 10.0
+        self._answers_missing = False
         # The step REWIND's checkpoint_at_step asked a checkpoint at (-1: none).
         self.checkpoint_at = -1
         self.executed: set = set()
@@ -357,13 +358,17 @@ class Controller:
         checkpoint notice sent, so retention never deletes a checkpoint the
         daemon is about to pin."""
         wait = getattr(self.client, "await_checkpoint_answers", None)
-        if wait is not None and not wait(self.answer_wait_s):
+        # A daemon that did not answer once is not waited for again until it
+        # answers.
+        if wait is not None and not self._answers_missing and not wait(self.answer_wait_s):
+            self._answers_missing = True
             log.warning("spikeguard: no answer from spikeguardd to a checkpoint notice within "
                          "%.0f s; retention uses the pins it last sent", self.answer_wait_s)
         take = getattr(self.client, "take_pins", None)
         if take is not None:
             pins = take()
             if pins is not None:
+                self._answers_missing = False
                 self._pinned_uris = list(pins)
         return list(self._pinned_uris)
 
