@@ -318,7 +318,81 @@ std::string FormatIncident(const v1::Incident& i) {
   return out;
 }
 
+namespace {
+
+std::string WarningStateText(const v1::PrecursorWarning& w) {
+  switch (w.state()) {
+    case v1::WARNING_ACTIVE:
+      return "ACTIVE";
+    case v1::WARNING_CLEARED:
+      return "cleared";
+    case v1::WARNING_PRECEDED_INCIDENT:
+      return absl::StrCat("preceded incident ", w.incident_id());
+    default:
+      return EnumText(v1::WarningState_Name(w.state()), "WARNING_", w.state());
+  }
+}
+
+std::string LayerText(int layer) { return layer >= 0 ? absl::StrCat(layer) : "-"; }
+
+// To the last step seen, or to the incident it preceded.
+std::string LeadText(const v1::PrecursorWarning& w) {
+  if (w.state() == v1::WARNING_PRECEDED_INCIDENT) {
+    return absl::StrCat(w.incident_lead_steps(), " (to incident)");
+  }
+  return absl::StrCat(w.lead_steps());
+}
+
+}  // namespace
+
+std::string FormatWarningList(const v1::ListWarningsResponse& response) {
+  if (response.warnings().empty()) return "No precursor warnings.\n";
+  Table t({"ID", "RUN", "GEN", "STATE", "SIGNAL", "LAYER", "ONSET", "LAST STEP", "PEAK",
+           "THRESHOLD", "LEAD STEPS"});
+  for (size_t c : {0, 2, 5, 6, 7, 8, 9}) t.AlignRight(c);
+  for (const v1::PrecursorWarning& w : response.warnings()) {
+    t.AddRow({absl::StrCat(w.id()), w.run(), absl::StrCat(w.generation()), WarningStateText(w),
+              w.signal(), LayerText(w.layer()), absl::StrCat(w.onset_step()),
+              absl::StrCat(w.last_step()), FormatDouble(w.peak_value()),
+              FormatDouble(w.threshold()), LeadText(w)});
+  }
+  return t.Render();
+}
+
+std::string FormatActiveWarnings(const v1::ListWarningsResponse& response) {
+  if (response.warnings().empty()) return "";
+  Table t({"RUN", "SIGNAL", "LAYER", "ONSET", "LAST STEP", "PEAK", "LEAD STEPS", "WARNING"});
+  for (size_t c : {2, 3, 4, 5, 6, 7}) t.AlignRight(c);
+  for (const v1::PrecursorWarning& w : response.warnings()) {
+    t.AddRow({w.run(), w.signal(), LayerText(w.layer()), absl::StrCat(w.onset_step()),
+              absl::StrCat(w.last_step()), FormatDouble(w.peak_value()), LeadText(w),
+              absl::StrCat(w.id())});
+  }
+  return "\nActive precursor warnings:\n" + t.Render();
+}
+
+std::string FormatWarningSummary(const v1::ListWarningsResponse& response) {
+  if (response.warnings().empty()) return "";
+  int active = 0, cleared = 0, preceded = 0;
+  for (const v1::PrecursorWarning& w : response.warnings()) {
+    active += w.state() == v1::WARNING_ACTIVE;
+    cleared += w.state() == v1::WARNING_CLEARED;
+    preceded += w.state() == v1::WARNING_PRECEDED_INCIDENT;
+  }
+  return absl::StrCat("\nPrecursor warnings (not incidents): ", active, " active, ", cleared,
+                      " cleared, ", preceded,
+                      " preceded an incident; see spikectl warnings list\n");
+}
+
 std::string FormatIncidentUpdate(const v1::IncidentUpdate& u) {
+  if (u.has_warning()) {
+    const v1::PrecursorWarning& w = u.warning();
+    std::string line = absl::StrCat(FormatUnixMillis(u.event().unix_ms()), "  warning ", w.id(),
+                                    "  run ", OrDash(w.run()), "  ", WarningStateText(w), "  ",
+                                    u.event().kind());
+    if (!u.event().detail().empty()) absl::StrAppend(&line, ": ", u.event().detail());
+    return line + "\n";
+  }
   const v1::Incident& i = u.incident();
   const int64_t unix_ms = u.has_event() ? u.event().unix_ms() : 0;
   std::string line = absl::StrCat(FormatUnixMillis(unix_ms), "  incident ", i.id(), "  run ",

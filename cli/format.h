@@ -47,6 +47,12 @@ std::string FormatIncidentList(const spikeguard::v1::ListIncidentsResponse& inci
 std::string FormatIncident(const spikeguard::v1::Incident& incident);
 // One line per update, for `incidents watch`.
 std::string FormatIncidentUpdate(const spikeguard::v1::IncidentUpdate& update);
+// Precursor warnings: a table (spikectl warnings list), the active ones under
+// `spikectl status` ("" when none), and the line under `spikectl incidents
+// list` that counts them by state ("" when none).
+std::string FormatWarningList(const spikeguard::v1::ListWarningsResponse& warnings);
+std::string FormatActiveWarnings(const spikeguard::v1::ListWarningsResponse& warnings);
+std::string FormatWarningSummary(const spikeguard::v1::ListWarningsResponse& warnings);
 std::string FormatAction(const spikeguard::v1::ActionResponse& response);
 // Text format, so `policy get > p.txt` can be edited and fed to `policy set`.
 std::string FormatPolicy(const spikeguard::v1::Policy& policy);

@@ -320,6 +320,18 @@ class Session {
     return false;
   }
 
+  // As Call, but says nothing on failure: for an extra the output can go
+  // without (an older daemon without the RPC).
+  template <typename Rpc>
+  bool TryCall(Rpc rpc) {
+    if (stub_ == nullptr) return false;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         absl::ToChronoMilliseconds(options_.timeout));
+    security_.Authorize(&context);
+    return rpc(stub_.get(), &context).ok();
+  }
+
   // For server streams: connects under the deadline; the stream itself has
   // none, it lasts until the server ends it.
   bool Connect() {
@@ -488,7 +500,16 @@ int Status(Session& s, const ParsedArgs& args) {
       })) {
     return kExitFailed;
   }
-  s.Emit(response, FormatStatus(response));
+  // The active precursor warnings of the runs the caller may see, by run.
+  v1::ListWarningsRequest request;
+  request.set_state(v1::WARNING_ACTIVE);
+  v1::ListWarningsResponse warnings;
+  const bool listed = s.TryCall([&](Stub* stub, grpc::ClientContext* ctx) {
+    return stub->ListWarnings(ctx, request, &warnings);
+  });
+  std::string text = FormatStatus(response);
+  if (listed) text += FormatActiveWarnings(warnings);
+  s.Emit(response, text);
   return kExitOk;
 }
 
@@ -677,8 +698,41 @@ int IncidentsList(Session& s, const ParsedArgs& args) {
         s, parsed, ParseEnumFlag<v1::Verdict>("verdict", *verdict, v1::Verdict_descriptor()));
     request.set_verdict(parsed);
   }
-  return CallAllPagesAndEmit<v1::ListIncidentsResponse>(s, &Stub::ListIncidents, request,
-                                                        FormatIncidentList);
+  // Precursor warnings are not incidents: one line says how many the same
+  // runs have and where to see them.
+  v1::ListWarningsRequest warnings_request;
+  warnings_request.set_run(request.run());
+  return CallAllPagesAndEmit<v1::ListIncidentsResponse>(
+      s, &Stub::ListIncidents, request, [&](const v1::ListIncidentsResponse& incidents) {
+        std::string text = FormatIncidentList(incidents);
+        v1::ListWarningsResponse warnings;
+        if (s.TryCall([&](Stub* stub, grpc::ClientContext* ctx) {
+              return stub->ListWarnings(ctx, warnings_request, &warnings);
+            })) {
+          text += FormatWarningSummary(warnings);
+        }
+        return text;
+      });
+}
+
+absl::StatusOr<v1::WarningState> ParseWarningState(absl::string_view text) {
+  const std::string lower = absl::AsciiStrToLower(text);
+  if (lower == "active") return v1::WARNING_ACTIVE;
+  if (lower == "cleared") return v1::WARNING_CLEARED;
+  if (lower == "preceded") return v1::WARNING_PRECEDED_INCIDENT;
+  return absl::InvalidArgumentError(
+      absl::StrCat("bad value for --state: '", text, "' (want active, cleared or preceded)"));
+}
+
+int WarningsList(Session& s, const ParsedArgs& args) {
+  v1::ListWarningsRequest request;
+  if (auto run = args.Get("run")) request.set_run(*run);
+  if (auto state = args.Get("state")) {
+    SPIKECTL_ASSIGN_OR_USAGE(s, parsed, ParseWarningState(*state));
+    request.set_state(parsed);
+  }
+  return CallAllPagesAndEmit<v1::ListWarningsResponse>(s, &Stub::ListWarnings, request,
+                                                       FormatWarningList);
 }
 
 int IncidentsShow(Session& s, const ParsedArgs& args) {
@@ -1014,7 +1068,7 @@ int TokenNew(Session& s, const ParsedArgs& args) {
 const std::vector<CommandDef>& Commands() {
   using F = FlagSpec;
   static const auto* commands = new std::vector<CommandDef>{
-      {"", "status", "", "Show the daemon's version, uptime and ingest counters.", "", {}, {}, 0, {},
+      {"", "status", "", "Show the daemon's version, uptime, ingest counters and active precursor warnings.", "", {}, {}, 0, {},
        &Status},
       {"runs", "list", "", "List runs.", "", {}, {}, 0, {}, &RunsList},
       {"runs", "create", "NAME [--world-size=N] [--mode=observe|propose|auto] [--spec=FILE]",
@@ -1062,6 +1116,15 @@ const std::vector<CommandDef>& Commands() {
        "                     verifying, awaiting_approval, closed, aborted\n"
        "  --verdict=V        transient, data, fragility, numerics, inconclusive\n",
        {{"run"}, {"state"}, {"verdict"}}, {}, 0, {}, &IncidentsList},
+      {"warnings", "list", "[--run=R] [--state=active|cleared|preceded]",
+       "List precursor warnings (a critical precursor that persisted; not incidents).",
+       "Each warning: its run, signal and layer, its state (active; cleared once the signal\n"
+       "stays under the warn level; preceded: an incident opened while it was active), the\n"
+       "step its precursor began (onset), its peak, and its lead in steps (to the last step\n"
+       "seen, or to the incident it preceded).\n"
+       "Flags:\n  --run=R            only this run\n"
+       "  --state=S          active, cleared or preceded\n",
+       {{"run"}, {"state"}}, {}, 0, {}, &WarningsList},
       {"incidents", "show", "ID",
        "Show an incident: evidence (probes), documents, fix, recommendations, cost.", "", {},
        {"ID"}, 1, {}, &IncidentsShow},

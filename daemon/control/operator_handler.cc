@@ -104,6 +104,7 @@ absl::StatusOr<Page<Item>> CutPage(std::vector<Item> items, const std::string& t
 // The run an item of a list belongs to.
 const std::string& RunOf(const v1::Run& run) { return run.name(); }
 const std::string& RunOf(const v1::Incident& incident) { return incident.run(); }
+const std::string& RunOf(const v1::PrecursorWarning& warning) { return warning.run(); }
 
 // Keeps the items `who` may see (a principal scoped to some runs).
 template <class Item>
@@ -239,7 +240,8 @@ class WatcherSubscription final : public IncidentSubscription {
     }
     batch.erase(std::remove_if(batch.begin(), batch.end(),
                                [&](const v1::IncidentUpdate& u) {
-                                 return !who_.MayUseRun(u.incident().run());
+                                 return !who_.MayUseRun(u.has_warning() ? u.warning().run()
+                                                                        : u.incident().run());
                                }),
                 batch.end());
     return batch;
@@ -326,6 +328,9 @@ absl::StatusOr<v1::ServerStatus> DaemonOperatorHandler::GetStatus() {
   out.set_reports_rejected(state_->counters.reports_rejected.load());
   out.set_reports_dropped(state_->counters.reports_dropped.load());
   out.set_open_incidents(state_->supervisor ? state_->supervisor->OpenIncidents() : 0);
+  if (auto active = state_->catalog->ListWarnings({.run = "", .state = v1::WARNING_ACTIVE}); active.ok()) {
+    out.set_active_warnings(static_cast<int32_t>(active->size()));
+  }
   out.set_tls(state_->tls);
   return out;
 }
@@ -653,6 +658,32 @@ absl::StatusOr<Page<v1::Incident>> DaemonOperatorHandler::ListIncidents(
   if (filter.since_unix_ms < 0) return absl::InvalidArgumentError("since_unix_ms: negative");
   auto list = state_->catalog->ListIncidents(filter);
   if (!list.ok()) return list.status();
+  KeepVisible(who, &*list);
+  return CutPage(std::move(*list), page_token, state_->limits.max_response_bytes);
+}
+
+absl::StatusOr<Page<v1::PrecursorWarning>> DaemonOperatorHandler::ListWarnings(
+    const auth::Principal& who, const storage::WarningFilter& filter,
+    const std::string& page_token) {
+  if (auto s = ValidateOptionalRunName(filter.run, state_->limits); !s.ok()) return Invalid(s);
+  if (!v1::WarningState_IsValid(filter.state)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("state: unknown warning state ", static_cast<int>(filter.state)));
+  }
+  auto list = state_->catalog->ListWarnings(filter);
+  if (!list.ok()) return list.status();
+  if (state_->supervisor != nullptr) {
+    // The stored record of an active warning lags its live copy by a few steps.
+    std::map<int64_t, v1::PrecursorWarning> live;
+    for (v1::PrecursorWarning& w : state_->supervisor->ActiveWarnings(filter.run)) {
+      live[w.id()] = std::move(w);
+    }
+    for (v1::PrecursorWarning& w : *list) {
+      if (auto it = live.find(w.id()); it != live.end() && w.state() == v1::WARNING_ACTIVE) {
+        w = it->second;
+      }
+    }
+  }
   KeepVisible(who, &*list);
   return CutPage(std::move(*list), page_token, state_->limits.max_response_bytes);
 }

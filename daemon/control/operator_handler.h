@@ -168,9 +168,15 @@ class OperatorHandler {
       const std::string& page_token) = 0;
   // Live state where the engine has it; with its events and document previews.
   virtual absl::StatusOr<spikeguard::v1::Incident> GetIncident(int64_t id) = 0;
-  // Updates of `run` ("" = every run `who` may see), from now on.
+  // Updates of `run` ("" = every run `who` may see), from now on: the
+  // incidents' events and the precursor warnings' openings and clearings.
   virtual absl::StatusOr<std::unique_ptr<IncidentSubscription>> WatchIncidents(
       const auth::Principal& who, const std::string& run) = 0;
+  // Precursor warnings of `filter` that `who` may see, by id; the active
+  // ones as the supervisor has them now.
+  virtual absl::StatusOr<Page<spikeguard::v1::PrecursorWarning>> ListWarnings(
+      const auth::Principal& who, const storage::WarningFilter& filter,
+      const std::string& page_token) = 0;
   virtual absl::StatusOr<ActionResult> Approve(int64_t incident_id) = 0;
   virtual absl::StatusOr<ActionResult> Abort(int64_t incident_id, const std::string& reason) = 0;
 
@@ -230,6 +236,9 @@ class DaemonOperatorHandler final : public OperatorHandler {
   absl::StatusOr<spikeguard::v1::Incident> GetIncident(int64_t id) override;
   absl::StatusOr<std::unique_ptr<IncidentSubscription>> WatchIncidents(
       const auth::Principal& who, const std::string& run) override;
+  absl::StatusOr<Page<spikeguard::v1::PrecursorWarning>> ListWarnings(
+      const auth::Principal& who, const storage::WarningFilter& filter,
+      const std::string& page_token) override;
   absl::StatusOr<ActionResult> Approve(int64_t incident_id) override;
   absl::StatusOr<ActionResult> Abort(int64_t incident_id, const std::string& reason) override;
   absl::StatusOr<ActionResult> Rewind(const RewindArgs& args) override;

@@ -58,6 +58,7 @@ Supervisor::Supervisor(storage::Catalog* catalog, StreamHub* hub, Clock* clock,
       control_(catalog, hub, clock),
       view_(catalog),
       store_(catalog),
+      warnings_(catalog),
       pipeline_threads_(std::max(1, pipeline_threads)) {}
 
 Supervisor::~Supervisor() { Stop(); }
@@ -71,6 +72,12 @@ absl::Status Supervisor::Start() {
     });
     engine_->SetDecisionObserver(
         [this](const std::string&) { decided_at_ns_.store(absl::GetCurrentTimeNanos()); });
+    warnings_.SetListener([this](const v1::PrecursorWarning& w, std::string_view kind) {
+      PublishWarning(w, kind);
+    });
+    if (absl::Status s = warnings_.Load(); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("precursor warnings: ", s.message()));
+    }
     if (absl::Status s = engine_->Recover(); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("incident recovery: ", s.message()));
     }
@@ -254,8 +261,26 @@ void Supervisor::ResetMonitor(const std::string& run, int64_t generation, int64_
   for (const auto& r : history) (void)m->detectors->Observe(ToSample(r));
 }
 
-std::vector<incident::Detection> Supervisor::Detect(const std::string& run, Monitor* m,
-                                                    const v1::StepRecord& r) {
+bool Supervisor::OnLine(Pipeline* p, int64_t ancestor, int64_t descendant) {
+  if (ancestor == descendant) return true;
+  if (p->parents.count(descendant) == 0) {
+    if (auto gens = catalog_->ListGenerations(p->run); gens.ok()) {
+      for (const auto& g : *gens) p->parents[g.generation()] = g.parent();
+    }
+  }
+  // Parents are older than their children: the walk ends.
+  for (int64_t g = descendant; g >= 0;) {
+    if (g == ancestor) return true;
+    auto it = p->parents.find(g);
+    if (it == p->parents.end() || it->second >= g) return false;
+    g = it->second;
+  }
+  return false;
+}
+
+std::vector<incident::Detection> Supervisor::Detect(Pipeline* p, const v1::StepRecord& r) {
+  const std::string& run = p->run;
+  Monitor* m = &p->monitor;
   // Every detector that fires on this step describes one event: it opens
   // (at most) one incident, the strongest signal first, the others as
   // evidence.
@@ -264,8 +289,40 @@ std::vector<incident::Detection> Supervisor::Detect(const std::string& run, Moni
     if (e.kind == detect::MonitorEvent::kPrecursor) {
       SG_LOG(INFO) << "run " << run << " generation " << r.generation() << ": precursor "
                    << e.signal << (e.layer >= 0 ? absl::StrCat(" layer ", e.layer) : "")
-                   << " since step " << e.onset_step << " (value " << e.value << ", baseline "
-                   << e.baseline << ")";
+                   << " (" << detect::PrecursorKindName(e.precursor_kind) << ") since step "
+                   << e.onset_step << " (value " << e.value << ", baseline " << e.baseline << ")";
+      if (e.precursor_kind != detect::PrecursorWarning::kLevelCritical) continue;
+      // A critical level that persisted: what it becomes is the policy's
+      // choice (read now: such events are rare).
+      const v1::PrecursorPolicy pre = view_.PolicyFor(run).precursor();
+      const detect::PrecursorDetector::Options& levels = m->detectors->options().precursor;
+      const v1::PrecursorAction action =
+          pre.has_on_critical() ? pre.on_critical() : v1::PRECURSOR_WARN;
+      if (action == v1::PRECURSOR_WARN) {
+        WarningTracker::Levels l;
+        l.critical = levels.attn_logit_critical;
+        l.clear_below = levels.attn_logit_warn;
+        l.persistence_steps = levels.persistence_steps;
+        warnings_.OnCritical(run, r.generation(), e, l,
+                             [this, p](int64_t a, int64_t d) { return OnLine(p, a, d); });
+      } else if (action == v1::PRECURSOR_INCIDENT) {
+        incident::Detection d;
+        d.kind = incident::Detection::Kind::kPrecursor;
+        d.generation = r.generation();
+        d.onset_step = e.step;
+        d.peak_step = e.step;
+        d.peak_value = e.value;
+        d.baseline = e.baseline;
+        if (e.onset_step < e.step) d.precursor_onset_step = e.onset_step;
+        d.precursor = e.signal;
+        d.localized_signal = e.signal;
+        d.localized_layer = e.layer;
+        d.also.push_back(absl::StrCat("critical precursor ", e.signal,
+                                      e.layer >= 0 ? absl::StrCat(" layer ", e.layer) : "", " at ",
+                                      e.value, " (critical ", levels.attn_logit_critical,
+                                      ") since step ", e.onset_step));
+        found.push_back(std::move(d));
+      }
       continue;
     }
     if (!e.opens_incident()) continue;
@@ -318,8 +375,9 @@ std::vector<incident::Detection> Supervisor::Detect(const std::string& run, Moni
       case incident::Detection::Kind::kNonFinite: return 0;
       case incident::Detection::Kind::kLossSpike: return 1;
       case incident::Detection::Kind::kGradNormSpike: return 2;
+      case incident::Detection::Kind::kPrecursor: return 3;
     }
-    return 3;
+    return 4;
   };
   std::stable_sort(found.begin(), found.end(),
                    [&](const auto& a, const auto& b) { return rank(a) < rank(b); });
@@ -328,6 +386,7 @@ std::vector<incident::Detection> Supervisor::Detect(const std::string& run, Moni
     const incident::Detection& o = found[i];
     const char* name = o.kind == incident::Detection::Kind::kNonFinite       ? "non-finite"
                        : o.kind == incident::Detection::Kind::kGradNormSpike ? "grad-norm spike"
+                       : o.kind == incident::Detection::Kind::kPrecursor     ? "critical precursor"
                                                                              : "loss spike";
     d.also.push_back(absl::StrCat(name, " at step ", o.onset_step, " (peak ", o.peak_value, ")"));
     if (!d.precursor_onset_step && o.precursor_onset_step) {
@@ -381,7 +440,8 @@ void Supervisor::Deliver(Pipeline* p, std::vector<storage::CompletedStep> record
       continue;
     }
     if (r.generation() > m.generation) ResetMonitor(p->run, r.generation(), r.step(), &m);
-    const std::vector<incident::Detection> detections = Detect(p->run, &m, r);
+    const std::vector<incident::Detection> detections = Detect(p, r);
+    warnings_.OnStep(p->run, r, [this, p](int64_t a, int64_t d) { return OnLine(p, a, d); });
     // A calm record is judged now: its group commits without waiting for
     // the engine. One that fired is judged once the engine took it (an
     // incident it opened joined the group, or was written on its own).
@@ -407,6 +467,14 @@ void Supervisor::Deliver(Pipeline* p, std::vector<storage::CompletedStep> record
       opened_ns = opened_at_ns_.load();
     }
     if (!detections.empty()) Judged(1);
+    // An incident opened on this step: the run's active precursor warnings
+    // preceded it.
+    std::vector<std::tuple<std::string, int64_t, int64_t>> opened;
+    {
+      absl::MutexLock lock(&opened_mu_);
+      opened.swap(opened_);
+    }
+    for (const auto& [run, id, onset] : opened) warnings_.OnIncidentOpened(run, id, onset);
     // Arrival -> the decision: this record's detectors and engine done, or
     // for a record that opened an incident, the engine's decision to open
     // it; and for that record, -> its "opened" event durable and published
@@ -507,12 +575,42 @@ void Supervisor::Publish(const v1::Incident& incident, const v1::IncidentEvent& 
   v1::IncidentUpdate update;
   *update.mutable_incident() = incident;
   *update.mutable_event() = event;
-  if (event.kind() == "opened") opened_at_ns_.store(absl::GetCurrentTimeNanos());
+  if (event.kind() == "opened") {
+    opened_at_ns_.store(absl::GetCurrentTimeNanos());
+    absl::MutexLock lock(&opened_mu_);
+    opened_.emplace_back(incident.run(), incident.id(), incident.onset_step());
+  }
   SG_LOG(INFO) << "incident " << incident.id() << " (run " << incident.run() << "): " << event.kind()
                << (event.detail().empty() ? "" : ": ") << event.detail();
+  Broadcast(incident.run(), update);
+}
+
+void Supervisor::PublishWarning(const v1::PrecursorWarning& warning, std::string_view kind) {
+  v1::IncidentUpdate update;
+  *update.mutable_warning() = warning;
+  v1::IncidentEvent* event = update.mutable_event();
+  event->set_kind(std::string(kind));
+  event->set_unix_ms(clock_->NowUnixMillis());
+  const std::string where =
+      absl::StrCat(warning.signal(), warning.layer() >= 0 ? absl::StrCat(" layer ", warning.layer()) : "");
+  if (kind == "warning_opened") {
+    event->set_detail(absl::StrCat(where, " at ", warning.last_value(), " (critical ",
+                                   warning.threshold(), ") since step ", warning.onset_step(),
+                                   ", lead ", warning.lead_steps(), " steps"));
+  } else if (kind == "warning_cleared") {
+    event->set_detail(absl::StrCat(where, " under ", warning.clear_below(), " at step ",
+                                   warning.last_step(), " (peak ", warning.peak_value(), ")"));
+  } else {
+    event->set_detail(absl::StrCat(where, " preceded incident ", warning.incident_id(), " by ",
+                                   warning.incident_lead_steps(), " steps"));
+  }
+  Broadcast(warning.run(), update);
+}
+
+void Supervisor::Broadcast(const std::string& run, const v1::IncidentUpdate& update) {
   absl::MutexLock lock(&watch_mu_);
   for (auto& w : watchers_) {
-    if (!w->run.empty() && w->run != incident.run()) continue;
+    if (!w->run.empty() && w->run != run) continue;
     absl::MutexLock wl(&w->mu);
     // Bounded: a watcher that does not read loses the oldest updates.
     if (w->updates.size() >= 1024) w->updates.pop_front();

@@ -23,13 +23,16 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "base/clock.h"
 #include "daemon/control/catalog_adapters.h"
+#include "daemon/control/precursor_warnings.h"
 #include "daemon/control/run_control.h"
 #include "daemon/control/stream_hub.h"
 #include "daemon/detect/run_monitor.h"
@@ -104,6 +107,12 @@ class Supervisor {
   absl::StatusOr<int64_t> OperatorRewind(const std::string& run, const incident::RewindSpec& spec);
   std::optional<spikeguard::v1::Incident> LiveIncident(int64_t id);
   int OpenIncidents();
+  // The live copies of the active precursor warnings of `run` ("": every
+  // run), fresher than the catalog's (WarningTracker persists them every
+  // few steps); the others are read from the catalog.
+  std::vector<spikeguard::v1::PrecursorWarning> ActiveWarnings(const std::string& run = "") {
+    return warnings_.Active(run);
+  }
 
   // Watchers (WatchIncidents): a queue of updates for an optional run filter.
   struct Watcher {
@@ -132,6 +141,9 @@ class Supervisor {
     bool scheduled = false;
     // Touched only by the pipeline's running task.
     Monitor monitor;
+    // The run's generation tree as last read (generation -> parent), for
+    // telling which generations are on a precursor warning's line.
+    std::map<int64_t, int64_t> parents;
   };
 
   // `wait`: first wait for room (WaitForRoom).
@@ -146,13 +158,19 @@ class Supervisor {
   // were stale or delivered before).
   void Deliver(Pipeline* p, std::vector<storage::CompletedStep> records, absl::Time arrived);
   void ResetMonitor(const std::string& run, int64_t generation, int64_t first_step, Monitor* m);
-  std::vector<incident::Detection> Detect(const std::string& run, Monitor* m,
-                                          const spikeguard::v1::StepRecord& record);
+  std::vector<incident::Detection> Detect(Pipeline* p, const spikeguard::v1::StepRecord& record);
+  // Whether generation `descendant` of the pipeline's run is `ancestor` or
+  // descends from it (the tree is read again when a generation is new).
+  bool OnLine(Pipeline* p, int64_t ancestor, int64_t descendant);
   // The engine's listener: queues the update for every watcher of its run.
   // Runs as soon as the event is durable, on the thread that committed it
   // (the ingest stage's, when it joined a group, while the engine's caller
   // still holds mu_ and waits for it), so it only enqueues.
   void Publish(const spikeguard::v1::Incident& incident, const spikeguard::v1::IncidentEvent& event);
+  // A precursor warning that opened, cleared or preceded an incident, to
+  // every watcher of its run.
+  void PublishWarning(const spikeguard::v1::PrecursorWarning& warning, std::string_view kind);
+  void Broadcast(const std::string& run, const spikeguard::v1::IncidentUpdate& update);
   void TickLoop();
 
   storage::Catalog* const catalog_;
@@ -160,6 +178,7 @@ class Supervisor {
   RunControl control_;
   CatalogRunView view_;
   CatalogIncidentStore store_;
+  WarningTracker warnings_;
 
   absl::Mutex mu_;
   std::unique_ptr<incident::IncidentEngine> engine_ ABSL_GUARDED_BY(mu_);
@@ -172,6 +191,10 @@ class Supervisor {
   // Deliver reset them): an opening record's latencies end there.
   std::atomic<int64_t> decided_at_ns_{0};
   std::atomic<int64_t> opened_at_ns_{0};
+  // Incidents opened since the pipelines last looked, as (run, id, onset
+  // step): Publish records them, the run's pipeline hands them to warnings_.
+  absl::Mutex opened_mu_;
+  std::vector<std::tuple<std::string, int64_t, int64_t>> opened_ ABSL_GUARDED_BY(opened_mu_);
 
   absl::Mutex exec_mu_;
   std::map<std::string, std::unique_ptr<Pipeline>> pipelines_ ABSL_GUARDED_BY(exec_mu_);

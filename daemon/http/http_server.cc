@@ -156,6 +156,49 @@ void RunsPage(const Caller& call, httplib::Response& res) {
   Page(res, 200, "spikeguard runs", b);
 }
 
+// The run's precursor warnings (a critical precursor that persisted), apart
+// from its incidents: signal, layer, state, onset and lead.
+std::string WarningsSection(const Caller& call, const std::string& run) {
+  v1::ListWarningsRequest req;
+  req.set_run(run);
+  grpc::ClientContext ctx;
+  call.Prepare(&ctx);
+  v1::ListWarningsResponse warnings;
+  grpc::Status s = call.stub()->ListWarnings(&ctx, req, &warnings);
+  std::string b =
+      "<h2>Precursor warnings</h2>\n<table id=\"warnings\">\n<tr><th>id</th><th>state</th>"
+      "<th>signal</th><th>layer</th><th>onset</th><th>last step</th><th>peak</th>"
+      "<th>threshold</th><th>lead</th><th>incident</th></tr>\n";
+  if (!s.ok()) {
+    absl::StrAppend(&b, "<tr><td colspan=\"10\" class=\"sg-warn\">", HtmlEscape(s.error_message()),
+                    "</td></tr>\n");
+  } else if (warnings.warnings().empty()) {
+    absl::StrAppend(&b, "<tr><td colspan=\"10\">none</td></tr>\n");
+  }
+  for (const v1::PrecursorWarning& w : warnings.warnings()) {
+    const bool active = w.state() == v1::WARNING_ACTIVE;
+    const bool preceded = w.state() == v1::WARNING_PRECEDED_INCIDENT;
+    const std::string state = active     ? "<b class=\"sg-warn\">ACTIVE</b>"
+                              : preceded ? "preceded an incident"
+                                         : "cleared";
+    const std::string lead =
+        preceded ? absl::StrCat(w.incident_lead_steps(), " steps before the incident")
+                 : absl::StrCat(w.lead_steps(), " steps", active ? " so far" : "");
+    const std::string incident =
+        w.incident_id() > 0
+            ? absl::StrCat("<a href=\"/incidents/", w.incident_id(), "\">", w.incident_id(), "</a>")
+            : std::string("-");
+    absl::StrAppend(&b, "<tr><td>", w.id(), "</td><td>", state, "</td><td>", HtmlEscape(w.signal()),
+                    "</td><td>", w.layer() >= 0 ? absl::StrCat(w.layer()) : std::string("-"),
+                    "</td><td>step ", w.onset_step(), "</td><td>step ", w.last_step(), "</td><td>",
+                    absl::StrFormat("%.4g (step %d)", w.peak_value(), w.peak_step()), "</td><td>",
+                    absl::StrFormat("%.4g", w.threshold()), "</td><td>", lead, "</td><td>",
+                    incident, "</td></tr>\n");
+  }
+  absl::StrAppend(&b, "</table>\n");
+  return b;
+}
+
 void RunPage(const Caller& call, const std::string& name, httplib::Response& res) {
   v1::Run run;
   {
@@ -233,6 +276,7 @@ void RunPage(const Caller& call, const std::string& name, httplib::Response& res
     }
     b += report::RenderSvg(plot);
   }
+  b += WarningsSection(call, name);
   // Incidents.
   v1::ListIncidentsRequest ireq;
   ireq.set_run(name);

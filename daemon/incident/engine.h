@@ -143,7 +143,9 @@ struct StepObservation {
 
 // What the detectors report; the daemon converts its monitor's events.
 struct Detection {
-  enum class Kind { kLossSpike, kGradNormSpike, kNonFinite };
+  // kPrecursor: a critical precursor that persisted, opened as an incident
+  // by policy (precursor.on_critical); judged on the loss like a loss spike.
+  enum class Kind { kLossSpike, kGradNormSpike, kNonFinite, kPrecursor };
   Kind kind = Kind::kLossSpike;
   int64_t generation = 0;
   int64_t onset_step = 0;

@@ -157,6 +157,8 @@ std::string TriggerName(Detection::Kind kind) {
       return "grad_norm_spike";
     case Detection::Kind::kNonFinite:
       return "nonfinite";
+    case Detection::Kind::kPrecursor:
+      return "precursor";
   }
   return "unknown";
 }

@@ -156,6 +156,7 @@ v1::Policy DefaultPolicy() {
   pre->set_attn_logit_warn(1e3);
   pre->set_attn_logit_critical(1e4);
   pre->set_persistence_steps(5);
+  pre->set_on_critical(v1::PRECURSOR_WARN);
 
   v1::ProbePolicy* probe = p.mutable_probe();
   probe->set_min_steps_before_onset(100);
@@ -253,6 +254,12 @@ absl::Status ValidatePolicy(const v1::Policy& p) {
   if (absl::Status s = InRange("precursor.persistence_steps", pre.persistence_steps(), kMaxWindow);
       !s.ok()) {
     return s;
+  }
+  if (pre.has_on_critical() && (!v1::PrecursorAction_IsValid(pre.on_critical()) ||
+                                pre.on_critical() == v1::PRECURSOR_ACTION_UNSPECIFIED)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "precursor.on_critical: unknown value ", static_cast<int>(pre.on_critical()),
+        " (want PRECURSOR_WARN, PRECURSOR_INCIDENT or PRECURSOR_LOG)"));
   }
 
   const v1::ProbePolicy& probe = p.probe();

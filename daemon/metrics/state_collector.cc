@@ -6,9 +6,11 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "daemon/control/supervisor.h"
 #include "daemon/metrics/registry.h"
 #include "daemon/server/daemon_state.h"
 
@@ -44,6 +46,11 @@ struct CatalogSnapshot {
   bool incidents_ok = false;
   double opened = 0, open = 0, steps = 0;
   std::map<std::string, double> closed, probes;
+  // Precursor warnings: the latest of each (run, signal, layer), and how
+  // many each run opened.
+  bool warnings_ok = false;
+  std::map<std::tuple<std::string, std::string, int>, v1::PrecursorWarning> latest_warning;
+  std::map<std::string, double> warnings_opened;
 };
 
 // Every catalog read of the collector is here.
@@ -80,6 +87,22 @@ std::shared_ptr<const CatalogSnapshot> ReadCatalog(daemon::DaemonState* state) {
       for (const v1::LayerStats& l : r.layers()) row.max_logit = std::max(row.max_logit, l.max_attn_logit());
     }
     snap->runs.push_back(std::move(row));
+  }
+
+  if (absl::StatusOr<std::vector<v1::PrecursorWarning>> warnings = state->catalog->ListWarnings({});
+      warnings.ok()) {
+    snap->warnings_ok = true;
+    std::map<int64_t, v1::PrecursorWarning> live;  // fresher than the stored records
+    if (state->supervisor != nullptr) {
+      for (v1::PrecursorWarning& w : state->supervisor->ActiveWarnings()) live[w.id()] = std::move(w);
+    }
+    for (v1::PrecursorWarning& w : *warnings) {  // by id: the latest last
+      if (auto it = live.find(w.id()); it != live.end() && w.state() == v1::WARNING_ACTIVE) {
+        w = it->second;
+      }
+      snap->warnings_opened[w.run()] += 1;
+      snap->latest_warning[{w.run(), w.signal(), w.layer()}] = std::move(w);
+    }
   }
 
   absl::StatusOr<std::vector<v1::Incident>> incidents =
@@ -154,6 +177,28 @@ class StateCollector {
         sink.Gauge("spikeguard_run_max_attention_logit",
                    "The largest max attention logit over layers at the run's last committed step.",
                    labels, run.max_logit);
+      }
+    }
+    if (snap->warnings_ok) {
+      for (const auto& [run, n] : snap->warnings_opened) {
+        sink.Counter("spikeguard_precursor_warnings_opened_total",
+                     "Precursor warnings opened (a critical precursor that persisted), by run.",
+                     {{"run", run}}, n);
+      }
+      for (const auto& [key, w] : snap->latest_warning) {
+        const Labels labels = {{"run", w.run()},
+                               {"signal", w.signal()},
+                               {"layer", w.layer() >= 0 ? std::to_string(w.layer()) : "run"}};
+        sink.Gauge("spikeguard_precursor_warning_active",
+                   "1 while the latest precursor warning of the series is active, else 0.", labels,
+                   w.state() == v1::WARNING_ACTIVE ? 1 : 0);
+        sink.Gauge("spikeguard_precursor_warning_lead_steps",
+                   "Steps from the latest precursor warning's onset to its last step seen, or to "
+                   "the onset of the incident it preceded.",
+                   labels,
+                   static_cast<double>(w.state() == v1::WARNING_PRECEDED_INCIDENT
+                                           ? w.incident_lead_steps()
+                                           : w.lead_steps()));
       }
     }
     sink.Counter("spikeguard_rewinds_total", "Rewinds: generations started after the first.", {},

@@ -235,6 +235,19 @@ grpc::Status SupervisorServiceImpl::ListIncidents(Ctx* ctx, const v1::ListIncide
                    out->mutable_incidents(), out);
 }
 
+grpc::Status SupervisorServiceImpl::ListWarnings(Ctx* ctx, const v1::ListWarningsRequest* req,
+                                                 v1::ListWarningsResponse* out) {
+  auth::Principal who;
+  if (grpc::Status a = Allow(ctx, auth::Need::kRead, "ListWarnings", req->run(), &who); !a.ok()) {
+    return a;
+  }
+  storage::WarningFilter filter;
+  filter.run = req->run();
+  filter.state = req->state();
+  return ReplyPage(handler_->ListWarnings(who, filter, req->page_token()), out->mutable_warnings(),
+                   out);
+}
+
 grpc::Status SupervisorServiceImpl::GetIncident(Ctx* ctx, const v1::GetIncidentRequest* req,
                                                 v1::Incident* out) {
   if (grpc::Status a = AllowIncident(ctx, auth::Need::kRead, "GetIncident", req->id()); !a.ok()) {

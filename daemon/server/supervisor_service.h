@@ -48,6 +48,8 @@ class SupervisorServiceImpl final : public spikeguard::v1::SupervisorService::Se
                            spikeguard::v1::Incident*) override;
   grpc::Status WatchIncidents(Ctx*, const spikeguard::v1::WatchIncidentsRequest*,
                               grpc::ServerWriter<spikeguard::v1::IncidentUpdate>*) override;
+  grpc::Status ListWarnings(Ctx*, const spikeguard::v1::ListWarningsRequest*,
+                            spikeguard::v1::ListWarningsResponse*) override;
   grpc::Status Rewind(Ctx*, const spikeguard::v1::RewindRequest*,
                       spikeguard::v1::ActionResponse*) override;
   grpc::Status Replay(Ctx*, const spikeguard::v1::ReplayRequest*,

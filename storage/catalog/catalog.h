@@ -134,6 +134,11 @@ struct IncidentFilter {
   int64_t since_unix_ms = 0;  // opened at or after
 };
 
+struct WarningFilter {
+  std::string run;  // empty: all runs
+  v1::WarningState state = v1::WARNING_STATE_UNSPECIFIED;  // unspecified: any
+};
+
 // One entry of an incident's append-only event log.
 struct StoredEvent {
   int64_t seq = 0;  // global, increasing in append order
@@ -360,6 +365,18 @@ class Catalog {
                                                   const NewIncidentFn& updated);
   // In append order.
   absl::StatusOr<std::vector<StoredEvent>> ListIncidentEvents(int64_t incident_id);
+
+  // --- Precursor warnings ---------------------------------------------------
+  // Assigns and returns the id; w.id is ignored, w.run names the run
+  // (NOT_FOUND when unknown); opened_unix_ms and updated_unix_ms default to
+  // now.
+  absl::StatusOr<int64_t> CreateWarning(const v1::PrecursorWarning& w);
+  // Replaces the stored record of w.id (its run cannot change);
+  // updated_unix_ms becomes now. An incident_id must name an incident.
+  absl::Status UpdateWarning(const v1::PrecursorWarning& w);
+  absl::StatusOr<v1::PrecursorWarning> GetWarning(int64_t id);
+  // By id (= opening order).
+  absl::StatusOr<std::vector<v1::PrecursorWarning>> ListWarnings(const WarningFilter& filter);
 
   // --- Commands -------------------------------------------------------------
   // Idempotent: the same id with the same run, generation, kind and payload is

@@ -212,6 +212,27 @@ constexpr char kSchemaV6Sql[] = R"sql(
 ALTER TABLE checkpoints ADD COLUMN rolling INTEGER NOT NULL DEFAULT 0;
 )sql";
 
+// Version 7: precursor warnings (a critical precursor that persisted), one
+// row per episode; `record` is the serialized v1::PrecursorWarning, the other
+// columns are for queries. incident_id is NULL until an incident opens while
+// the warning is active.
+constexpr char kSchemaV7Sql[] = R"sql(
+CREATE TABLE precursor_warnings (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  run_id INTEGER NOT NULL REFERENCES runs (id),
+  generation INTEGER NOT NULL,
+  signal TEXT NOT NULL,
+  layer INTEGER NOT NULL,
+  state INTEGER NOT NULL,
+  onset_step INTEGER NOT NULL,
+  incident_id INTEGER REFERENCES incidents (id),
+  opened_unix_ms INTEGER NOT NULL,
+  updated_unix_ms INTEGER NOT NULL,
+  record BLOB NOT NULL
+);
+CREATE INDEX precursor_warnings_by_run ON precursor_warnings (run_id, state);
+)sql";
+
 // One migration step: `sql` then user_version = `to`, atomically.
 absl::Status Step(Database& db, const char* sql, int to) {
   SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&db));
@@ -252,6 +273,9 @@ absl::Status MigrateSchema(Database& db) {
       [[fallthrough]];
     case 5:
       SG_RETURN_IF_ERROR(Step(db, kSchemaV6Sql, 6));
+      [[fallthrough]];
+    case 6:
+      SG_RETURN_IF_ERROR(Step(db, kSchemaV7Sql, 7));
       [[fallthrough]];
     case kSchemaVersion:
       break;

@@ -22,14 +22,14 @@
 namespace spikeguard::storage {
 
 // The schema version this binary writes.
-inline constexpr int kSchemaVersion = 6;
+inline constexpr int kSchemaVersion = 7;
 
 // Every table of the current schema (for tests and `spikectl` diagnostics).
-inline constexpr std::array<std::string_view, 13> kCatalogTables = {
+inline constexpr std::array<std::string_view, 14> kCatalogTables = {
     "runs",          "generations", "checkpoints",     "manifests",
     "step_telemetry", "rank_progress", "incidents",     "incident_events",
     "commands",      "quarantine",  "audit",           "policies",
-    "launches"};
+    "launches",      "precursor_warnings"};
 
 // Refuses a newer file, enables WAL and migrates `db` to `kSchemaVersion`.
 absl::Status OpenSchema(Database& db);

@@ -312,5 +312,45 @@ TEST(FormatTest, ManifestListsDocumentsPerStep) {
   EXPECT_EQ(Cells(lines[2]), (std::vector<std::string>{"601", "605", "-"}));
 }
 
+TEST(FormatTest, WarningsAreListedApartFromIncidentsWithStateLayerAndLead) {
+  v1::ListWarningsResponse list;
+  EXPECT_EQ(FormatWarningList(list), "No precursor warnings.\n");
+  EXPECT_EQ(FormatWarningSummary(list), "");
+  EXPECT_EQ(FormatActiveWarnings(list), "");
+  v1::PrecursorWarning* w = list.add_warnings();
+  w->set_id(4);
+  w->set_run("gpt");
+  w->set_signal("max_attn_logit");
+  w->set_layer(3);
+  w->set_state(v1::WARNING_ACTIVE);
+  w->set_onset_step(300);
+  w->set_last_step(520);
+  w->set_lead_steps(220);
+  w->set_peak_value(2e4);
+  w->set_threshold(1e4);
+  v1::PrecursorWarning* p = list.add_warnings();
+  *p = *w;
+  p->set_id(5);
+  p->set_state(v1::WARNING_PRECEDED_INCIDENT);
+  p->set_incident_id(9);
+  p->set_incident_lead_steps(260);
+  const std::string table = FormatWarningList(list);
+  EXPECT_THAT(table, HasSubstr("ACTIVE"));
+  EXPECT_THAT(table, HasSubstr("preceded incident 9"));
+  EXPECT_THAT(table, HasSubstr("260 (to incident)"));
+  EXPECT_THAT(FormatActiveWarnings(list), HasSubstr("Active precursor warnings:"));
+  EXPECT_EQ(FormatWarningSummary(list),
+            "\nPrecursor warnings (not incidents): 1 active, 0 cleared, 1 preceded an incident; "
+            "see spikectl warnings list\n");
+
+  v1::IncidentUpdate update;
+  *update.mutable_warning() = *w;
+  update.mutable_event()->set_kind("warning_opened");
+  update.mutable_event()->set_detail("max_attn_logit layer 3 at 12000");
+  const std::string line = FormatIncidentUpdate(update);
+  EXPECT_THAT(line, HasSubstr("warning 4  run gpt  ACTIVE  warning_opened: max_attn_logit layer 3"));
+  EXPECT_THAT(line, Not(HasSubstr("incident 0")));
+}
+
 }  // namespace
 }  // namespace spikeguard::cli

@@ -199,6 +199,18 @@ TEST(PolicyLoadFileTest, ParseErrorNamesTheLine) {
   EXPECT_THAT(std::string(unknown.status().message()), HasSubstr("skip_window"));
 }
 
+TEST(PolicyPrecursorActionTest, DefaultIsAWarningAndAPolicyFileChoosesAnIncidentOrAnUnknownNameIsRefused) {
+  EXPECT_EQ(DefaultPolicy().precursor().on_critical(), v1::PRECURSOR_WARN);
+  auto incident = ParsePolicyText("precursor { on_critical: PRECURSOR_INCIDENT }", "inline");
+  ASSERT_TRUE(incident.ok()) << incident.status();
+  const v1::Policy merged = MergePolicy(DefaultPolicy(), *incident);
+  EXPECT_TRUE(ValidatePolicy(merged).ok());
+  EXPECT_EQ(merged.precursor().on_critical(), v1::PRECURSOR_INCIDENT);
+  auto bogus = ParsePolicyText("precursor { on_critical: PAGE_SOMEONE }", "inline");
+  ASSERT_FALSE(bogus.ok());
+  EXPECT_THAT(std::string(bogus.status().message()), HasSubstr("on_critical"));
+}
+
 TEST(PolicyLoadFileTest, MissingFileIsNotFound) {
   auto p = LoadPolicyFile(TempPath("does-not-exist.txtpb"));
   ASSERT_FALSE(p.ok());
@@ -236,6 +248,14 @@ TEST(PolicyValidateTest, RejectsUnrunnablePoliciesNamingTheField) {
        [](v1::Policy* p) { p->mutable_loss_spike()->set_shift_tolerance(NAN); }},
       {"critical below warn", "precursor.attn_logit_critical",
        [](v1::Policy* p) { p->mutable_precursor()->set_attn_logit_critical(10); }},
+      {"unknown precursor action", "precursor.on_critical",
+       [](v1::Policy* p) {
+         p->mutable_precursor()->set_on_critical(static_cast<v1::PrecursorAction>(7));
+       }},
+      {"unspecified precursor action", "precursor.on_critical",
+       [](v1::Policy* p) {
+         p->mutable_precursor()->set_on_critical(v1::PRECURSOR_ACTION_UNSPECIFIED);
+       }},
   };
   for (const BadCase& c : cases) {
     v1::Policy p = DefaultPolicy();

@@ -986,6 +986,75 @@ TEST(CatalogFile, ReopenKeepsEverything) {
   EXPECT_EQ(*(*catalog)->CommittedStep("r", 0, 0), 0);
 }
 
+TEST(CatalogFile, PrecursorWarningsAreStoredUpdatedListedByStateAndKeptAcrossAReopen) {
+  TempDir dir;
+  const std::string path = dir.File("catalog.db");
+  int64_t id = 0;
+  {
+    auto catalog = Catalog::Open({.path = path});
+    ASSERT_TRUE(catalog.ok()) << catalog.status();
+    for (const char* name : {"r", "other"}) {
+      v1::Run run;
+      run.set_name(name);
+      ASSERT_TRUE((*catalog)->CreateRun(run).ok());
+    }
+    v1::PrecursorWarning w;
+    w.set_run("r");
+    w.set_signal("max_attn_logit");
+    w.set_layer(2);
+    w.set_state(v1::WARNING_ACTIVE);
+    w.set_onset_step(300);
+    w.set_raised_step(465);
+    w.set_last_step(465);
+    w.set_peak_value(1.2e4);
+    w.set_threshold(1e4);
+    auto created = (*catalog)->CreateWarning(w);
+    ASSERT_TRUE(created.ok()) << created.status();
+    id = *created;
+    w.set_run("other");
+    ASSERT_TRUE((*catalog)->CreateWarning(w).ok());
+    w.set_run("ghost");
+    EXPECT_EQ((*catalog)->CreateWarning(w).status().code(), absl::StatusCode::kNotFound);
+
+    // An incident the warning preceded must exist.
+    v1::PrecursorWarning linked = *(*catalog)->GetWarning(id);
+    linked.set_state(v1::WARNING_PRECEDED_INCIDENT);
+    linked.set_incident_id(99);
+    EXPECT_EQ((*catalog)->UpdateWarning(linked).code(), absl::StatusCode::kNotFound);
+    linked.set_state(v1::WARNING_STATE_UNSPECIFIED);
+    linked.set_incident_id(0);
+    EXPECT_EQ((*catalog)->UpdateWarning(linked).code(), absl::StatusCode::kInvalidArgument);
+    v1::Incident inc;
+    inc.set_onset_step(600);
+    auto incident = (*catalog)->CreateIncident("r", inc);
+    ASSERT_TRUE(incident.ok());
+    linked.set_state(v1::WARNING_PRECEDED_INCIDENT);
+    linked.set_incident_id(*incident);
+    linked.set_incident_lead_steps(300);
+    linked.set_last_step(600);
+    ASSERT_TRUE((*catalog)->UpdateWarning(linked).ok());
+  }
+  auto catalog = Catalog::Open({.path = path});
+  ASSERT_TRUE(catalog.ok()) << catalog.status();
+  auto all = (*catalog)->ListWarnings({});
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->size(), 2u);
+  auto mine = (*catalog)->ListWarnings({.run = "r"});
+  ASSERT_EQ(mine->size(), 1u);
+  const v1::PrecursorWarning& w = mine->front();
+  EXPECT_EQ(w.id(), id);
+  EXPECT_EQ(w.run(), "r");
+  EXPECT_EQ(w.state(), v1::WARNING_PRECEDED_INCIDENT);
+  EXPECT_EQ(w.onset_step(), 300);
+  EXPECT_EQ(w.last_step(), 600);
+  EXPECT_EQ(w.incident_lead_steps(), 300);
+  EXPECT_EQ(w.peak_value(), 1.2e4);
+  EXPECT_GT(w.opened_unix_ms(), 0);
+  EXPECT_EQ((*catalog)->ListWarnings({.run = "", .state = v1::WARNING_ACTIVE})->size(), 1u);
+  EXPECT_EQ((*catalog)->ListWarnings({.run = "", .state = v1::WARNING_ACTIVE})->front().run(), "other");
+  EXPECT_EQ((*catalog)->ListWarnings({.run = "ghost"}).status().code(), absl::StatusCode::kNotFound);
+}
+
 // Catalog growth per step for a 64-layer model must not depend on world size.
 // A size check, not a timing: prints bytes/step and bounds it generously.
 double BytesPerStep(const std::string& path, uint32_t ranks) {

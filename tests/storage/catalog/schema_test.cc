@@ -86,7 +86,7 @@ TEST(Schema, VersionOneFileMigratesToTheCurrentSchemaKeepingItsData) {
   }
   // Turn the file into what a version-1 binary left behind.
   RawExec(path,
-          "ALTER TABLE checkpoints DROP COLUMN rolling; "
+          "DROP TABLE precursor_warnings; ALTER TABLE checkpoints DROP COLUMN rolling; "
           "DROP TABLE launches; DROP INDEX audit_by_target; ALTER TABLE audit DROP COLUMN role; "
           "ALTER TABLE audit DROP COLUMN outcome; ALTER TABLE audit DROP COLUMN peer; "
           "DROP TABLE policies; ALTER TABLE runs DROP COLUMN data_order; "
@@ -118,7 +118,7 @@ TEST(Schema, VersionTwoFileGainsTheRunsDataOrder) {
   }
   // What a version-2 binary left behind: runs without the two columns.
   RawExec(path,
-          "ALTER TABLE checkpoints DROP COLUMN rolling; "
+          "DROP TABLE precursor_warnings; ALTER TABLE checkpoints DROP COLUMN rolling; "
           "DROP TABLE launches; DROP INDEX audit_by_target; ALTER TABLE audit DROP COLUMN role; "
           "ALTER TABLE audit DROP COLUMN outcome; ALTER TABLE audit DROP COLUMN peer; "
           "ALTER TABLE runs DROP COLUMN data_order; ALTER TABLE runs DROP COLUMN total_steps; "
@@ -146,7 +146,7 @@ TEST(Schema, VersionThreeFileKeepsItsAuditRowsAndGainsWhoAndHow) {
     ASSERT_TRUE((*catalog)->AppendAudit("operator", "rewind", "old-run", "to 200").ok());
   }
   // What a version-3 binary left behind: audit without role/outcome/peer.
-  RawExec(path, std::string("ALTER TABLE checkpoints DROP COLUMN rolling; "
+  RawExec(path, std::string("DROP TABLE precursor_warnings; ALTER TABLE checkpoints DROP COLUMN rolling; "
                             "DROP TABLE launches; DROP INDEX audit_by_target; ALTER TABLE audit DROP COLUMN role; "
           "ALTER TABLE audit DROP COLUMN outcome; ALTER TABLE audit DROP COLUMN peer; "
           "PRAGMA user_version = 3;"));
@@ -193,7 +193,7 @@ TEST(Schema, VersionFourFileGainsTheLaunchesTableAndKeepsItsRuns) {
     ASSERT_TRUE((*catalog)->CreateRun(run).ok());
   }
   RawExec(path,
-          "ALTER TABLE checkpoints DROP COLUMN rolling; DROP TABLE launches; "
+          "DROP TABLE precursor_warnings; ALTER TABLE checkpoints DROP COLUMN rolling; DROP TABLE launches; "
           "PRAGMA user_version = 4;");
   auto catalog = Catalog::Open({.path = path});
   ASSERT_TRUE(catalog.ok()) << catalog.status();
@@ -236,7 +236,7 @@ TEST(Schema, VersionFiveFileKeepsItsCheckpointsAndGainsTheRollingPin) {
     c.set_complete(true);
     ASSERT_TRUE((*catalog)->UpsertCheckpoint(c).ok());
   }
-  RawExec(path, "ALTER TABLE checkpoints DROP COLUMN rolling; PRAGMA user_version = 5;");
+  RawExec(path, "DROP TABLE precursor_warnings; ALTER TABLE checkpoints DROP COLUMN rolling; PRAGMA user_version = 5;");
   auto catalog = Catalog::Open({.path = path});
   ASSERT_TRUE(catalog.ok()) << catalog.status();
   auto listed = (*catalog)->ListCheckpoints("old-run");
@@ -247,6 +247,28 @@ TEST(Schema, VersionFiveFileKeepsItsCheckpointsAndGainsTheRollingPin) {
   EXPECT_TRUE((*catalog)->ListCheckpoints("old-run")->at(0).rolling_pin());
   ASSERT_TRUE((*catalog)->SetRollingPin("old-run", -1, "").ok());  // released
   EXPECT_FALSE((*catalog)->ListCheckpoints("old-run")->at(0).rolling_pin());
+}
+
+TEST(Schema, VersionSixFileGainsThePrecursorWarningsTableKeepingItsData) {
+  TempDir dir;
+  const std::string path = dir.File("catalog.db");
+  {
+    auto catalog = Catalog::Open({.path = path});
+    ASSERT_TRUE(catalog.ok()) << catalog.status();
+    v1::Run run;
+    run.set_name("old-run");
+    ASSERT_TRUE((*catalog)->CreateRun(run).ok());
+  }
+  RawExec(path, "DROP TABLE precursor_warnings; PRAGMA user_version = 6;");
+  auto catalog = Catalog::Open({.path = path});
+  ASSERT_TRUE(catalog.ok()) << catalog.status();
+  EXPECT_TRUE((*catalog)->GetRun("old-run").ok());
+  EXPECT_TRUE((*catalog)->ListWarnings({})->empty());
+  v1::PrecursorWarning w;
+  w.set_run("old-run");
+  w.set_signal("max_attn_logit");
+  w.set_state(v1::WARNING_ACTIVE);
+  EXPECT_TRUE((*catalog)->CreateWarning(w).ok());
 }
 
 TEST(Schema, InMemoryDatabaseMigratesToo) {
