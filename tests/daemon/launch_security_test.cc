@@ -353,6 +353,44 @@ TEST_F(LaunchSecurityTest, CheckpointsOutsideTheRootAreRefusedAndNotStored) {
   EXPECT_EQ(Checkpoints("r").size(), 2u);
 }
 
+// The daemon %-decoded file:// URIs and the reference worker only stripped
+// "file://": with a directory ROOT/r/a%2fb, "file://ROOT/r/a%2fb/../../x"
+// was ROOT/r/x to the daemon's check and ROOT/r/a%2fb/../../x, outside the
+// root, to the worker. Both read URIs through one parser now, which refuses
+// an encoded separator and "." or ".." segments, and file://localhost/P is P.
+TEST_F(LaunchSecurityTest, ACheckpointUriHasOneReading) {
+  ASSERT_TRUE(Create("r", Spec("lister")).ok());
+  fs::create_directories(root_ + "/r/a%2fb");
+  fs::create_directories(root_ + "/r/x");
+  std::ofstream(root_ + "/outside.bin") << "secret";
+  for (const std::string& uri : {
+           absl::StrCat("file://", root_, "/r/a%2fb/../../outside.bin"),
+           absl::StrCat("file://", root_, "/r/a%2Fb/../../outside.bin"),
+           absl::StrCat("file://", root_, "/r/x/../step-1"),
+           absl::StrCat("file://", root_, "/r/./step-1"),
+           absl::StrCat(root_, "/r/x/../step-1"),
+           absl::StrCat("file://", root_, "/r/step-1?x"),
+           absl::StrCat("file://", root_, "/r/step-1#x"),
+           absl::StrCat("file://remote", root_, "/r/step-1"),
+       }) {
+    grpc::Status s = Register("r", 10, uri);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << uri;
+    EXPECT_THAT(s.error_message(), HasSubstr("checkpoint.uri")) << uri;
+  }
+  EXPECT_TRUE(Checkpoints("r").empty());
+  // The same file in three spellings; an encoded byte of a real name is decoded.
+  std::ofstream(root_ + "/r/step 20%") << "x";
+  for (const std::string& uri : {absl::StrCat("file://localhost", root_, "/r/step%2020%25"),
+                                 absl::StrCat("file://", root_, "/r/step%2020%25"),
+                                 absl::StrCat(root_, "/r/step 20%")}) {
+    auto path = daemon::CheckpointGuard::PathOfUri(uri);
+    ASSERT_TRUE(path.ok()) << uri << ": " << path.status();
+    EXPECT_EQ(*path, root_ + "/r/step 20%") << uri;
+  }
+  EXPECT_TRUE(Register("r", 20, absl::StrCat("file://localhost", root_, "/r/step%2020%25")).ok());
+  EXPECT_EQ(Checkpoints("r").size(), 1u);
+}
+
 // With the run's root a symbolic link to "/", every path was inside it: a
 // worker token registered /etc/shadow, and a rewind named /etc/passwd.
 TEST_F(LaunchSecurityTest, ASymlinkedCheckpointRootConfinesNothingAndIsRefused) {
@@ -630,6 +668,13 @@ TEST(CheckpointGuardTest, UriForms) {
   EXPECT_FALSE(G::PathOfUri("gs://b/x").ok());
   EXPECT_FALSE(G::PathOfUri("file:///a%00b").ok());
   EXPECT_FALSE(G::PathOfUri("file:///a%zz").ok());
+  EXPECT_FALSE(G::PathOfUri("file:///a%2fb").ok());
+  EXPECT_FALSE(G::PathOfUri("file:///a/%2e%2e/b").ok());
+  EXPECT_FALSE(G::PathOfUri("file:///a/b?c").ok());
+  EXPECT_EQ(*G::PathOfUri("file:///a%3Fb%23c"), "/a?b#c");
+  EXPECT_EQ(*G::PathOfUri("file://LOCALHOST/a"), "/a");
+  EXPECT_EQ(*G::PathOfUri("/a/b%2fc"), "/a/b%2fc");  // a plain path is literal
+  EXPECT_THAT(G::PathOfUri("file://host/a").status().message(), HasSubstr("host 'host'"));
 }
 
 }  // namespace
