@@ -184,6 +184,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options) {
   if (absl::Status s = d->StartLaunchProfiles(options); !s.ok()) return s;
   d->supervisor_ = std::make_unique<Supervisor>(d->catalog_.get(), &d->state_->hub, options.clock);
   d->supervisor_->view()->set_checkpoint_guard(d->checkpoints_.get());
+  d->supervisor_->view()->set_launch_profiles(d->profiles_.get());
   d->supervisor_->SetMetrics(&d->state_->metrics);
   if (options.detection_latency_observer) {
     d->supervisor_->SetLatencyObserver(options.detection_latency_observer);

@@ -16,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "storage/catalog/catalog.h"
 #include "storage/checkpoint/checksum.h"
+#include "storage/corpus/corpus_tools.h"
 #include "tests/daemon/daemon_fixture.h"
 
 namespace spikeguard::testing {
@@ -276,6 +277,50 @@ TEST_F(LaunchSecurityTest, CorpusDirMustBeUnderTheProfilesCorpusRoot) {
   EXPECT_EQ(Create("c3", bare).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   spec.mutable_manifest()->set_corpus_dir(corpora_ + "/c1");
   EXPECT_TRUE(Create("c4", spec).ok());
+}
+
+// The corpus dir was confined when the run was created only: replaced later
+// by a symlink to a corpus outside the root, the manifest resolved (and the
+// report previewed) the outside corpus. It is confined at every use now.
+TEST_F(LaunchSecurityTest, ACorpusDirReplacedByASymlinkLeadingOutIsRefusedAtUse) {
+  storage::SynthOptions synth;
+  synth.global_batch_size = 4;
+  synth.sequence_length = 16;
+  synth.positions = 64;
+  ASSERT_TRUE(storage::SynthesizeCorpus(corpora_ + "/mine", 7, {}, synth).ok());
+  ASSERT_TRUE(storage::SynthesizeCorpus(dir_.File("outside"), 8, {}, synth).ok());
+  v1::RunSpec spec = Spec("lister");
+  spec.mutable_manifest()->set_corpus_dir(corpora_ + "/mine");
+  ASSERT_TRUE(Create("swapped", spec).ok());
+  auto resolve = [&](v1::ResolveManifestResponse* out) {
+    grpc::ClientContext ctx;
+    v1::ResolveManifestRequest req;
+    req.set_run("swapped");
+    req.set_from_step(0);
+    req.set_to_step(1);
+    return supervisor_->ResolveManifest(&ctx, req, out);
+  };
+  v1::ResolveManifestResponse before;
+  grpc::Status s = resolve(&before);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(before.steps_size(), 2);
+
+  fs::rename(corpora_ + "/mine", corpora_ + "/mine.orig");
+  fs::create_directory_symlink(dir_.File("outside"), corpora_ + "/mine");
+  v1::ResolveManifestResponse after;
+  s = resolve(&after);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("corpus dir '" + corpora_ + "/mine'"));
+  EXPECT_THAT(s.error_message(), HasSubstr("outside the corpus root"));
+  EXPECT_EQ(after.steps_size(), 0);
+
+  // Put back, it resolves as before: nothing was lost, the daemon is up.
+  fs::remove(corpora_ + "/mine");
+  fs::rename(corpora_ + "/mine.orig", corpora_ + "/mine");
+  v1::ResolveManifestResponse again;
+  s = resolve(&again);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(again.SerializeAsString(), before.SerializeAsString());
 }
 
 TEST_F(LaunchSecurityTest, ALegacyRunIsNotLaunchedUntilAnAdminMapsIt) {
