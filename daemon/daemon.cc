@@ -14,6 +14,7 @@
 #include "daemon/auth/authorizer.h"
 #include "daemon/http/http_server.h"
 #include "daemon/metrics/state_collector.h"
+#include "daemon/auth/token_gate.h"
 #include "daemon/server/audit_interceptor.h"
 #include "daemon/server/parse_errors.h"
 #include "daemon/control/supervisor.h"
@@ -216,6 +217,19 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options) {
     }
     credentials = grpc::SslServerCredentials(ssl);
     d->tls_ = true;
+  }
+  // A caller's token is checked as its call arrives, before gRPC reads the
+  // request message (auth/token_gate.h). gRPC runs the check only on secure
+  // credentials: clear text on loopback uses local credentials, which are
+  // clear text on the wire too.
+  if (d->authorizer_->enabled() && (d->tls_ || loopback)) {
+    if (!d->tls_) credentials = grpc::experimental::LocalServerCredentials(LOCAL_TCP);
+    storage::Catalog* catalog = d->catalog_.get();
+    d->token_gate_ = std::make_shared<auth::TokenGate>(
+        d->authorizer_.get(), [catalog](const std::string& method, const grpc::Status& status) {
+          AuditRefusedBeforeRead(catalog, method, status);
+        });
+    credentials->SetAuthMetadataProcessor(d->token_gate_);
   }
   d->state_->tls = d->tls_;
 
