@@ -93,6 +93,8 @@ absl::StatusOr<std::string> WorkerTokenKey(const std::string& path) {
 // Removes gRPC's reflection plugin, which linking grpc++_reflection
 // registers with every server builder by a static initializer: reflection
 // stays off unless asked for.
+constexpr int kHandshakeTimeoutMs = 10'000;
+
 class WithoutReflection : public grpc::ServerBuilderOption {
  public:
   void UpdateArguments(grpc::ChannelArguments*) override {}
@@ -303,6 +305,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options) {
     builder.experimental().SetInterceptorCreators(std::move(creators));
   }
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.limits.max_message_bytes));
+  // A connection that has not finished its handshake (TLS, and the HTTP/2
+  // preface and settings) within 10 s is closed: gRPC's default, 120 s, let
+  // hundreds of silent connections stay open for two minutes each.
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, kHandshakeTimeoutMs);
   builder.RegisterService(d->worker_service_.get());
   builder.RegisterService(d->supervisor_service_.get());
   d->server_ = builder.BuildAndStart();
