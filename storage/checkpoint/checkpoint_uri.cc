@@ -48,9 +48,9 @@ absl::StatusOr<std::string> CheckpointPathOfUri(absl::string_view uri) {
       return Bad(uri, "a file:// URI must name a local absolute path (file:///PATH)");
     }
     rest = rest.substr(slash);
-    if (rest.find_first_of("?#") != absl::string_view::npos) {
-      return Bad(uri, "'?' and '#' (a query or fragment) are not part of a checkpoint URI; "
-                      "encode them in a file name as %3F and %23");
+    if (rest.find_first_of("?#;") != absl::string_view::npos) {
+      return Bad(uri, "'?', '#' and ';' (a query, fragment or parameters) are not part of a "
+                      "checkpoint URI; encode them in a file name as %3F, %23 and %3B");
     }
     for (size_t i = 0; i < rest.size(); ++i) {
       if (rest[i] != '%') {

@@ -16,8 +16,9 @@
 //   4096 bytes;
 //   an encoded separator (%2F): no file name holds a '/', so it only hides
 //   one from a reader that does not decode;
-//   '?' or '#' in a file:// URI: a reader that splits off a query or a
-//   fragment would open another file (encode them as %3F and %23);
+//   '?', '#' or ';' in a file:// URI: a reader that splits off a query, a
+//   fragment or parameters (Python's urlparse) would open another file
+//   (encode them as %3F, %23 and %3B);
 //   a "." or ".." segment, literal or encoded: a reader that normalizes the
 //   text (Python's os.path.abspath) and the kernel, which follows symbolic
 //   links before "..", disagree about where it leads.

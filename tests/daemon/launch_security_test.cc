@@ -416,6 +416,7 @@ TEST_F(LaunchSecurityTest, ACheckpointUriHasOneReading) {
            absl::StrCat(root_, "/r/x/../step-1"),
            absl::StrCat("file://", root_, "/r/step-1?x"),
            absl::StrCat("file://", root_, "/r/step-1#x"),
+           absl::StrCat("file://", root_, "/r/step-1;x"),
            absl::StrCat("file://remote", root_, "/r/step-1"),
        }) {
     grpc::Status s = Register("r", 10, uri);
