@@ -14,6 +14,7 @@
 #include "daemon/auth/authorizer.h"
 #include "daemon/http/http_server.h"
 #include "daemon/metrics/state_collector.h"
+#include "daemon/auth/token_gate.h"
 #include "daemon/server/audit_interceptor.h"
 #include "daemon/server/parse_errors.h"
 #include "daemon/control/supervisor.h"
@@ -92,6 +93,8 @@ absl::StatusOr<std::string> WorkerTokenKey(const std::string& path) {
 // Removes gRPC's reflection plugin, which linking grpc++_reflection
 // registers with every server builder by a static initializer: reflection
 // stays off unless asked for.
+constexpr int kHandshakeTimeoutMs = 10'000;
+
 class WithoutReflection : public grpc::ServerBuilderOption {
  public:
   void UpdateArguments(grpc::ChannelArguments*) override {}
@@ -184,6 +187,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options) {
   if (absl::Status s = d->StartLaunchProfiles(options); !s.ok()) return s;
   d->supervisor_ = std::make_unique<Supervisor>(d->catalog_.get(), &d->state_->hub, options.clock);
   d->supervisor_->view()->set_checkpoint_guard(d->checkpoints_.get());
+  d->supervisor_->view()->set_launch_profiles(d->profiles_.get());
   d->supervisor_->SetMetrics(&d->state_->metrics);
   if (options.detection_latency_observer) {
     d->supervisor_->SetLatencyObserver(options.detection_latency_observer);
@@ -215,6 +219,19 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options) {
     }
     credentials = grpc::SslServerCredentials(ssl);
     d->tls_ = true;
+  }
+  // A caller's token is checked as its call arrives, before gRPC reads the
+  // request message (auth/token_gate.h). gRPC runs the check only on secure
+  // credentials: clear text on loopback uses local credentials, which are
+  // clear text on the wire too.
+  if (d->authorizer_->enabled() && (d->tls_ || loopback)) {
+    if (!d->tls_) credentials = grpc::experimental::LocalServerCredentials(LOCAL_TCP);
+    storage::Catalog* catalog = d->catalog_.get();
+    d->token_gate_ = std::make_shared<auth::TokenGate>(
+        d->authorizer_.get(), [catalog](const std::string& method, const grpc::Status& status) {
+          AuditRefusedBeforeRead(catalog, method, status);
+        });
+    credentials->SetAuthMetadataProcessor(d->token_gate_);
   }
   d->state_->tls = d->tls_;
 
@@ -288,6 +305,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options) {
     builder.experimental().SetInterceptorCreators(std::move(creators));
   }
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.limits.max_message_bytes));
+  // A connection that has not finished its handshake (TLS, and the HTTP/2
+  // preface and settings) within 10 s is closed: gRPC's default, 120 s, let
+  // hundreds of silent connections stay open for two minutes each.
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, kHandshakeTimeoutMs);
   builder.RegisterService(d->worker_service_.get());
   builder.RegisterService(d->supervisor_service_.get());
   d->server_ = builder.BuildAndStart();

@@ -44,6 +44,7 @@ class Catalog;
 
 namespace spikeguard::auth {
 class Authorizer;
+class TokenGate;
 }
 
 namespace spikeguard::daemon {
@@ -153,6 +154,7 @@ class Daemon {
   std::string admin_token_file_;
   bool tls_ = false;
   std::unique_ptr<auth::Authorizer> authorizer_;
+  std::shared_ptr<auth::TokenGate> token_gate_;  // null without one (auth/token_gate.h)
   std::unique_ptr<storage::Catalog> catalog_;
   std::unique_ptr<LaunchProfiles> profiles_;
   std::unique_ptr<CheckpointGuard> checkpoints_;

@@ -122,16 +122,19 @@ absl::StatusOr<const storage::Corpus*> CatalogRunView::CorpusFor(const std::stri
   if (m.corpus_dir().empty()) {
     return absl::NotFoundError(absl::StrCat("run '", run, "' has no manifest with a corpus"));
   }
+  std::string dir = m.corpus_dir();
+  if (profiles_ != nullptr) {
+    SG_ASSIGN_OR_RETURN(dir, profiles_->CorpusDir(run, r.spec()));
+  }
   absl::MutexLock lock(&mu_);
   auto it = corpora_.find(run);
   if (it == corpora_.end()) {
-    SG_ASSIGN_OR_RETURN(std::unique_ptr<storage::Corpus> corpus,
-                        storage::Corpus::Open(m.corpus_dir()));
+    SG_ASSIGN_OR_RETURN(std::unique_ptr<storage::Corpus> corpus, storage::Corpus::Open(dir));
     it = corpora_.emplace(run, std::move(corpus)).first;
   }
   // Fields the spec leaves unset come from the data order the workers
   // reported training with (their hello), then the corpus's default manifest.
-  SG_ASSIGN_OR_RETURN(storage::CorpusMetadata meta, storage::ReadCorpusMetadata(m.corpus_dir()));
+  SG_ASSIGN_OR_RETURN(storage::CorpusMetadata meta, storage::ReadCorpusMetadata(dir));
   *manifest = meta.default_manifest;
   manifest->dataset_fingerprint = it->second->fingerprint();
   if (r.has_data_order()) {

@@ -38,6 +38,11 @@ class CatalogRunView final : public incident::RunView {
   // (inside the run's checkpoint root, file there, checksum matching); each
   // one left out is logged with the reason.
   void set_checkpoint_guard(CheckpointGuard* guard) { guard_ = guard; }
+  // When set, a run's corpus dir is read only after LaunchProfiles::CorpusDir
+  // confines it again (every manifest resolution, not only the run's
+  // creation): a dir replaced since by a symlink leading out of its profile's
+  // corpus_root is refused, naming it.
+  void set_launch_profiles(LaunchProfiles* profiles) { profiles_ = profiles; }
 
   absl::StatusOr<std::vector<incident::CheckpointInfo>> Checkpoints(const std::string& run) override;
   absl::StatusOr<std::vector<incident::StepObservation>> Steps(const std::string& run,
@@ -94,6 +99,7 @@ class CatalogRunView final : public incident::RunView {
 
   CheckpointGuard* guard_ = nullptr;
   storage::Catalog* const catalog_;
+  LaunchProfiles* profiles_ = nullptr;
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<storage::Corpus>> corpora_ ABSL_GUARDED_BY(mu_);
   // Built on the first query of a run (one pass over its corpus).

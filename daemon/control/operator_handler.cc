@@ -713,7 +713,18 @@ absl::StatusOr<v1::Incident> DaemonOperatorHandler::GetIncident(int64_t id) {
     }
   }
   // The culprit documents' first bytes, for the report's preview.
-  if (auto run = state_->catalog->GetRun(out.run()); run.ok()) AttachDocumentPreviews(*run, &out);
+  // The corpus dir is confined again now: one replaced by a symlink leading
+  // out of its root since the run was created is not read.
+  if (auto run = state_->catalog->GetRun(out.run());
+      run.ok() && !run->spec().manifest().corpus_dir().empty()) {
+    absl::StatusOr<std::string> dir = run->spec().manifest().corpus_dir();
+    if (state_->profiles != nullptr) dir = state_->profiles->CorpusDir(out.run(), run->spec());
+    if (dir.ok()) {
+      AttachDocumentPreviews(*dir, &out);
+    } else {
+      SG_LOG(WARNING) << "incident " << id << ": no document previews: " << dir.status().message();
+    }
+  }
   return out;
 }
 

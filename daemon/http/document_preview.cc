@@ -22,8 +22,7 @@ bool PlainName(const std::string& name) {
 
 }  // namespace
 
-void AttachDocumentPreviews(const v1::Run& run, v1::Incident* incident) {
-  const std::string& dir = run.spec().manifest().corpus_dir();
+void AttachDocumentPreviews(const std::string& dir, v1::Incident* incident) {
   if (dir.empty()) return;
   std::map<std::string, std::unique_ptr<storage::IndexedDataset>> open;
   int done = 0;

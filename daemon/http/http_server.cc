@@ -351,7 +351,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpOptions&
   http->state_ = state;
   http->channel_ = std::move(channel);
   if (want_tls) {
-    auto ssl = std::make_unique<httplib::SSLServer>(
+    auto ssl = std::make_unique<StreamServer<httplib::SSLServer>>(
         options.tls_cert_file.c_str(), options.tls_key_file.c_str(),
         options.tls_client_ca_file.empty() ? nullptr : options.tls_client_ca_file.c_str());
     if (!ssl->is_valid()) {
@@ -359,13 +359,15 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpOptions&
           "the web view cannot use --tls-cert '", options.tls_cert_file, "' / --tls-key '",
           options.tls_key_file, "'", options.tls_client_ca_file.empty() ? "" : " / --tls-client-ca"));
     }
+    http->ssl_ctx_ = ssl->ssl_context();
+    http->requests_ = ssl.get();
     http->server_ = std::move(ssl);
     http->tls_ = true;
   } else {
-    http->server_ = std::make_unique<httplib::Server>();
+    auto plain = std::make_unique<StreamServer<httplib::Server>>();
+    http->requests_ = plain.get();
+    http->server_ = std::move(plain);
   }
-  http->server_->set_read_timeout(10, 0);
-  http->server_->set_write_timeout(10, 0);
   http->server_->set_payload_max_length(64 << 10);
   http->Install();
   if (port == 0) {
@@ -377,8 +379,11 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpOptions&
     }
     http->port_ = port;
   }
-  httplib::Server* server = http->server_.get();
-  http->thread_ = std::thread([server] { server->listen_after_bind(); });
+  // Connections are accepted and read by the connection loop (deadlines and
+  // a cap); cpp-httplib parses and routes each request.
+  auto loop = ConnectionLoop::Start(http->requests_, http->ssl_ctx_, options.limits);
+  if (!loop.ok()) return loop.status();
+  http->connections_ = std::move(*loop);
   SG_LOG(INFO) << "web view on " << (http->tls_ ? "https://" : "http://") << host << ":" << http->port_;
   return http;
 }
@@ -442,8 +447,7 @@ void HttpServer::Install() {
 }
 
 void HttpServer::Stop() {
-  if (server_ != nullptr) server_->stop();
-  if (thread_.joinable()) thread_.join();
+  if (connections_ != nullptr) connections_->Stop();
 }
 
 HttpServer::~HttpServer() { Stop(); }

@@ -20,14 +20,10 @@
 
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "absl/status/statusor.h"
+#include "daemon/http/http_connections.h"
 #include "grpcpp/channel.h"
-
-namespace httplib {
-class Server;
-}
 
 namespace spikeguard::daemon {
 
@@ -41,11 +37,14 @@ struct HttpOptions {
   std::string tls_cert_file, tls_key_file, tls_client_ca_file;
   // Serve clear text on a non-loopback address (refused otherwise).
   bool insecure = false;
+  // Connections: how many at once, and how long a request may take to arrive
+  // (daemon/http/http_connections.h).
+  ConnectionLimits limits;
 };
 
 class HttpServer {
  public:
-  // Binds and starts serving on a thread of its own. `channel` reaches the
+  // Binds and starts serving on threads of its own. `channel` reaches the
   // daemon's SupervisorService (its in-process channel).
   static absl::StatusOr<std::unique_ptr<HttpServer>> Start(const HttpOptions& options,
                                                            DaemonState* state,
@@ -63,7 +62,9 @@ class HttpServer {
   DaemonState* state_ = nullptr;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<httplib::Server> server_;
-  std::thread thread_;
+  RequestServer* requests_ = nullptr;  // server_, its parser and router
+  SSL_CTX* ssl_ctx_ = nullptr;         // server_'s when TLS is on
+  std::unique_ptr<ConnectionLoop> connections_;
   int port_ = 0;
   bool tls_ = false;
 };

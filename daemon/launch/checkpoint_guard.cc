@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "storage/checkpoint/checkpoint_uri.h"
 #include "storage/checkpoint/checksum.h"
 
 namespace spikeguard::daemon {
@@ -22,7 +23,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr size_t kMaxUri = 4096;
 constexpr char kRefMagic[8] = {'S', 'G', 'C', 'K', 'P', 'T', '\0', '\0'};
 constexpr char kRefEnd[8] = {'S', 'G', 'C', 'K', 'E', 'N', 'D', '\0'};
 constexpr char kTorchMagic[8] = {'S', 'G', 'T', 'O', 'R', 'C', 'H', '1'};
@@ -93,46 +93,7 @@ struct Sha256 {
 }  // namespace
 
 absl::StatusOr<std::string> CheckpointGuard::PathOfUri(const std::string& uri) {
-  if (uri.empty()) return absl::InvalidArgumentError("uri: empty");
-  if (uri.size() > kMaxUri) {
-    return absl::InvalidArgumentError(absl::StrCat("uri: longer than ", kMaxUri, " bytes"));
-  }
-  std::string encoded;
-  if (absl::StartsWith(uri, "file://")) {
-    encoded = uri.substr(7);
-    if (absl::StartsWith(encoded, "localhost/")) encoded = encoded.substr(9);
-    if (encoded.empty() || encoded[0] != '/') {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "uri ", Quoted(uri), ": a file:// URI must name a local absolute path (file:///PATH)"));
-    }
-    std::string decoded;
-    for (size_t i = 0; i < encoded.size(); ++i) {
-      if (encoded[i] == '%' && i + 2 < encoded.size() && HexValue(encoded[i + 1]) >= 0 &&
-          HexValue(encoded[i + 2]) >= 0) {
-        decoded.push_back(static_cast<char>(HexValue(encoded[i + 1]) * 16 + HexValue(encoded[i + 2])));
-        i += 2;
-      } else if (encoded[i] == '%') {
-        return absl::InvalidArgumentError(absl::StrCat("uri ", Quoted(uri), ": bad %-escape"));
-      } else {
-        decoded.push_back(encoded[i]);
-      }
-    }
-    encoded = decoded;
-  } else if (uri.find("://") != std::string::npos || (uri[0] != '/' && uri.find(':') != std::string::npos)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "uri ", Quoted(uri), ": only a local path or a file:// URI may be registered"));
-  } else {
-    encoded = uri;
-  }
-  if (encoded.find('\0') != std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat("uri ", Quoted(uri), ": contains NUL"));
-  }
-  if (encoded.empty() || encoded[0] != '/') {
-    return absl::InvalidArgumentError(
-        absl::StrCat("uri ", Quoted(uri), ": a relative path; give an absolute path in the run's "
-                                          "checkpoint root"));
-  }
-  return encoded;
+  return storage::CheckpointPathOfUri(uri);
 }
 
 absl::StatusOr<std::string> CheckpointGuard::RootFor(const std::string& run) {

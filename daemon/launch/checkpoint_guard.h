@@ -53,8 +53,8 @@ class CheckpointGuard {
   // FAILED_PRECONDITION naming the checkpoint and why otherwise.
   absl::StatusOr<std::string> Verify(const spikeguard::v1::Checkpoint& c);
 
-  // The path a file:// URI or plain path names (percent-decoded), without
-  // confinement; INVALID_ARGUMENT for other schemes and relative paths.
+  // The path a file:// URI or plain path names (storage::CheckpointPathOfUri),
+  // without confinement; INVALID_ARGUMENT naming what is wrong otherwise.
   static absl::StatusOr<std::string> PathOfUri(const std::string& uri);
 
  private:

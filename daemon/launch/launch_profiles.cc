@@ -735,6 +735,43 @@ absl::StatusOr<LaunchCommand> LaunchProfiles::Build(const std::string& run, cons
   return cmd;
 }
 
+absl::StatusOr<std::string> LaunchProfiles::CorpusDir(const std::string& run,
+                                                      const v1::RunSpec& spec) {
+  const std::string& dir = spec.manifest().corpus_dir();
+  if (dir.empty()) {
+    return absl::NotFoundError(absl::StrCat("run '", run, "' has no manifest with a corpus"));
+  }
+  const std::string what = absl::StrCat("corpus dir ", Quoted(dir), " of run '", run, "'");
+  if (spec.profile().empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, " is refused: a corpus dir is allowed only under a launch profile's corpus_root"));
+  }
+  auto profile = Find(spec.profile());
+  if (!profile.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(what, ": ", profile.status().message()));
+  }
+  if (profile->corpus_root().empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(what, " is refused: profile ",
+                                                      Quoted(profile->name()), " has no corpus_root"));
+  }
+  if (dir[0] != '/' || dir.size() > kMaxPathLength || dir.find('\0') != std::string::npos) {
+    return absl::FailedPreconditionError(absl::StrCat(what, " is not an absolute path"));
+  }
+  auto root = Canonical(profile->corpus_root());
+  auto path = Canonical(dir);
+  if (!root.ok() || !path.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, ": ", (root.ok() ? path : root).status().message()));
+  }
+  if (!Inside(*path, *root)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, " now resolves to ", Quoted(path->string()), ", outside the corpus root ",
+        Quoted(root->string()), " of profile ", Quoted(profile->name()),
+        " (replaced by a symbolic link since the run was created?); it is not read"));
+  }
+  return path->string();
+}
+
 absl::StatusOr<std::optional<std::string>> LaunchProfiles::CheckpointRoot(const std::string& run,
                                                                           const v1::RunSpec& spec) {
   if (spec.profile().empty()) return std::optional<std::string>();

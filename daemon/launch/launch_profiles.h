@@ -85,6 +85,15 @@ class LaunchProfiles {
                                       uint32_t world_size,
                                       const std::map<std::string, std::string>& values);
 
+  // The canonical corpus dir of a stored run, checked again at every use
+  // (the corpus of a manifest resolution, a document preview): the dir is
+  // resolved now, through whatever symlinks it holds today, and must still
+  // be inside its profile's corpus_root; FAILED_PRECONDITION naming the dir,
+  // where it resolves and the root otherwise. NOT_FOUND when the spec names
+  // no corpus dir.
+  absl::StatusOr<std::string> CorpusDir(const std::string& run,
+                                        const spikeguard::v1::RunSpec& spec);
+
   // The run's checkpoint root per its profile ("{run}" substituted), or
   // nullopt when the spec names no profile. NOT_FOUND when the profile is
   // gone.

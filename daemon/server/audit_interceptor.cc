@@ -210,6 +210,20 @@ void AuditRefusedStream(const auth::Authorizer* authorizer, storage::Catalog* ca
   }
 }
 
+void AuditRefusedBeforeRead(storage::Catalog* catalog, const std::string& method,
+                            const grpc::Status& status) {
+  if (!absl::StartsWith(method, "/spikeguard.v1.")) return;
+  spikeguard::v1::AuditEntry e;
+  e.set_principal("unauthenticated");
+  e.set_rpc(LogText(method.substr(method.rfind('/') + 1), 128));
+  e.set_outcome(CodeName(status.error_code()));
+  e.set_detail(LogText(absl::StrCat(status.error_message(), " (refused before its request was read)"),
+                       kMaxDetail));
+  if (auto s = catalog->AppendAudit(e); !s.ok()) {
+    SG_LOG(WARNING) << "audit: could not record " << e.rpc() << ": " << s.status().message();
+  }
+}
+
 std::unique_ptr<exp::ServerInterceptorFactoryInterface> MakeAuditInterceptorFactory(
     const auth::Authorizer* authorizer, storage::Catalog* catalog) {
   return std::make_unique<AuditFactory>(authorizer, catalog);

@@ -33,6 +33,12 @@ void AuditRefusedStream(const auth::Authorizer* authorizer, storage::Catalog* ca
                         const grpc::ServerContextBase& context, const std::string& rpc,
                         const std::string& run, const grpc::Status& status);
 
+// Records a call refused UNAUTHENTICATED before its request was read
+// (auth/token_gate.h): `method` is the full name ("/spikeguard.v1.X/Rewind");
+// the run is unknown, so the row has none. Other services are not recorded.
+void AuditRefusedBeforeRead(storage::Catalog* catalog, const std::string& method,
+                            const grpc::Status& status);
+
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> MakeAuditInterceptorFactory(
     const auth::Authorizer* authorizer, storage::Catalog* catalog);
 

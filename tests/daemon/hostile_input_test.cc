@@ -2,7 +2,10 @@
 // real catalog): every one is answered with a clear error naming the field
 // and value, nothing is stored that makes the daemon unusable for others,
 // and nothing a client sends holds memory or a thread for ever.
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <malloc.h>
 #include <unistd.h>
 
@@ -13,8 +16,10 @@
 #include <limits>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "cli/spikectl.h"
 #include "base/clock.h"
 #include "daemon/ingest/limits.h"
@@ -205,6 +210,44 @@ TEST_F(HostileInputTest, MalformedUnaryRequestIsInvalidArgument) {
   cq.Shutdown();
   while (cq.Next(&tag, &ok)) {
   }
+}
+
+// Connections that never send gRPC's preface (a TCP connect, then nothing,
+// or a few bytes) held their slot for gRPC's default handshake timeout,
+// 120 s. The daemon closes them after 10 s and serves on meanwhile.
+TEST_F(HostileInputTest, SilentConnectionsAreClosedAfterTheHandshakeTimeout) {
+  std::vector<int> silent;
+  for (int i = 0; i < 50; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(daemon_->port()));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    if (i % 2 == 1) (void)send(fd, "PRI * HTTP/2.0\r\n", 16, MSG_NOSIGNAL);  // half a preface
+    silent.push_back(fd);
+  }
+  EXPECT_TRUE(Serving());
+  const absl::Time start = absl::Now();
+  std::vector<bool> closed(silent.size(), false);
+  size_t open = silent.size();
+  while (open > 0 && absl::Now() - start < absl::Seconds(30)) {
+    for (size_t i = 0; i < silent.size(); ++i) {
+      if (closed[i]) continue;
+      char buf[256];
+      const ssize_t n = recv(silent[i], buf, sizeof(buf), MSG_DONTWAIT);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+        closed[i] = true;
+        --open;
+      }
+    }
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  std::printf("50 silent connections: %zu still open after %s\n", open,
+              absl::FormatDuration(absl::Now() - start).c_str());
+  EXPECT_EQ(open, 0u);
+  for (int fd : silent) close(fd);
+  EXPECT_TRUE(Serving());
 }
 
 // The walker the fuzzers and tools use names the path, indices included.

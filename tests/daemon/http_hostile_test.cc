@@ -9,6 +9,8 @@
 
 #include <httplib.h>
 
+#include <cerrno>
+#include <cstdio>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -16,6 +18,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "base/secret.h"
 #include "gmock/gmock.h"
 #include "tests/daemon/daemon_fixture.h"
@@ -113,6 +116,116 @@ TEST_F(HttpHostileTest, AuthorizationHeadersWithNonPrintableBytesAre401AndTheDae
   auto basic = GetWith("/", "Basic " + absl::Base64Escape(absl::StrCat("viewer:", kViewer)));
   ASSERT_TRUE(basic);
   EXPECT_EQ(basic->status, 200);
+}
+
+// A raw loopback connection to the web view; -1 when none.
+int Connect(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  timeval tv{0, 200'000};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  return fd;
+}
+
+// True when the server closed `fd` (EOF or reset after any answer it sent);
+// `answer` gets what it sent.
+bool ClosedByServer(int fd, std::string* answer) {
+  char buf[512];
+  while (true) {
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n > 0) {
+      answer->append(buf, static_cast<size_t>(n));
+      continue;
+    }
+    if (n == 0) return true;
+    return errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+  }
+}
+
+// Ten clients sending one header line every second held cpp-httplib's 8
+// pool threads: /healthz timed out, and they were never closed. Each
+// connection has a thread of its own now, and a request that has not
+// arrived within the request deadline (10 s) is closed, however it trickles.
+TEST_F(HttpHostileTest, SlowClientsDoNotStarveHealthzAndAreClosedAtTheDeadline) {
+  const int port = daemon_->http_port();
+  std::vector<int> slow;
+  for (int i = 0; i < 10; ++i) {
+    const int fd = Connect(port);
+    ASSERT_GE(fd, 0);
+    ASSERT_GT(send(fd, "GET /healthz HTTP/1.1\r\n", 23, MSG_NOSIGNAL), 0);
+    slow.push_back(fd);
+  }
+  const absl::Time start = absl::Now();
+  std::vector<bool> closed(slow.size(), false);
+  std::vector<std::string> answers(slow.size());
+  int healthy = 0, asked = 0;
+  while (absl::Now() - start < absl::Seconds(25)) {
+    bool all_closed = true;
+    for (size_t i = 0; i < slow.size(); ++i) {
+      if (closed[i]) continue;
+      (void)send(slow[i], "X-Slow: 1\r\n", 11, MSG_NOSIGNAL);
+      closed[i] = ClosedByServer(slow[i], &answers[i]);
+      all_closed = all_closed && closed[i];
+    }
+    if (absl::Now() - start < absl::Seconds(8)) {
+      httplib::Client client("127.0.0.1", port);
+      client.set_connection_timeout(5, 0);
+      client.set_read_timeout(5, 0);
+      auto res = client.Get("/healthz");
+      ++asked;
+      healthy += res && res->status == 200 ? 1 : 0;
+    }
+    if (all_closed) break;
+    absl::SleepFor(absl::Seconds(1));
+  }
+  const absl::Duration took = absl::Now() - start;
+  std::printf("slow clients: /healthz answered %d of %d while they were open; all closed after %s\n",
+              healthy, asked, absl::FormatDuration(took).c_str());
+  EXPECT_EQ(healthy, asked);
+  for (size_t i = 0; i < slow.size(); ++i) {
+    EXPECT_TRUE(closed[i]) << "slow connection " << i << " still open after " << took;
+    close(slow[i]);
+  }
+  EXPECT_TRUE(Healthy());
+  EXPECT_TRUE(GrpcServing());
+}
+
+// Past 64 open connections one more is answered 503 at once, not queued;
+// once the others close, requests are served again.
+TEST_F(HttpHostileTest, ConnectionsPastTheCapAreRefusedAtOnce) {
+  const int port = daemon_->http_port();
+  std::vector<int> idle;
+  for (int i = 0; i < 64; ++i) {
+    const int fd = Connect(port);
+    ASSERT_GE(fd, 0);
+    idle.push_back(fd);
+  }
+  absl::SleepFor(absl::Milliseconds(300));
+  const int extra = Connect(port);
+  ASSERT_GE(extra, 0);
+  std::string answer;
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  bool closed = false;
+  while (!closed && absl::Now() < deadline) closed = ClosedByServer(extra, &answer);
+  EXPECT_TRUE(closed);
+  EXPECT_THAT(answer, HasSubstr("503"));
+  EXPECT_THAT(answer, HasSubstr("too many connections"));
+  close(extra);
+  for (int fd : idle) close(fd);
+  bool served = false;
+  for (int i = 0; i < 50 && !served; ++i) {
+    served = Healthy();
+    if (!served) absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_TRUE(served);
+  EXPECT_TRUE(GrpcServing());
 }
 
 // /metrics showed a token scoped to one run every run's loss, last step and

@@ -16,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "storage/catalog/catalog.h"
 #include "storage/checkpoint/checksum.h"
+#include "storage/corpus/corpus_tools.h"
 #include "tests/daemon/daemon_fixture.h"
 
 namespace spikeguard::testing {
@@ -278,6 +279,50 @@ TEST_F(LaunchSecurityTest, CorpusDirMustBeUnderTheProfilesCorpusRoot) {
   EXPECT_TRUE(Create("c4", spec).ok());
 }
 
+// The corpus dir was confined when the run was created only: replaced later
+// by a symlink to a corpus outside the root, the manifest resolved (and the
+// report previewed) the outside corpus. It is confined at every use now.
+TEST_F(LaunchSecurityTest, ACorpusDirReplacedByASymlinkLeadingOutIsRefusedAtUse) {
+  storage::SynthOptions synth;
+  synth.global_batch_size = 4;
+  synth.sequence_length = 16;
+  synth.positions = 64;
+  ASSERT_TRUE(storage::SynthesizeCorpus(corpora_ + "/mine", 7, {}, synth).ok());
+  ASSERT_TRUE(storage::SynthesizeCorpus(dir_.File("outside"), 8, {}, synth).ok());
+  v1::RunSpec spec = Spec("lister");
+  spec.mutable_manifest()->set_corpus_dir(corpora_ + "/mine");
+  ASSERT_TRUE(Create("swapped", spec).ok());
+  auto resolve = [&](v1::ResolveManifestResponse* out) {
+    grpc::ClientContext ctx;
+    v1::ResolveManifestRequest req;
+    req.set_run("swapped");
+    req.set_from_step(0);
+    req.set_to_step(1);
+    return supervisor_->ResolveManifest(&ctx, req, out);
+  };
+  v1::ResolveManifestResponse before;
+  grpc::Status s = resolve(&before);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(before.steps_size(), 2);
+
+  fs::rename(corpora_ + "/mine", corpora_ + "/mine.orig");
+  fs::create_directory_symlink(dir_.File("outside"), corpora_ + "/mine");
+  v1::ResolveManifestResponse after;
+  s = resolve(&after);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("corpus dir '" + corpora_ + "/mine'"));
+  EXPECT_THAT(s.error_message(), HasSubstr("outside the corpus root"));
+  EXPECT_EQ(after.steps_size(), 0);
+
+  // Put back, it resolves as before: nothing was lost, the daemon is up.
+  fs::remove(corpora_ + "/mine");
+  fs::rename(corpora_ + "/mine.orig", corpora_ + "/mine");
+  v1::ResolveManifestResponse again;
+  s = resolve(&again);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(again.SerializeAsString(), before.SerializeAsString());
+}
+
 TEST_F(LaunchSecurityTest, ALegacyRunIsNotLaunchedUntilAnAdminMapsIt) {
   // A run stored before launch profiles, with a free command line.
   const int port = daemon_->port();
@@ -351,6 +396,45 @@ TEST_F(LaunchSecurityTest, CheckpointsOutsideTheRootAreRefusedAndNotStored) {
   EXPECT_TRUE(Register("r", 20, absl::StrCat(root_, "/r/step-20")).ok());
   EXPECT_TRUE(Register("r", 30, absl::StrCat("file://", root_, "/r/sub/step-30")).ok());
   EXPECT_EQ(Checkpoints("r").size(), 2u);
+}
+
+// The daemon %-decoded file:// URIs and the reference worker only stripped
+// "file://": with a directory ROOT/r/a%2fb, "file://ROOT/r/a%2fb/../../x"
+// was ROOT/r/x to the daemon's check and ROOT/r/a%2fb/../../x, outside the
+// root, to the worker. Both read URIs through one parser now, which refuses
+// an encoded separator and "." or ".." segments, and file://localhost/P is P.
+TEST_F(LaunchSecurityTest, ACheckpointUriHasOneReading) {
+  ASSERT_TRUE(Create("r", Spec("lister")).ok());
+  fs::create_directories(root_ + "/r/a%2fb");
+  fs::create_directories(root_ + "/r/x");
+  std::ofstream(root_ + "/outside.bin") << "secret";
+  for (const std::string& uri : {
+           absl::StrCat("file://", root_, "/r/a%2fb/../../outside.bin"),
+           absl::StrCat("file://", root_, "/r/a%2Fb/../../outside.bin"),
+           absl::StrCat("file://", root_, "/r/x/../step-1"),
+           absl::StrCat("file://", root_, "/r/./step-1"),
+           absl::StrCat(root_, "/r/x/../step-1"),
+           absl::StrCat("file://", root_, "/r/step-1?x"),
+           absl::StrCat("file://", root_, "/r/step-1#x"),
+           absl::StrCat("file://", root_, "/r/step-1;x"),
+           absl::StrCat("file://remote", root_, "/r/step-1"),
+       }) {
+    grpc::Status s = Register("r", 10, uri);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << uri;
+    EXPECT_THAT(s.error_message(), HasSubstr("checkpoint.uri")) << uri;
+  }
+  EXPECT_TRUE(Checkpoints("r").empty());
+  // The same file in three spellings; an encoded byte of a real name is decoded.
+  std::ofstream(root_ + "/r/step 20%") << "x";
+  for (const std::string& uri : {absl::StrCat("file://localhost", root_, "/r/step%2020%25"),
+                                 absl::StrCat("file://", root_, "/r/step%2020%25"),
+                                 absl::StrCat(root_, "/r/step 20%")}) {
+    auto path = daemon::CheckpointGuard::PathOfUri(uri);
+    ASSERT_TRUE(path.ok()) << uri << ": " << path.status();
+    EXPECT_EQ(*path, root_ + "/r/step 20%") << uri;
+  }
+  EXPECT_TRUE(Register("r", 20, absl::StrCat("file://localhost", root_, "/r/step%2020%25")).ok());
+  EXPECT_EQ(Checkpoints("r").size(), 1u);
 }
 
 // With the run's root a symbolic link to "/", every path was inside it: a
@@ -630,6 +714,13 @@ TEST(CheckpointGuardTest, UriForms) {
   EXPECT_FALSE(G::PathOfUri("gs://b/x").ok());
   EXPECT_FALSE(G::PathOfUri("file:///a%00b").ok());
   EXPECT_FALSE(G::PathOfUri("file:///a%zz").ok());
+  EXPECT_FALSE(G::PathOfUri("file:///a%2fb").ok());
+  EXPECT_FALSE(G::PathOfUri("file:///a/%2e%2e/b").ok());
+  EXPECT_FALSE(G::PathOfUri("file:///a/b?c").ok());
+  EXPECT_EQ(*G::PathOfUri("file:///a%3Fb%23c"), "/a?b#c");
+  EXPECT_EQ(*G::PathOfUri("file://LOCALHOST/a"), "/a");
+  EXPECT_EQ(*G::PathOfUri("/a/b%2fc"), "/a/b%2fc");  // a plain path is literal
+  EXPECT_THAT(G::PathOfUri("file://host/a").status().message(), HasSubstr("host 'host'"));
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "daemon/launch/checkpoint_guard.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/corpus/corpus.h"
@@ -195,6 +196,48 @@ TEST_F(ReferenceWorkerCommandTest, FailedRewindPausesInTheOldGeneration) {
   // The next command decides: CONTINUE goes on in generation 0.
   ASSERT_TRUE(controller_.Send(Simple("go", v1::Command::CONTINUE)));
   ASSERT_TRUE(controller_.WaitFor([&] { return controller_.MaxStep(0) >= result.step() + 10; }));
+  ASSERT_TRUE(controller_.Send(Simple("stop", v1::Command::STOP)));
+  EXPECT_TRUE(w.Join().ok());
+}
+
+// file://localhost/P names P for the worker as for the daemon (it used to
+// strip "file://" only and open the relative path "localhost/P"), and a
+// %-escape is decoded once, as the daemon decodes it.
+TEST_F(ReferenceWorkerCommandTest, RewindReadsTheUriAsTheDaemonDoes) {
+  ReferenceWorker::Options o = WorkerOptions(dir_, controller_.address());
+  ASSERT_TRUE(worker::ApplyConfigAssignment("steps=1000000", &o.config).ok());
+  RunningWorker w(o);
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE(controller_.WaitFor([&] { return controller_.MaxStep(0) >= 12; }));
+  auto ckpt5 = controller_.CheckpointAt(5);
+  ASSERT_TRUE(ckpt5.has_value());
+  ASSERT_TRUE(absl::StartsWith(ckpt5->uri(), "file:///")) << ckpt5->uri();
+  const std::string path = ckpt5->uri().substr(7);
+
+  v1::CheckpointSaved localhost = *ckpt5;
+  localhost.set_uri("file://localhost" + path);
+  ASSERT_TRUE(controller_.Send(Rewind("localhost", localhost, 1, 0)));
+  ASSERT_TRUE(controller_.WaitFor([&] { return controller_.ResultOf("localhost").has_value(); }));
+  EXPECT_TRUE(controller_.ResultOf("localhost")->ok()) << controller_.ResultOf("localhost")->message();
+  ASSERT_TRUE(controller_.WaitFor([&] { return controller_.MaxStep(1) >= 6; }));
+
+  // The same file with its '.' spelled %2E.
+  v1::CheckpointSaved encoded = *ckpt5;
+  std::string escaped = path;
+  escaped.replace(escaped.rfind('.'), 1, "%2E");
+  encoded.set_uri("file://" + escaped);
+  ASSERT_TRUE(controller_.Send(Rewind("encoded", encoded, 2, 0)));
+  ASSERT_TRUE(controller_.WaitFor([&] { return controller_.ResultOf("encoded").has_value(); }));
+  EXPECT_TRUE(controller_.ResultOf("encoded")->ok()) << controller_.ResultOf("encoded")->message();
+
+  // A ".." the daemon would refuse is refused here too, naming the URI.
+  v1::CheckpointSaved dotdot = *ckpt5;
+  dotdot.set_uri("file://" + dir_.File("ckpt/../ckpt") + path.substr(path.rfind('/')));
+  ASSERT_TRUE(controller_.Send(Rewind("dotdot", dotdot, 3, 0)));
+  ASSERT_TRUE(controller_.WaitFor([&] { return controller_.ResultOf("dotdot").has_value(); }));
+  EXPECT_FALSE(controller_.ResultOf("dotdot")->ok());
+  EXPECT_THAT(controller_.ResultOf("dotdot")->message(), HasSubstr("'..' segment"));
+
   ASSERT_TRUE(controller_.Send(Simple("stop", v1::Command::STOP)));
   EXPECT_TRUE(w.Join().ok());
 }
@@ -486,6 +529,31 @@ TEST_F(ReferenceWorkerDaemonTest, CheckpointsRetentionDeletedLeaveTheCatalog) {
     if (f.path().extension() == ".sgck") on_disk.insert(f.path().string());
   }
   EXPECT_EQ(listed, on_disk);
+}
+
+// A checkpoint dir whose name holds '%', a space and '#': the worker %-encodes
+// what it reports and the daemon decodes it to the file on disk (a worker that
+// sent "file://" + path had "%41" read as "A" and "#" cut nothing off).
+TEST_F(ReferenceWorkerDaemonTest, CheckpointUrisNameTheFilesOnDisk) {
+  TempDir work;
+  ReferenceWorker::Options o = WorkerOptions(work, address_);
+  o.checkpoint_dir = work.File("ck %41 #1");
+  ASSERT_TRUE(worker::ApplyConfigAssignment("steps=10", &o.config).ok());
+  o.linger = absl::ZeroDuration();
+  ASSERT_TRUE(CreateRun(kRun).ok());
+  {
+    RunningWorker w(o);
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE(w.Join().ok());
+  }
+  const auto list = Checkpoints(kRun);
+  ASSERT_EQ(list.size(), 2u);
+  for (const auto& c : list) {
+    auto path = daemon::CheckpointGuard::PathOfUri(c.uri());
+    ASSERT_TRUE(path.ok()) << c.uri() << ": " << path.status();
+    EXPECT_TRUE(std::filesystem::is_regular_file(*path)) << c.uri() << " -> " << *path;
+    EXPECT_TRUE(absl::StartsWith(*path, o.checkpoint_dir + "/")) << *path;
+  }
 }
 
 TEST_F(ReferenceWorkerDaemonTest, CheckpointsPinnedInTheCatalogSurviveRetention) {

@@ -2,6 +2,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <filesystem>
+#include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -10,6 +12,7 @@
 #include "base/logging.h"
 #include "base/status_macros.h"
 #include "google/protobuf/util/json_util.h"
+#include "storage/checkpoint/checkpoint_uri.h"
 #include "storage/corpus/corpus_tools.h"
 #include "storage/corpus/data_plan.h"
 
@@ -23,9 +26,26 @@ constexpr char kPlanKey[] = "data_plan";
 // How long retention waits for the daemon to answer the last checkpoint notice.
 constexpr absl::Duration kCheckpointAnswerWait = absl::Seconds(10);
 
-std::string PathFromUri(const std::string& uri) {
-  if (absl::StartsWith(uri, "file://")) return uri.substr(7);
-  return uri;
+// The paths of the daemon's pinned URIs, read as the daemon reads them; a URI
+// that names no local path pins nothing here.
+template <typename Uris>
+void PinnedPaths(const Uris& uris, std::set<std::string>* paths) {
+  paths->clear();
+  for (const std::string& uri : uris) {
+    absl::StatusOr<std::string> path = storage::CheckpointPathOfUri(uri);
+    if (path.ok()) {
+      paths->insert(*path);
+    } else {
+      SG_LOG(WARNING) << "pinned checkpoint ignored: " << path.status().message();
+    }
+  }
+}
+
+// The file:// URI of a checkpoint file the worker wrote, absolute.
+std::string UriOfFile(const std::string& path) {
+  std::error_code ec;
+  const std::filesystem::path absolute = std::filesystem::absolute(path, ec);
+  return storage::CheckpointUriOfPath(ec ? path : absolute.lexically_normal().string());
 }
 
 // Applies the fields `h` sets to `hp`.
@@ -223,8 +243,7 @@ absl::StatusOr<storage::CheckpointFileInfo> ReferenceWorker::SaveCheckpoint() {
     }
     if (std::optional<std::vector<std::string>> pins = client_->TakePins()) {
       answers_missing_ = false;
-      pinned_paths_.clear();
-      for (const std::string& uri : *pins) pinned_paths_.insert(PathFromUri(uri));
+      PinnedPaths(*pins, &pinned_paths_);
     }
   }
   SG_ASSIGN_OR_RETURN(
@@ -235,14 +254,14 @@ absl::StatusOr<storage::CheckpointFileInfo> ReferenceWorker::SaveCheckpoint() {
     if (!client_) continue;
     v1::CheckpointDeleted notice;
     notice.set_step(gone.step);
-    notice.set_uri(absl::StrCat("file://", gone.path));
+    notice.set_uri(UriOfFile(gone.path));
     client_->ReportCheckpointDeleted(notice);
   }
   if (client_) {
     v1::CheckpointSaved saved;
     saved.set_step(step_);
     saved.set_data_position(ckpt.data_position);
-    saved.set_uri(absl::StrCat("file://", info.path));
+    saved.set_uri(UriOfFile(info.path));
     saved.set_bytes(static_cast<int64_t>(info.bytes));
     saved.set_checksum(absl::StrFormat("%016x", info.checksum));
     saved.set_has_rng_state(true);
@@ -336,8 +355,7 @@ absl::Status ReferenceWorker::HandleCommand(const v1::Command& command, bool* st
     return absl::OkStatus();
   }
   // The daemon's pins as of this command: retention keeps them.
-  pinned_paths_.clear();
-  for (const std::string& uri : command.pinned_uris()) pinned_paths_.insert(PathFromUri(uri));
+  PinnedPaths(command.pinned_uris(), &pinned_paths_);
   SG_LOG(INFO) << "executing command " << command.id() << " ("
                << v1::Command::Kind_Name(command.kind()) << ") at step " << step_;
   absl::Status status = absl::OkStatus();
@@ -371,7 +389,10 @@ absl::Status ReferenceWorker::HandleCommand(const v1::Command& command, bool* st
               absl::StrCat("rewind: bad data plan: ", plan.status().message()));
         }
       }
-      if (status.ok()) status = LoadCheckpoint(PathFromUri(command.checkpoint().uri()), plan_text);
+      if (status.ok()) {
+        absl::StatusOr<std::string> path = storage::CheckpointPathOfUri(command.checkpoint().uri());
+        status = path.ok() ? LoadCheckpoint(*path, plan_text) : path.status();
+      }
       if (status.ok()) {
         generation_ = command.new_generation();
         client_->SetGeneration(generation_);
