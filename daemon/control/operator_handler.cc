@@ -137,7 +137,9 @@ absl::StatusOr<incident::CheckpointInfo> CheckpointAtOrBefore(storage::Catalog* 
   if (!tree.ok()) return tree.status();
   incident::CheckpointQuery query;
   query.max_step = step;
-  query.lineage = incident::Lineage::Of(*tree, row->current_generation());
+  // An operator may go back past a fix: the new line keeps the fix's hparams
+  // from the checkpoint on (see ManualRewind).
+  query.lineage = incident::Lineage::Of(*tree, row->current_generation()).IgnoringHParams();
   query.preferred_generation = row->current_generation();
   query.ties_to_highest_generation = true;
   auto best = incident::ChooseCheckpoint(all, query);

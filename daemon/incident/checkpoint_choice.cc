@@ -16,14 +16,25 @@ Lineage Lineage::Of(const std::vector<spikeguard::v1::Generation>& tree, int64_t
   l.generation_ = generation;
   std::map<int64_t, const spikeguard::v1::Generation*> by_number;
   for (const auto& g : tree) by_number[g.generation()] = &g;
+  // A generation without a record (a root) ran with no overrides.
+  const auto hparams_of = [&](int64_t g) {
+    const auto it = by_number.find(g);
+    return it == by_number.end() ? std::string() : it->second->hparams().SerializeAsString();
+  };
   int64_t limit = std::numeric_limits<int64_t>::max();
+  bool hparams_changed = false;
   int64_t g = generation;
   // Up the tree; a parent is always an older generation, and a malformed
-  // tree (a cycle) stops at the first generation seen twice.
+  // tree (a cycle) stops at the first generation seen twice. Branch steps
+  // only decrease going up, so the first hparams change met is the newest.
   while (l.last_step_.emplace(g, limit).second) {
     const auto it = by_number.find(g);
     if (it == by_number.end() || it->second->parent() < 0 || it->second->parent() == g) break;
     limit = std::min(limit, it->second->from_checkpoint_step());
+    if (!hparams_changed && hparams_of(g) != hparams_of(it->second->parent())) {
+      hparams_changed = true;
+      l.hparams_since_ = it->second->from_checkpoint_step();
+    }
     g = it->second->parent();
   }
   return l;
@@ -39,12 +50,17 @@ std::string Lineage::WhyNot(int64_t generation, int64_t step) const {
     return absl::StrCat("saved at step ", step, ", after generation ", generation_,
                         "'s line left generation ", generation, " at step ", it->second);
   }
+  if (step < hparams_since_) {
+    return absl::StrCat("saved at step ", step, ", before generation ", generation_,
+                        "'s line took its hparams at step ", hparams_since_,
+                        ": a replay from it would differ");
+  }
   return std::string();
 }
 
 bool Lineage::Holds(int64_t generation, int64_t step) const {
   const auto it = last_step_.find(generation);
-  return it != last_step_.end() && step <= it->second;
+  return it != last_step_.end() && step <= it->second && step >= hparams_since_;
 }
 
 namespace {

@@ -25,6 +25,14 @@
 // on another timeline: a probe's (another data plan, other hparams), or the
 // run's own before a fix changed its trajectory. Replaying from it would not
 // reproduce H, so it is never a rewind target of H.
+//
+// Hparams. A probe of H runs with H's hparams from the checkpoint on. Where a
+// generation on H's path took other hparams than its parent (a FRAGILITY fix
+// continued with a lower lr), H's line ran with other hparams before that
+// generation's branch step: a checkpoint saved before it is on the history
+// but a replay from it would train those steps with H's hparams and differ
+// from H at once. So a target of H is also at or after the branch step of
+// the newest hparams change on H's path (hparams_since).
 #pragma once
 
 #include <cstdint>
@@ -68,9 +76,21 @@ class Lineage {
   // The ancestors (this generation first) with the last step of each on
   // the history.
   const std::map<int64_t, int64_t>& last_steps() const { return last_step_; }
+  // The first step from which H's line ran with H's hparams (the branch step
+  // of the newest generation on the path whose hparams differ from its
+  // parent's; the minimum int64 when none does).
+  int64_t hparams_since() const { return hparams_since_; }
+  // The same history without the hparams bound: an operator's rewind, which
+  // starts a new line with the hparams in force from wherever it goes back.
+  Lineage IgnoringHParams() const {
+    Lineage l = *this;
+    l.hparams_since_ = std::numeric_limits<int64_t>::min();
+    return l;
+  }
 
  private:
   int64_t generation_ = 0;
+  int64_t hparams_since_ = std::numeric_limits<int64_t>::min();
   std::map<int64_t, int64_t> last_step_;
 };
 

@@ -115,6 +115,49 @@ TEST(LineageTest, TheChooserKeepsToTheLine) {
       << none.status();
 }
 
+// A run whose first fix (gen 2, lr x0.7 from gen 0 @ 200) and second fix
+// (gen 4, lr x0.49 from gen 2 @ 325) changed its hparams; gen 1 and gen 3 are
+// probes, gen 5 a replay probe of gen 4 (same hparams, from gen 4 @ 500).
+TEST(LineageTest, ATargetIsNotBeforeTheLinesNewestHParamsChange) {
+  auto with_lr = [](spikeguard::v1::Generation g, double lr) {
+    g.mutable_hparams()->set_lr_scale(lr);
+    return g;
+  };
+  const std::vector<spikeguard::v1::Generation> tree = {
+      G(0, -1, 0), with_lr(G(1, 0, 200), 0.7), with_lr(G(2, 0, 200), 0.7),
+      with_lr(G(3, 2, 325), 0.49), with_lr(G(4, 2, 325), 0.49), with_lr(G(5, 4, 500), 0.49)};
+  const Lineage l = Lineage::Of(tree, 4);
+  EXPECT_EQ(l.hparams_since(), 325);
+  EXPECT_TRUE(l.Holds(4, 400));
+  EXPECT_TRUE(l.Holds(2, 325));   // saved where gen 4 took its hparams
+  EXPECT_FALSE(l.Holds(2, 300));  // on the history, but trained with lr x0.7
+  EXPECT_FALSE(l.Holds(0, 150));  // on the history, trained with the original lr
+  EXPECT_EQ(l.WhyNot(0, 150),
+            "saved at step 150, before generation 4's line took its hparams at step 325: a "
+            "replay from it would differ");
+  // A replay probe has its parent's hparams: the bound is the parent's.
+  EXPECT_EQ(Lineage::Of(tree, 5).hparams_since(), 325);
+  EXPECT_EQ(Lineage::Of(tree, 2).hparams_since(), 200);
+  EXPECT_TRUE(Lineage::Of(tree, 2).Holds(0, 200));
+  // A line that never changed its hparams has no bound.
+  EXPECT_TRUE(Lineage::Of(kTree, 5).Holds(0, 100));
+  // The chooser: the newest checkpoint before 600 on gen 4's line is gen 4's
+  // own; before 330 it is gen 2's at 325; before 320 there is none (gen 0's
+  // 150 and gen 2's 300 ran with other hparams), though an operator's rewind
+  // may still go back there.
+  const std::vector<CheckpointInfo> all = {C(0, 150), C(2, 300), C(2, 325), C(4, 450)};
+  CheckpointQuery q;
+  q.lineage = l;
+  q.max_step = 599;
+  EXPECT_EQ(ChooseCheckpoint(all, q)->step, 450);
+  q.max_step = 330;
+  EXPECT_EQ(ChooseCheckpoint(all, q)->step, 325);
+  q.max_step = 320;
+  EXPECT_FALSE(ChooseCheckpoint(all, q).ok());
+  q.lineage = l.IgnoringHParams();
+  EXPECT_EQ(ChooseCheckpoint(all, q)->step, 300);
+}
+
 TEST(CheckpointChoiceTest, TiesAtTheSameStep) {
   const std::vector<CheckpointInfo> all = {C(1, 500), C(3, 500), C(2, 500)};
   CheckpointQuery q;
