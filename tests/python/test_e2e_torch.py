@@ -281,26 +281,54 @@ def test_kill9_of_one_rank_restarts_both_from_the_newest_checkpoint(daemon, tmp_
 # the grad norm spikes ×8 at step 260. Retention keeps 3 checkpoints (every
 # 25 steps), so the probes start at step 200: the lr fix alone (rung 1)
 # spikes again; rung 2 (lr×0.7, +200 warmup, clip 0.5) holds through the
-# verification (step 360), and the run ends at step 369. (The model stays
-# fragile: trained on, it spikes again near step 384.)
+# verification (step 360). The model stays fragile: trained on, it spikes
+# again at step 384 (FRAGILITY again, lr×0.49 from step 325), and a batch of
+# bytes it never saw sits at position 540.
 FRAGILE = ["--lr", "2e-2", "--warmup", "50", "--beta2", "0.999", "--checkpoint-every", "25"]
+LONG_STEPS = 640
+LATE_POISON = 540
 
 
-def test_fragile_model_is_fragility_and_the_lr_fix_holds(daemon, tmp_path):
-    synth(tmp_path / "corpus", 7, [])
+def test_a_fragile_run_is_fixed_and_trains_on_through_later_incidents(daemon, tmp_path):
+    """A run's life on the PyTorch trainer: a FRAGILITY fix changes the
+    trajectory, the run trains on through another fragility episode and a
+    later DATA incident, whose probes start on the fixed line (after the
+    fix's branch step: from an older checkpoint they would replay with the
+    fix's hparams where the run did not and differ at once), and reaches the
+    end of its schedule."""
+    placed = synth(tmp_path / "corpus", 7, [f"highbytes@{LATE_POISON}"])
     launch(daemon, tmp_path, "tfrag", tmp_path / "corpus",
-           FRAGILE + ["--steps", "370", "--linger-s", "30"])
-    got = settle(daemon, "tfrag", timeout=900)
-    assert len(got) == 1, got
-    inc = show(daemon, got[0]["id"])
-    figures("fragility", inc)
-    assert inc["verdict"] == "FRAGILITY", inc.get("note")
-    assert inc.get("precursor") == "max_attn_logit", inc.get("precursor")
-    kinds = [f"{p['kind']}:{p.get('outcome')}" for p in inc["probes"]]
+           FRAGILE + ["--steps", str(LONG_STEPS), "--linger-s", "30"])
+    wait_until(lambda: run_state(daemon, "tfrag") in ("finished", "paused", "failed"),
+               timeout=2400, interval=2.0, what="the fragile run to end")
+    got = settle(daemon, "tfrag", timeout=300)
+    shown = sorted((show(daemon, g["id"]) for g in got), key=lambda i: int(i["onset_step"]))
+    for inc in shown:
+        figures(f"long run, {inc['verdict']} at step {inc['onset_step']}", inc)
+    summary = [(i["verdict"], int(i["onset_step"]), i.get("note", "")) for i in shown]
+    assert run_state(daemon, "tfrag") == "finished", summary
+
+    first = shown[0]
+    assert first["verdict"] == "FRAGILITY", summary
+    assert first.get("precursor") == "max_attn_logit", first.get("precursor")
+    kinds = [f"{p['kind']}:{p.get('outcome')}" for p in first["probes"]]
     assert kinds[:2] == ["replay:spiked", "skip:spiked"], kinds
-    assert kinds[-1] == "fix:clean", kinds
-    assert "lr" in inc.get("fix", ""), inc.get("fix")
-    assert any("qk" in r.lower() for r in inc.get("recommendations", [])), inc.get("recommendations")
-    # The fix was continued: the run reaches the end of its schedule.
-    wait_until(lambda: run_state(daemon, "tfrag") == "finished", timeout=300, interval=1.0,
-               what="the fixed run to finish")
+    assert "lr" in first.get("fix", ""), first.get("fix")
+    assert any("qk" in r.lower() for r in first.get("recommendations", [])), \
+        first.get("recommendations")
+
+    data = [i for i in shown if i["verdict"] == "DATA"]
+    assert len(data) == 1, summary
+    assert [int(x) for x in data[0].get("culprit_positions", [])] == [LATE_POISON], summary
+    assert named(data[0]) == sorted(placed[LATE_POISON])
+    assert int(data[0]["onset_step"]) > int(first["onset_step"])
+    # Every other incident is the model's fragility, each fixed by a fix
+    # probe that stayed clean through its verification.
+    for inc in shown:
+        assert inc["verdict"] in ("FRAGILITY", "DATA"), summary
+        if inc["verdict"] == "FRAGILITY":
+            last = inc["probes"][-1]
+            assert f"{last['kind']}:{last.get('outcome')}" == "fix:clean", summary
+        # Each incident's probes replayed the run's own line bit-exactly.
+        assert not any(e.get("kind") == "nondeterminism" for e in inc.get("events", [])), \
+            inc.get("note")
