@@ -7,11 +7,14 @@
 
 #include <cstring>
 #include <filesystem>
+#include <algorithm>
 #include <memory>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "base/status_macros.h"
 #include "storage/checkpoint/checkpoint_uri.h"
 #include "storage/checkpoint/checksum.h"
@@ -27,13 +30,14 @@ constexpr char kRefMagic[8] = {'S', 'G', 'C', 'K', 'P', 'T', '\0', '\0'};
 constexpr char kRefEnd[8] = {'S', 'G', 'C', 'K', 'E', 'N', 'D', '\0'};
 constexpr char kTorchMagic[8] = {'S', 'G', 'T', 'O', 'R', 'C', 'H', '1'};
 
-bool Inside(const fs::path& path, const fs::path& root) {
-  auto r = root.begin(), p = path.begin();
-  for (; r != root.end(); ++r, ++p) {
-    if (r->empty()) continue;
-    if (p == path.end() || *p != *r) return false;
+// The names of an absolute path's components ("//" and a trailing '/' add
+// none; CheckpointPathOfUri has refused "." and "..").
+std::vector<std::string> Components(const std::string& path) {
+  std::vector<std::string> out;
+  for (absl::string_view part : absl::StrSplit(path, '/')) {
+    if (!part.empty()) out.emplace_back(part);
   }
-  return true;
+  return out;
 }
 
 int HexValue(char c) {
@@ -97,6 +101,11 @@ absl::StatusOr<std::string> CheckpointGuard::PathOfUri(const std::string& uri) {
 }
 
 absl::StatusOr<std::string> CheckpointGuard::RootFor(const std::string& run) {
+  SG_ASSIGN_OR_RETURN(Roots roots, RootsFor(run));
+  return roots.canonical;
+}
+
+absl::StatusOr<CheckpointGuard::Roots> CheckpointGuard::RootsFor(const std::string& run) {
   SG_ASSIGN_OR_RETURN(v1::Run row, catalog_->GetRun(run));
   std::optional<std::string> root;
   if (profiles_ != nullptr) {
@@ -126,46 +135,74 @@ absl::StatusOr<std::string> CheckpointGuard::RootFor(const std::string& run) {
     return absl::FailedPreconditionError(absl::StrCat(
         "checkpoint root ", Quoted(*root), " of run '", run, "' resolves to the file system's root"));
   }
-  return canonical.string();
+  Roots roots;
+  roots.canonical = canonical.string();
+  while (roots.canonical.size() > 1 && roots.canonical.back() == '/') roots.canonical.pop_back();
+  roots.configured = own.string();
+  return roots;
+}
+
+absl::StatusOr<CheckpointGuard::Place> CheckpointGuard::Locate(const std::string& run,
+                                                              const std::string& uri) {
+  SG_ASSIGN_OR_RETURN(std::string path, PathOfUri(uri));
+  SG_ASSIGN_OR_RETURN(Roots roots, RootsFor(run));
+  // Lexically beneath the root, as configured or canonical (the path a
+  // worker reports may go through the symbolic links above the root); the
+  // rest is opened from the root's descriptor (OpenBeneath), not resolved
+  // here.
+  const std::vector<std::string> parts = Components(path);
+  for (const std::string* root : {&roots.canonical, &roots.configured}) {
+    const std::vector<std::string> base = Components(*root);
+    if (parts.size() > base.size() && std::equal(base.begin(), base.end(), parts.begin())) {
+      Place place;
+      place.root = roots.canonical;
+      place.components.assign(parts.begin() + static_cast<ptrdiff_t>(base.size()), parts.end());
+      place.path = roots.canonical;
+      for (const std::string& c : place.components) place.path += "/" + c;
+      return place;
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "uri ", Quoted(uri), " names ", Quoted(path), ", outside the checkpoint root ",
+      Quoted(roots.canonical), " of run '", run, "'"));
+}
+
+absl::StatusOr<ScopedFd> CheckpointGuard::Open(const Place& place, int flags) {
+  SG_ASSIGN_OR_RETURN(ScopedFd root, OpenDirectory(place.root));
+  return OpenBeneath(root.get(), place.root, place.components, flags);
 }
 
 absl::StatusOr<std::string> CheckpointGuard::Confine(const std::string& run, const std::string& uri) {
-  SG_ASSIGN_OR_RETURN(std::string path, PathOfUri(uri));
-  SG_ASSIGN_OR_RETURN(std::string root, RootFor(run));
-  std::error_code ec;
-  const fs::path resolved = fs::weakly_canonical(fs::path(path), ec);
-  if (ec) {
-    return absl::InvalidArgumentError(absl::StrCat("uri ", Quoted(uri), ": ", ec.message()));
+  SG_ASSIGN_OR_RETURN(Place place, Locate(run, uri));
+  // What is already there must be reachable from the root without a
+  // symbolic link; a path not there yet (a file announced before it is
+  // written, a directory still to be made) is checked again at every use.
+  absl::StatusOr<ScopedFd> fd = Open(place, O_PATH);
+  if (!fd.ok() && !absl::IsNotFound(fd.status())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("uri ", Quoted(uri), " is refused: ", fd.status().message()));
   }
-  if (!Inside(resolved, fs::path(root)) || resolved == fs::path(root)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "uri ", Quoted(uri), " resolves to ", Quoted(resolved.string()),
-        ", outside the checkpoint root ", Quoted(root), " of run '", run, "'"));
-  }
-  return resolved.string();
+  return place.path;
 }
 
 absl::StatusOr<std::string> CheckpointGuard::Verify(const v1::Checkpoint& c) {
   const std::string what = absl::StrCat("checkpoint at step ", c.step(), " (", Quoted(c.uri()), ")");
-  auto path = Confine(c.run(), c.uri());
-  if (!path.ok()) {
-    return absl::FailedPreconditionError(absl::StrCat(what, " is not usable: ", path.status().message()));
+  auto place = Locate(c.run(), c.uri());
+  if (!place.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(what, " is not usable: ", place.status().message()));
   }
-  if (auto s = CheckFile(*path, c); !s.ok()) {
+  absl::StatusOr<ScopedFd> fd = Open(*place, O_RDONLY);
+  if (!fd.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(what, " is not usable: ", fd.status().message()));
+  }
+  if (auto s = CheckFile(fd->get(), place->path, c); !s.ok()) {
     return absl::FailedPreconditionError(absl::StrCat(what, " is not usable: ", s.message()));
   }
-  return *path;
+  return place->path;
 }
 
-absl::Status CheckpointGuard::CheckFile(const std::string& path, const v1::Checkpoint& c) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-  if (fd < 0) {
-    return absl::FailedPreconditionError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
-  }
-  std::unique_ptr<int, void (*)(int*)> closer(new int(fd), [](int* p) {
-    close(*p);
-    delete p;
-  });
+absl::Status CheckpointGuard::CheckFile(int fd, const std::string& path,
+                                       const v1::Checkpoint& c) {
   struct stat st {};
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     return absl::FailedPreconditionError(absl::StrCat(path, " is not a regular file"));
