@@ -14,7 +14,9 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "base/logging.h"
 #include "base/status_macros.h"
 #include "storage/checkpoint/checkpoint_uri.h"
 #include "storage/checkpoint/checksum.h"
@@ -94,7 +96,40 @@ struct Sha256 {
   EVP_MD_CTX* ctx;
 };
 
+uint32_t TorchHeaderLength(const char* head) {
+  return static_cast<uint8_t>(head[8]) | static_cast<uint8_t>(head[9]) << 8 |
+         static_cast<uint8_t>(head[10]) << 16 |
+         static_cast<uint32_t>(static_cast<uint8_t>(head[11])) << 24;
+}
+
+// The payload's sha256 a spikeguard.checkpoint file's JSON header names (""
+// when it names none), given its first 12 bytes.
+absl::StatusOr<std::string> TorchHeaderSha256(int fd, int64_t size, const char* head,
+                                              const std::string& path) {
+  const uint32_t header_len = TorchHeaderLength(head);
+  if (header_len > (1u << 20) || 12 + static_cast<int64_t>(header_len) > size) {
+    return absl::FailedPreconditionError(absl::StrCat(path, " has a bad header"));
+  }
+  std::string header(header_len, '\0');
+  if (pread(fd, header.data(), header_len, 12) != static_cast<ssize_t>(header_len)) {
+    return absl::FailedPreconditionError(absl::StrCat(path, ": cannot read its header"));
+  }
+  const std::string key = "\"sha256\": \"";
+  const size_t at = header.find(key);
+  if (at == std::string::npos) return std::string();
+  return absl::AsciiStrToLower(header.substr(at + key.size(), 64));
+}
+
 }  // namespace
+
+std::string CheckpointGuard::FileIdentity(const struct stat& st) {
+  return absl::StrFormat("dev=%d ino=%d size=%d mtime=%d.%09d ctime=%d.%09d",
+                         static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino),
+                         static_cast<int64_t>(st.st_size), static_cast<int64_t>(st.st_mtim.tv_sec),
+                         static_cast<int64_t>(st.st_mtim.tv_nsec),
+                         static_cast<int64_t>(st.st_ctim.tv_sec),
+                         static_cast<int64_t>(st.st_ctim.tv_nsec));
+}
 
 absl::StatusOr<std::string> CheckpointGuard::PathOfUri(const std::string& uri) {
   return storage::CheckpointPathOfUri(uri);
@@ -173,6 +208,12 @@ absl::StatusOr<ScopedFd> CheckpointGuard::Open(const Place& place, int flags) {
 }
 
 absl::StatusOr<std::string> CheckpointGuard::Confine(const std::string& run, const std::string& uri) {
+  SG_ASSIGN_OR_RETURN(Admitted admitted, Admit(run, uri));
+  return admitted.path;
+}
+
+absl::StatusOr<CheckpointGuard::Admitted> CheckpointGuard::Admit(const std::string& run,
+                                                               const std::string& uri) {
   SG_ASSIGN_OR_RETURN(Place place, Locate(run, uri));
   // What is already there must be reachable from the root without a
   // symbolic link; a path not there yet (a file announced before it is
@@ -182,7 +223,13 @@ absl::StatusOr<std::string> CheckpointGuard::Confine(const std::string& run, con
     return absl::InvalidArgumentError(
         absl::StrCat("uri ", Quoted(uri), " is refused: ", fd.status().message()));
   }
-  return place.path;
+  Admitted admitted;
+  admitted.path = place.path;
+  struct stat st {};
+  if (fd.ok() && fstat(fd->get(), &st) == 0 && S_ISREG(st.st_mode)) {
+    admitted.file_identity = FileIdentity(st);
+  }
+  return admitted;
 }
 
 absl::StatusOr<std::string> CheckpointGuard::Verify(const v1::Checkpoint& c) {
@@ -207,22 +254,90 @@ absl::Status CheckpointGuard::CheckFile(int fd, const std::string& path,
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     return absl::FailedPreconditionError(absl::StrCat(path, " is not a regular file"));
   }
-  const int64_t mtime = static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+  if (c.bytes() > 0 && st.st_size != c.bytes()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, " has ", st.st_size, " bytes; it was registered with ", c.bytes()));
+  }
+  // The file the registration saw, unchanged (same inode, size, times; the
+  // change time cannot be set back): its checksum is the one registered,
+  // and the worker checks it as it loads the file, which it reads anyway.
+  // Only the head or trailer is read here, whatever the file's size.
+  const std::string identity = FileIdentity(st);
+  absl::StatusOr<std::string> recorded =
+      catalog_->CheckpointFileIdentity(c.run(), c.step(), c.uri());
+  if (recorded.ok() && *recorded == identity) return CheckRegisteredChecksum(fd, st.st_size, path, c);
+  const absl::Status full = CheckContents(fd, st, path, c);
+  if (full.ok() && recorded.ok()) {
+    // Verified whole: no full read the next time, unless it changes.
+    if (absl::Status s = catalog_->SetCheckpointFileIdentity(c.run(), c.step(), c.uri(), identity);
+        !s.ok()) {
+      SG_LOG(WARNING) << "run " << c.run() << ": file identity of " << path << " not recorded: " << s;
+    }
+  }
+  return full;
+}
+
+absl::Status CheckpointGuard::CheckRegisteredChecksum(int fd, int64_t size, const std::string& path,
+                                                      const v1::Checkpoint& c) {
+  const std::string registered = absl::AsciiStrToLower(c.checksum());
+  char head[12] = {};
+  const bool has_head = size >= 12 && pread(fd, head, sizeof(head), 0) == sizeof(head);
+  if (has_head && std::memcmp(head, kRefMagic, 8) == 0) {
+    // The XXH64 in its trailer is what the reference worker checks on load.
+    unsigned char trailer[16];
+    if (size < 8 + 8 + 16 || pread(fd, trailer, 16, size - 16) != 16 ||
+        std::memcmp(trailer + 8, kRefEnd, 8) != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(path, " has no end marker (truncated)"));
+    }
+    uint64_t stored = 0;
+    for (int i = 7; i >= 0; --i) stored = (stored << 8) | trailer[i];
+    if (!registered.empty() && registered != storage::ChecksumHex(stored)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          path, ": its trailer says XXH64 ", storage::ChecksumHex(stored),
+          "; it was registered with ", Quoted(c.checksum())));
+    }
+    return absl::OkStatus();
+  }
+  if (has_head && std::memcmp(head, kTorchMagic, 8) == 0) {
+    SG_ASSIGN_OR_RETURN(std::string in_header, TorchHeaderSha256(fd, size, head, path));
+    if (!registered.empty() && !in_header.empty() && registered != in_header) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          path, ": its header says sha256 ", in_header, "; it was registered with ",
+          Quoted(c.checksum())));
+    }
+    const std::string want = registered.empty() ? in_header : registered;
+    if (want.size() != 64 || !IsHex(want)) {
+      return absl::FailedPreconditionError(absl::StrCat(path, ": no sha256 checksum to check"));
+    }
+    return absl::OkStatus();
+  }
+  if (registered.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, " was registered without a checksum and is not a format the daemon can check"));
+  }
+  if ((registered.size() == 16 || registered.size() == 64) && IsHex(registered)) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      path, ": registered checksum ", Quoted(c.checksum()),
+      " is neither XXH64 (16 hex digits) nor sha256 (64), and the file's format is unknown"));
+}
+
+absl::Status CheckpointGuard::CheckContents(int fd, const struct stat& st, const std::string& path,
+                                           const v1::Checkpoint& c) {
+  // Keyed by the whole identity: the modification time alone can be set
+  // back after a write, the change time cannot.
+  const std::string identity = FileIdentity(st);
   {
     absl::MutexLock lock(&mu_);
     auto it = cache_.find(path);
-    if (it != cache_.end() && it->second.dev == st.st_dev && it->second.ino == st.st_ino &&
-        it->second.size == st.st_size && it->second.mtime_ns == mtime &&
+    if (it != cache_.end() && it->second.identity == identity &&
         it->second.checksum == c.checksum() && it->second.bytes == c.bytes()) {
       return it->second.result;
     }
   }
   auto check = [&]() -> absl::Status {
     const int64_t size = st.st_size;
-    if (c.bytes() > 0 && size != c.bytes()) {
-      return absl::FailedPreconditionError(absl::StrCat(path, " has ", size,
-                                                        " bytes; it was registered with ", c.bytes()));
-    }
     const std::string registered = absl::AsciiStrToLower(c.checksum());
     char head[12] = {};
     const bool has_head = size >= 12 && pread(fd, head, sizeof(head), 0) == sizeof(head);
@@ -250,27 +365,13 @@ absl::Status CheckpointGuard::CheckFile(int fd, const std::string& path,
       return absl::OkStatus();
     }
     if (has_head && std::memcmp(head, kTorchMagic, 8) == 0) {
-      const uint32_t header_len = static_cast<uint8_t>(head[8]) | static_cast<uint8_t>(head[9]) << 8 |
-                                  static_cast<uint8_t>(head[10]) << 16 |
-                                  static_cast<uint32_t>(static_cast<uint8_t>(head[11])) << 24;
-      if (header_len > (1u << 20) || 12 + static_cast<int64_t>(header_len) > size) {
-        return absl::FailedPreconditionError(absl::StrCat(path, " has a bad header"));
-      }
-      std::string header(header_len, '\0');
-      if (pread(fd, header.data(), header_len, 12) != static_cast<ssize_t>(header_len)) {
-        return absl::FailedPreconditionError(absl::StrCat(path, ": cannot read its header"));
-      }
-      std::string want = registered;
-      if (want.empty()) {
-        const std::string key = "\"sha256\": \"";
-        const size_t at = header.find(key);
-        if (at != std::string::npos) want = header.substr(at + key.size(), 64);
-      }
+      SG_ASSIGN_OR_RETURN(std::string in_header, TorchHeaderSha256(fd, size, head, path));
+      const std::string want = registered.empty() ? in_header : registered;
       if (want.size() != 64 || !IsHex(want)) {
         return absl::FailedPreconditionError(absl::StrCat(path, ": no sha256 checksum to check"));
       }
       Sha256 sha;
-      SG_RETURN_IF_ERROR(ReadRange(fd, 12 + header_len, size, path,
+      SG_RETURN_IF_ERROR(ReadRange(fd, 12 + TorchHeaderLength(head), size, path,
                                    [&](const char* d, size_t n) { sha.Update(d, n); }));
       const std::string actual = sha.Hex();
       if (actual != want) {
@@ -310,8 +411,7 @@ absl::Status CheckpointGuard::CheckFile(int fd, const std::string& path,
   absl::Status result = check();
   absl::MutexLock lock(&mu_);
   if (cache_.size() > 4096) cache_.clear();
-  cache_[path] = Verified{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino),
-                          st.st_size, mtime, c.checksum(), c.bytes(), result};
+  cache_[path] = Verified{identity, c.checksum(), c.bytes(), result};
   return result;
 }
 

@@ -31,9 +31,24 @@
 //   - any other file: the registered checksum, 16 hex digits (XXH64) or 64
 //     (sha256) of the whole file; a file of unknown format registered without
 //     a checksum cannot be verified and is not used.
-// Results are cached per file (device, inode, size, mtime), so a file is
-// read again only when it changed.
+//
+// Without reading the file when it is the one registered: registration
+// records the file's identity (FileIdentity: device, inode, size,
+// modification and change times; the change time moves on every write and
+// cannot be set back) in the catalog. A file with that identity still is the
+// registered file; only its head or trailer is read (the registered checksum
+// must agree with the one the file carries, and be one a worker can check),
+// and the worker checks the checksum as it loads the file, which it reads
+// anyway (the rewind command carries it). A rewind to a checkpoint of many
+// GiB therefore costs a few small reads on the daemon's decision path, not a
+// hash of the whole file. A file without a recorded identity (registered
+// before it was written, or before the catalog kept identities) or with
+// another one (rewritten, copied back, touched) is read whole and checked as
+// above, and, when it passes, its identity recorded; results of that check
+// are cached per file and identity.
 #pragma once
+
+#include <sys/stat.h>
 
 #include <map>
 #include <string>
@@ -62,6 +77,14 @@ class CheckpointGuard {
   // INVALID_ARGUMENT naming the URI and why otherwise (FAILED_PRECONDITION
   // when the run's root itself is unusable).
   absl::StatusOr<std::string> Confine(const std::string& run, const std::string& uri);
+  // The same, with the identity of the file when it is already there (""
+  // when not): what registration stores with the checkpoint
+  // (Catalog::UpsertCheckpoint).
+  struct Admitted {
+    std::string path;
+    std::string file_identity;
+  };
+  absl::StatusOr<Admitted> Admit(const std::string& run, const std::string& uri);
 
   // The canonical path of `c` when it may be used (see the header comment);
   // FAILED_PRECONDITION naming the checkpoint and why otherwise.
@@ -70,6 +93,9 @@ class CheckpointGuard {
   // The path a file:// URI or plain path names (storage::CheckpointPathOfUri),
   // without confinement; INVALID_ARGUMENT naming what is wrong otherwise.
   static absl::StatusOr<std::string> PathOfUri(const std::string& uri);
+
+  // "dev=D ino=I size=S mtime=SEC.NSEC ctime=SEC.NSEC" of a file's stat.
+  static std::string FileIdentity(const struct stat& st);
 
  private:
   struct Roots {
@@ -90,13 +116,20 @@ class CheckpointGuard {
   static absl::StatusOr<ScopedFd> Open(const Place& place, int flags);
 
   struct Verified {
-    uint64_t dev = 0, ino = 0;
-    int64_t size = 0, mtime_ns = 0;
+    std::string identity;  // FileIdentity
     std::string checksum;
     int64_t bytes = 0;
     absl::Status result;
   };
   absl::Status CheckFile(int fd, const std::string& path, const spikeguard::v1::Checkpoint& c);
+  // For a file with the identity recorded at registration: the checksum it
+  // carries (trailer, header) against the registered one, without reading
+  // the rest.
+  static absl::Status CheckRegisteredChecksum(int fd, int64_t size, const std::string& path,
+                                              const spikeguard::v1::Checkpoint& c);
+  // The whole file against its checksum (cached per file and stat).
+  absl::Status CheckContents(int fd, const struct stat& st, const std::string& path,
+                             const spikeguard::v1::Checkpoint& c);
 
   storage::Catalog* const catalog_;
   LaunchProfiles* const profiles_;

@@ -53,9 +53,13 @@ constexpr char kGenerationExistsSql[] =
 // --- Checkpoints and manifests -------------------------------------------------
 constexpr char kUpsertCheckpointSql[] = R"sql(
 INSERT INTO checkpoints (run_id, step, uri, generation, data_position, bytes, checksum,
-                         complete, pinned, has_rng_state, has_data_loader_state, created_unix_ms)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                         complete, pinned, has_rng_state, has_data_loader_state, created_unix_ms,
+                         file_identity)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, COALESCE(?13, ''))
 ON CONFLICT (run_id, step, uri) DO UPDATE SET
+  file_identity = CASE WHEN ?13 IS NOT NULL THEN ?13
+                       WHEN excluded.checksum <> '' AND excluded.checksum <> checksum THEN ''
+                       ELSE file_identity END,
   generation = CASE WHEN excluded.checksum <> '' AND excluded.checksum <> checksum
                     THEN excluded.generation ELSE generation END,
   data_position = excluded.data_position,
@@ -74,6 +78,10 @@ constexpr char kPinCheckpointSql[] =
 constexpr char kSetRollingPinSql[] =
     "UPDATE checkpoints SET rolling = (step = ?2 AND uri = ?3) WHERE run_id = ?1 AND "
     "rolling <> (step = ?2 AND uri = ?3)";
+constexpr char kSetCheckpointFileIdentitySql[] =
+    "UPDATE checkpoints SET file_identity = ? WHERE run_id = ? AND step = ? AND uri = ?";
+constexpr char kSelectCheckpointFileIdentitySql[] =
+    "SELECT file_identity FROM checkpoints WHERE run_id = ? AND step = ? AND uri = ?";
 constexpr char kDeleteCheckpointSql[] =
     "DELETE FROM checkpoints WHERE run_id = ? AND step = ? AND uri = ?";
 constexpr char kInsertManifestSql[] =
@@ -582,7 +590,8 @@ absl::StatusOr<std::vector<v1::Generation>> Catalog::ListGenerations(std::string
 
 // --- Checkpoints -----------------------------------------------------------------------
 
-absl::StatusOr<v1::Checkpoint> Catalog::UpsertCheckpoint(const v1::Checkpoint& c) {
+absl::StatusOr<v1::Checkpoint> Catalog::UpsertCheckpoint(
+    const v1::Checkpoint& c, std::optional<std::string_view> file_identity) {
   if (c.uri().empty()) return absl::InvalidArgumentError("checkpoint.uri is empty");
   Held lock(this);
   SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
@@ -601,6 +610,11 @@ absl::StatusOr<v1::Checkpoint> Catalog::UpsertCheckpoint(const v1::Checkpoint& c
         .BindBool(10, c.has_rng_state())
         .BindBool(11, c.has_data_loader_state())
         .BindInt64(12, c.created_unix_ms() != 0 ? c.created_unix_ms() : clock_->NowUnixMillis());
+    if (file_identity) {
+      upsert.BindText(13, *file_identity);
+    } else {
+      upsert.BindNull(13);
+    }
     SG_RETURN_IF_ERROR(upsert.Run());
   }
   SG_ASSIGN_OR_RETURN(std::vector<v1::Checkpoint> at_step,
@@ -643,6 +657,35 @@ absl::Status Catalog::SetRollingPin(std::string_view run, int64_t step, std::str
   SG_ASSIGN_OR_RETURN(Statement update, db_->Prepare(kSetRollingPinSql));
   update.BindInt64(1, run_id).BindInt64(2, step).BindText(3, uri);
   return update.Run();
+}
+
+absl::Status Catalog::SetCheckpointFileIdentity(std::string_view run, int64_t step,
+                                               std::string_view uri,
+                                               std::string_view file_identity) {
+  Held lock(this);
+  SG_ASSIGN_OR_RETURN(int64_t run_id, RunIdLocked(run));
+  SG_ASSIGN_OR_RETURN(Statement update, db_->Prepare(kSetCheckpointFileIdentitySql));
+  update.BindText(1, file_identity).BindInt64(2, run_id).BindInt64(3, step).BindText(4, uri);
+  SG_RETURN_IF_ERROR(update.Run());
+  if (db_->Changes() == 0) {
+    return absl::NotFoundError(absl::StrCat("run '", Sv(run), "' has no checkpoint at step ", step,
+                                            " named '", Sv(uri), "'"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> Catalog::CheckpointFileIdentity(std::string_view run, int64_t step,
+                                                          std::string_view uri) {
+  Held lock(this);
+  SG_ASSIGN_OR_RETURN(int64_t run_id, RunIdLocked(run));
+  SG_ASSIGN_OR_RETURN(Statement select, db_->Prepare(kSelectCheckpointFileIdentitySql));
+  select.BindInt64(1, run_id).BindInt64(2, step).BindText(3, uri);
+  SG_ASSIGN_OR_RETURN(bool row, select.Step());
+  if (!row) {
+    return absl::NotFoundError(absl::StrCat("run '", Sv(run), "' has no checkpoint at step ", step,
+                                            " named '", Sv(uri), "'"));
+  }
+  return select.ColumnText(0);
 }
 
 absl::StatusOr<bool> Catalog::DeleteCheckpoint(std::string_view run, int64_t step,

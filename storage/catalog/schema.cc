@@ -233,6 +233,15 @@ CREATE TABLE precursor_warnings (
 CREATE INDEX precursor_warnings_by_run ON precursor_warnings (run_id, state);
 )sql";
 
+// Version 8: what the daemon saw of a checkpoint's file when it was
+// registered (CheckpointGuard's file identity: device, inode, size,
+// modification and change times), so a rewind checks that the file is the
+// one registered without reading it; "" = not seen (the file was not there
+// yet, or the row is older).
+constexpr char kSchemaV8Sql[] = R"sql(
+ALTER TABLE checkpoints ADD COLUMN file_identity TEXT NOT NULL DEFAULT '';
+)sql";
+
 // One migration step: `sql` then user_version = `to`, atomically.
 absl::Status Step(Database& db, const char* sql, int to) {
   SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&db));
@@ -276,6 +285,9 @@ absl::Status MigrateSchema(Database& db) {
       [[fallthrough]];
     case 6:
       SG_RETURN_IF_ERROR(Step(db, kSchemaV7Sql, 7));
+      [[fallthrough]];
+    case 7:
+      SG_RETURN_IF_ERROR(Step(db, kSchemaV8Sql, 8));
       [[fallthrough]];
     case kSchemaVersion:
       break;

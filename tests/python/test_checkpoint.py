@@ -184,6 +184,16 @@ def test_corrupt_foreign_and_missing_files_are_refused(tmp_path):
     assert latest_checkpoint(tmp_path) is None
 
 
+def test_load_checks_the_checksum_the_checkpoint_was_registered_with(tmp_path):
+    # The daemon checks only the file's identity before a rewind; the
+    # command's checksum is checked here, as the payload is read.
+    info, (model, opt, sched) = _saved(tmp_path)
+    assert len(info["checksum"]) == 64
+    load_checkpoint(info["uri"], model=model, optimizer=opt, checksum=info["checksum"].upper())
+    with pytest.raises(CheckpointError, match="the daemon registered " + "0" * 64):
+        load_checkpoint(info["uri"], model=model, optimizer=opt, checksum="0" * 64)
+
+
 def test_checkpoint_for_another_model_is_refused(tmp_path):
     info, _ = _saved(tmp_path)
     other = torch.nn.Linear(3, 3)

@@ -311,6 +311,35 @@ TEST_F(CatalogTest, CheckpointUpsertCompletesAndKeepsThePin) {
   EXPECT_EQ(catalog_->PinCheckpoint("r", 77, true).status().code(), absl::StatusCode::kNotFound);
 }
 
+// The file identity the daemon records at registration: replaced by the
+// next registration that brings one, kept by one that does not, cleared by
+// one with another checksum (another file) and none.
+TEST_F(CatalogTest, CheckpointFileIdentityFollowsTheRegistrations) {
+  MakeRun("r");
+  v1::Checkpoint c;
+  c.set_run("r");
+  c.set_step(10);
+  c.set_uri("file:///ckpt/10");
+  c.set_checksum("0123456789abcdef");
+  ASSERT_TRUE(catalog_->UpsertCheckpoint(c).ok());
+  EXPECT_EQ(*catalog_->CheckpointFileIdentity("r", 10, "file:///ckpt/10"), "");
+  ASSERT_TRUE(catalog_->UpsertCheckpoint(c, "ino=1").ok());
+  EXPECT_EQ(*catalog_->CheckpointFileIdentity("r", 10, "file:///ckpt/10"), "ino=1");
+  ASSERT_TRUE(catalog_->UpsertCheckpoint(c).ok());  // resent, nothing seen
+  EXPECT_EQ(*catalog_->CheckpointFileIdentity("r", 10, "file:///ckpt/10"), "ino=1");
+  ASSERT_TRUE(catalog_->UpsertCheckpoint(c, "ino=2").ok());
+  EXPECT_EQ(*catalog_->CheckpointFileIdentity("r", 10, "file:///ckpt/10"), "ino=2");
+  c.set_checksum("fedcba9876543210");
+  ASSERT_TRUE(catalog_->UpsertCheckpoint(c).ok());
+  EXPECT_EQ(*catalog_->CheckpointFileIdentity("r", 10, "file:///ckpt/10"), "");
+  ASSERT_TRUE(catalog_->SetCheckpointFileIdentity("r", 10, "file:///ckpt/10", "ino=3").ok());
+  EXPECT_EQ(*catalog_->CheckpointFileIdentity("r", 10, "file:///ckpt/10"), "ino=3");
+  EXPECT_EQ(catalog_->CheckpointFileIdentity("r", 11, "file:///ckpt/10").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(catalog_->SetCheckpointFileIdentity("r", 11, "file:///ckpt/10", "x").code(),
+            absl::StatusCode::kNotFound);
+}
+
 TEST_F(CatalogTest, DeletedCheckpointIsNoLongerListedEvenWhenPinned) {
   MakeRun("r");
   for (int64_t step : {100, 200, 300}) {

@@ -299,7 +299,7 @@ def read_header(path_or_uri) -> dict:
         raise CheckpointError(path, f"cannot read: {e.strerror or e}") from None
 
 
-def _read_verified(path: str):
+def _read_verified(path: str, checksum: Optional[str] = None):
     try:
         with open(path, "rb") as f:
             header = _read_header(f, path)
@@ -318,6 +318,8 @@ def _read_verified(path: str):
     got = hashlib.sha256(payload).hexdigest()
     if got != header["sha256"]:
         raise CheckpointError(path, f"checksum mismatch: payload sha256 {got}, header says {header['sha256']}")
+    if checksum and checksum.lower() != got:
+        raise CheckpointError(path, f"checksum mismatch: payload sha256 {got}, the daemon registered {checksum}")
     return header, payload
 
 
@@ -328,13 +330,19 @@ def verify_checkpoint(path_or_uri) -> dict:
     return header
 
 
-def load_checkpoint(path_or_uri, *, model, optimizer, scheduler=None, map_location="cpu") -> dict:
+def load_checkpoint(path_or_uri, *, model, optimizer, scheduler=None, map_location="cpu",
+                    checksum: Optional[str] = None) -> dict:
     """Verifies the checkpoint and restores model, optimizer, scheduler and
     every RNG from it; returns dict(step, generation (None for an older
     file that did not record it), data_position, data_plan, extra, path,
-    rank). Any path or file:// URI loads, whatever the file's name."""
+    rank). Any path or file:// URI loads, whatever the file's name.
+
+    `checksum`: the sha256 the checkpoint was registered with (a REWIND
+    command's ``checkpoint.checksum``); the payload must hash to it. The
+    daemon checks before a rewind that the file is the one registered (its
+    identity) without reading it; the content is checked here, as it is read."""
     path = _path_of(path_or_uri)
-    header, payload = _read_verified(path)
+    header, payload = _read_verified(path, checksum)
     try:
         state = torch.load(io.BytesIO(payload), map_location=map_location)
     except Exception as e:  # noqa: BLE001 - torch raises many types here
