@@ -26,7 +26,8 @@ absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.
 constexpr char kSelectRunIdSql[] = "SELECT id FROM runs WHERE name = ?";
 constexpr char kInsertRunSql[] =
     "INSERT INTO runs (name, created_unix_ms, mode, world_size, current_generation, state, "
-    "last_step, spec) VALUES (?, ?, ?, ?, 0, ?, ?, ?)";
+    "last_step, spec, incarnation) VALUES (?, ?, ?, ?, 0, ?, ?, ?, lower(hex(randomblob(16))))";
+constexpr char kSelectRunIncarnationSql[] = "SELECT incarnation, state FROM runs WHERE name = ?";
 constexpr char kSelectRunSql[] =
     "SELECT id, name, created_unix_ms, mode, world_size, current_generation, state, last_step, "
     "spec, data_order, total_steps FROM runs WHERE name = ?";
@@ -445,6 +446,18 @@ absl::StatusOr<int64_t> Catalog::CommittedStepLocked(int64_t run_id, int64_t gen
 }
 
 // --- Runs ------------------------------------------------------------------------------
+
+absl::StatusOr<Catalog::RunIncarnation> Catalog::GetRunIncarnation(std::string_view name) {
+  Held lock(this);
+  SG_ASSIGN_OR_RETURN(Statement select, db_->Prepare(kSelectRunIncarnationSql));
+  select.BindText(1, name);
+  SG_ASSIGN_OR_RETURN(bool row, select.Step());
+  if (!row) return absl::NotFoundError(absl::StrCat("run '", Sv(name), "' not found"));
+  RunIncarnation out;
+  out.incarnation = select.ColumnText(0);
+  out.state = select.ColumnText(1);
+  return out;
+}
 
 absl::StatusOr<v1::Run> Catalog::CreateRun(const v1::Run& run) {
   if (run.name().empty()) return absl::InvalidArgumentError("run.name is empty");

@@ -207,6 +207,14 @@ class Catalog {
   // The same with generations but without the ranks' progress: what a
   // rank's hello needs, independent of how many ranks the run has.
   absl::StatusOr<v1::Run> GetRunWithoutRanks(std::string_view name);
+  // Which run of that name this is (`incarnation`: 32 random hex digits made
+  // by CreateRun, so a later run of the same name has another) and its
+  // state: what a launched worker's token is checked against.
+  struct RunIncarnation {
+    std::string incarnation;
+    std::string state;
+  };
+  absl::StatusOr<RunIncarnation> GetRunIncarnation(std::string_view name);
   // All runs by id, without generations or ranks.
   absl::StatusOr<std::vector<v1::Run>> ListRuns();
   // state: "created", "running", "paused", "stopped", "finished", "failed".

@@ -242,6 +242,15 @@ constexpr char kSchemaV8Sql[] = R"sql(
 ALTER TABLE checkpoints ADD COLUMN file_identity TEXT NOT NULL DEFAULT '';
 )sql";
 
+// Version 9: each run's incarnation, random, made when the run is created
+// (a later run of the same name, in this catalog or in one made afresh
+// beside the same worker-token key, has another): the tokens of the workers
+// the daemon launches are bound to it. Runs stored before get one now.
+constexpr char kSchemaV9Sql[] = R"sql(
+ALTER TABLE runs ADD COLUMN incarnation TEXT NOT NULL DEFAULT '';
+UPDATE runs SET incarnation = lower(hex(randomblob(16))) WHERE incarnation = '';
+)sql";
+
 // One migration step: `sql` then user_version = `to`, atomically.
 absl::Status Step(Database& db, const char* sql, int to) {
   SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&db));
@@ -288,6 +297,9 @@ absl::Status MigrateSchema(Database& db) {
       [[fallthrough]];
     case 7:
       SG_RETURN_IF_ERROR(Step(db, kSchemaV8Sql, 8));
+      [[fallthrough]];
+    case 8:
+      SG_RETURN_IF_ERROR(Step(db, kSchemaV9Sql, 9));
       [[fallthrough]];
     case kSchemaVersion:
       break;

@@ -273,6 +273,31 @@ TEST_F(CatalogTest, GenerationsFormATimeline) {
   EXPECT_EQ((*all)[2].parent(), 1);
 }
 
+// A run's incarnation tells it from another run of the same name: each
+// CreateRun makes a random one, here and in a catalog made afresh.
+TEST_F(CatalogTest, EachRunIsItsOwnIncarnation) {
+  MakeRun("r");
+  MakeRun("s");
+  auto r = catalog_->GetRunIncarnation("r");
+  auto s = catalog_->GetRunIncarnation("s");
+  ASSERT_TRUE(r.ok() && s.ok());
+  EXPECT_EQ(r->incarnation.size(), 32u);
+  EXPECT_NE(r->incarnation, s->incarnation);
+  EXPECT_EQ(r->state, "created");
+  ASSERT_TRUE(catalog_->SetRunState("r", "finished").ok());
+  EXPECT_EQ(catalog_->GetRunIncarnation("r")->state, "finished");
+  EXPECT_EQ(catalog_->GetRunIncarnation("r")->incarnation, r->incarnation);
+  CatalogOptions options;
+  options.path = ":memory:";
+  auto fresh = Catalog::Open(options);
+  ASSERT_TRUE(fresh.ok());
+  v1::Run again;
+  again.set_name("r");
+  ASSERT_TRUE((*fresh)->CreateRun(again).ok());
+  EXPECT_NE((*fresh)->GetRunIncarnation("r")->incarnation, r->incarnation);
+  EXPECT_EQ(catalog_->GetRunIncarnation("t").status().code(), absl::StatusCode::kNotFound);
+}
+
 // --- Checkpoints and manifests -------------------------------------------------------
 
 TEST_F(CatalogTest, CheckpointUpsertCompletesAndKeepsThePin) {
