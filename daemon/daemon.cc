@@ -179,6 +179,22 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options) {
   auto catalog = storage::Catalog::Open(catalog_options);
   if (!catalog.ok()) return catalog.status();
   d->catalog_ = std::move(*catalog);
+  if (d->authorizer_->enabled()) {
+    // A launched worker's token is bound to its run's incarnation and ends
+    // with the run (Authorizer::WorkerTokenFor).
+    storage::Catalog* runs = d->catalog_.get();
+    d->authorizer_->SetWorkerRunLookup(
+        [runs](const std::string& run) -> absl::StatusOr<auth::Authorizer::WorkerRun> {
+          absl::StatusOr<storage::Catalog::RunIncarnation> found = runs->GetRunIncarnation(run);
+          if (!found.ok()) return found.status();
+          auth::Authorizer::WorkerRun w;
+          w.incarnation = std::move(found->incarnation);
+          w.ended = found->state == "finished" || found->state == "failed" ||
+                    found->state == "stopped";
+          w.state = std::move(found->state);
+          return w;
+        });
+  }
   if (options.default_policy) {
     if (absl::Status s = d->catalog_->PutPolicy("", *options.default_policy); !s.ok()) return s;
   }

@@ -86,7 +86,16 @@ absl::Status Authorizer::Reload() {
 }
 
 namespace {
-constexpr absl::string_view kWorkerTokenPrefix = "sgw1:";
+
+constexpr absl::string_view kWorkerTokenPrefix = "sgw2:";
+
+// What a launched worker's token authenticates: the run and its
+// incarnation (a later run of the same name is another).
+std::string WorkerTokenMac(const std::string& key, const std::string& run,
+                           const std::string& incarnation) {
+  return HmacSha256Hex(key, absl::StrCat("sgw2\n", run, "\n", incarnation));
+}
+
 }  // namespace
 
 void Authorizer::SetWorkerTokenKey(std::string key) {
@@ -94,11 +103,24 @@ void Authorizer::SetWorkerTokenKey(std::string key) {
   worker_token_key_ = std::move(key);
 }
 
+void Authorizer::SetWorkerRunLookup(WorkerRunLookup lookup) {
+  absl::MutexLock lock(&mu_);
+  worker_run_lookup_ = std::move(lookup);
+}
+
 std::string Authorizer::WorkerTokenFor(const std::string& run) const {
   if (!enabled_) return "";
-  absl::MutexLock lock(&mu_);
-  if (worker_token_key_.empty()) return "";
-  return absl::StrCat(kWorkerTokenPrefix, run, ":", HmacSha256Hex(worker_token_key_, run));
+  std::string key;
+  WorkerRunLookup lookup;
+  {
+    absl::MutexLock lock(&mu_);
+    key = worker_token_key_;
+    lookup = worker_run_lookup_;
+  }
+  if (key.empty() || !lookup) return "";
+  absl::StatusOr<WorkerRun> found = lookup(run);
+  if (!found.ok() || found->ended || found->incarnation.empty()) return "";
+  return absl::StrCat(kWorkerTokenPrefix, run, ":", WorkerTokenMac(key, run, found->incarnation));
 }
 
 absl::StatusOr<Principal> Authorizer::Authenticate(const std::string* authorization) const {
@@ -119,16 +141,31 @@ absl::StatusOr<Principal> Authorizer::Authenticate(const std::string* authorizat
   }
   absl::string_view token = absl::StripAsciiWhitespace(value.substr(7));
   if (absl::Status s = CheckTokenText(token); !s.ok()) return s;
-  absl::MutexLock lock(&mu_);
-  if (const TokenEntry* e = FindToken(entries_, token); e != nullptr) return e->principal;
-  // A launched worker's token: "sgw1:RUN:MAC", the MAC recomputed and
-  // compared in constant time.
-  if (absl::StartsWith(token, kWorkerTokenPrefix) && !worker_token_key_.empty()) {
+  std::string key;
+  WorkerRunLookup lookup;
+  {
+    absl::MutexLock lock(&mu_);
+    if (const TokenEntry* e = FindToken(entries_, token); e != nullptr) return e->principal;
+    key = worker_token_key_;
+    lookup = worker_run_lookup_;
+  }
+  // A launched worker's token: "sgw2:RUN:MAC", the MAC recomputed over the
+  // run's incarnation now and compared in constant time; the run must not
+  // have ended. The lookup runs without the lock (it reads the catalog).
+  if (absl::StartsWith(token, kWorkerTokenPrefix) && !key.empty() && lookup) {
     absl::string_view rest = token.substr(kWorkerTokenPrefix.size());
     const size_t colon = rest.rfind(':');
     if (colon != absl::string_view::npos && colon > 0) {
       const std::string run(rest.substr(0, colon));
-      if (ConstantTimeEquals(rest.substr(colon + 1), HmacSha256Hex(worker_token_key_, run))) {
+      absl::StatusOr<WorkerRun> found = lookup(run);
+      if (found.ok() && !found->incarnation.empty() &&
+          ConstantTimeEquals(rest.substr(colon + 1), WorkerTokenMac(key, run, found->incarnation))) {
+        if (found->ended) {
+          return absl::UnauthenticatedError(absl::StrCat(
+              "the bearer token is that of the workers the daemon launched for run '",
+              run.substr(0, 128), "', which has ended (", found->state,
+              "): a launched worker's token opens nothing once its run is over"));
+        }
         Principal worker;
         worker.name = "launcher:" + run;
         worker.role = Role::kWorker;

@@ -4,7 +4,8 @@
 // bearer token travels as metadata ("authorization: Bearer <token>"); the
 // table of principals comes from the tokens file (tokens.h) plus the
 // run-scoped worker tokens the daemon mints for the workers it launches
-// itself (handed over in their environment, never written anywhere).
+// itself (handed over in their environment, never written anywhere), which
+// open only their run, and only while it lives.
 //
 //   Principal who;
 //   if (grpc::Status s = auth->Check(ctx, Need::kOperate, "Rewind", run, &who);
@@ -18,6 +19,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -57,12 +59,29 @@ class Authorizer {
   absl::Status Reload();
 
   // The token of the workers of `run` that this daemon launches: role
-  // worker, scoped to `run`: "sgw1:RUN:HMAC-SHA256(key, RUN)". The key is
-  // the daemon's (DATA_DIR/worker-token.key), so a daemon restarted after a
+  // worker, scoped to `run`, bound to the run's incarnation:
+  // "sgw2:RUN:HMAC-SHA256(key, "sgw2\nRUN\nINCARNATION")". The key is the
+  // daemon's (DATA_DIR/worker-token.key), so a daemon restarted after a
   // crash still knows the tokens of the workers it had launched, and the
-  // tokens are never stored. "" when authentication is off or no key is set.
+  // tokens are never stored. The incarnation is the run's (the catalog's,
+  // random per run created), so a token minted for one run is refused by a
+  // later run of the same name; and a token is refused once its run has
+  // ended (finished, failed, stopped). "" when authentication is off, no key
+  // or lookup is set, or the run is unknown or has ended.
   std::string WorkerTokenFor(const std::string& run) const;
   void SetWorkerTokenKey(std::string key);
+
+  // What a launched worker's token is checked against: the run's
+  // incarnation and whether it has ended. Set by the daemon once its
+  // catalog is open; without it no launched worker's token is minted or
+  // accepted.
+  struct WorkerRun {
+    std::string incarnation;
+    std::string state;
+    bool ended = false;
+  };
+  using WorkerRunLookup = std::function<absl::StatusOr<WorkerRun>(const std::string& run)>;
+  void SetWorkerRunLookup(WorkerRunLookup lookup);
 
   // The principal presenting `authorization` (the metadata value, or null
   // when absent).
@@ -102,6 +121,7 @@ class Authorizer {
   mutable absl::Mutex mu_;
   std::vector<TokenEntry> entries_ ABSL_GUARDED_BY(mu_);
   std::string worker_token_key_ ABSL_GUARDED_BY(mu_);
+  WorkerRunLookup worker_run_lookup_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> epoch_{0};
 };
 

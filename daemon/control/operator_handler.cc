@@ -474,13 +474,15 @@ absl::StatusOr<v1::Checkpoint> DaemonOperatorHandler::RegisterCheckpoint(const v
   if (c.generation() < 0) return absl::InvalidArgumentError("checkpoint.generation: negative");
   // Confined to the run's checkpoint root, before anything is stored.
   if (state_->checkpoints == nullptr) return Starting();
-  if (auto confined = state_->checkpoints->Confine(c.run(), c.uri()); !confined.ok()) {
-    if (!absl::IsInvalidArgument(confined.status())) return confined.status();
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint.", confined.status().message()));
+  auto admitted = state_->checkpoints->Admit(c.run(), c.uri());
+  if (!admitted.ok()) {
+    if (!absl::IsInvalidArgument(admitted.status())) return admitted.status();
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint.", admitted.status().message()));
   }
   v1::Checkpoint ckpt = c;
   if (ckpt.created_unix_ms() == 0) ckpt.set_created_unix_ms(state_->clock->NowUnixMillis());
-  return state_->catalog->UpsertCheckpoint(ckpt);
+  // With the identity of the file as registered (what a rewind checks).
+  return state_->catalog->UpsertCheckpoint(ckpt, admitted->file_identity);
 }
 
 absl::StatusOr<v1::Checkpoint> DaemonOperatorHandler::PinCheckpoint(const std::string& run,

@@ -341,11 +341,13 @@ absl::Status WorkerSession::CheckpointSaved(const spikeguard::v1::CheckpointSave
   if (absl::Status s = ValidateCheckpointSaved(c, state_->limits); !s.ok()) {
     return StampRefused("checkpoint", s);
   }
-  // Confined to the run's checkpoint root before anything is stored.
+  // Confined to the run's checkpoint root before anything is stored, and
+  // stored with the identity of the file as registered (what a rewind checks).
+  std::optional<std::string> file_identity;
   if (state_->checkpoints != nullptr) {
-    if (auto confined = state_->checkpoints->Confine(run(), c.uri()); !confined.ok()) {
-      return StampRefused("checkpoint", confined.status());
-    }
+    auto admitted = state_->checkpoints->Admit(run(), c.uri());
+    if (!admitted.ok()) return StampRefused("checkpoint", admitted.status());
+    file_identity = admitted->file_identity;
   }
   // The saver: a notice resent on a later generation's stream names it.
   if (c.has_generation() && (c.generation() < 0 || c.generation() > generation_)) {
@@ -366,7 +368,7 @@ absl::Status WorkerSession::CheckpointSaved(const spikeguard::v1::CheckpointSave
   ckpt.set_has_rng_state(c.has_rng_state());
   ckpt.set_has_data_loader_state(c.has_data_loader_state());
   ckpt.set_created_unix_ms(state_->clock->NowUnixMillis());
-  if (auto s = state_->catalog->UpsertCheckpoint(ckpt); !s.ok()) {
+  if (auto s = state_->catalog->UpsertCheckpoint(ckpt, file_identity); !s.ok()) {
     SG_LOG(ERROR) << "run " << run() << ": checkpoint not recorded: " << s.status();
     return absl::OkStatus();
   }

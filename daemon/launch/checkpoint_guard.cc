@@ -7,11 +7,16 @@
 
 #include <cstring>
 #include <filesystem>
+#include <algorithm>
 #include <memory>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "base/logging.h"
 #include "base/status_macros.h"
 #include "storage/checkpoint/checkpoint_uri.h"
 #include "storage/checkpoint/checksum.h"
@@ -27,13 +32,14 @@ constexpr char kRefMagic[8] = {'S', 'G', 'C', 'K', 'P', 'T', '\0', '\0'};
 constexpr char kRefEnd[8] = {'S', 'G', 'C', 'K', 'E', 'N', 'D', '\0'};
 constexpr char kTorchMagic[8] = {'S', 'G', 'T', 'O', 'R', 'C', 'H', '1'};
 
-bool Inside(const fs::path& path, const fs::path& root) {
-  auto r = root.begin(), p = path.begin();
-  for (; r != root.end(); ++r, ++p) {
-    if (r->empty()) continue;
-    if (p == path.end() || *p != *r) return false;
+// The names of an absolute path's components ("//" and a trailing '/' add
+// none; CheckpointPathOfUri has refused "." and "..").
+std::vector<std::string> Components(const std::string& path) {
+  std::vector<std::string> out;
+  for (absl::string_view part : absl::StrSplit(path, '/')) {
+    if (!part.empty()) out.emplace_back(part);
   }
-  return true;
+  return out;
 }
 
 int HexValue(char c) {
@@ -90,13 +96,51 @@ struct Sha256 {
   EVP_MD_CTX* ctx;
 };
 
+uint32_t TorchHeaderLength(const char* head) {
+  return static_cast<uint8_t>(head[8]) | static_cast<uint8_t>(head[9]) << 8 |
+         static_cast<uint8_t>(head[10]) << 16 |
+         static_cast<uint32_t>(static_cast<uint8_t>(head[11])) << 24;
+}
+
+// The payload's sha256 a spikeguard.checkpoint file's JSON header names (""
+// when it names none), given its first 12 bytes.
+absl::StatusOr<std::string> TorchHeaderSha256(int fd, int64_t size, const char* head,
+                                              const std::string& path) {
+  const uint32_t header_len = TorchHeaderLength(head);
+  if (header_len > (1u << 20) || 12 + static_cast<int64_t>(header_len) > size) {
+    return absl::FailedPreconditionError(absl::StrCat(path, " has a bad header"));
+  }
+  std::string header(header_len, '\0');
+  if (pread(fd, header.data(), header_len, 12) != static_cast<ssize_t>(header_len)) {
+    return absl::FailedPreconditionError(absl::StrCat(path, ": cannot read its header"));
+  }
+  const std::string key = "\"sha256\": \"";
+  const size_t at = header.find(key);
+  if (at == std::string::npos) return std::string();
+  return absl::AsciiStrToLower(header.substr(at + key.size(), 64));
+}
+
 }  // namespace
+
+std::string CheckpointGuard::FileIdentity(const struct stat& st) {
+  return absl::StrFormat("dev=%d ino=%d size=%d mtime=%d.%09d ctime=%d.%09d",
+                         static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino),
+                         static_cast<int64_t>(st.st_size), static_cast<int64_t>(st.st_mtim.tv_sec),
+                         static_cast<int64_t>(st.st_mtim.tv_nsec),
+                         static_cast<int64_t>(st.st_ctim.tv_sec),
+                         static_cast<int64_t>(st.st_ctim.tv_nsec));
+}
 
 absl::StatusOr<std::string> CheckpointGuard::PathOfUri(const std::string& uri) {
   return storage::CheckpointPathOfUri(uri);
 }
 
 absl::StatusOr<std::string> CheckpointGuard::RootFor(const std::string& run) {
+  SG_ASSIGN_OR_RETURN(Roots roots, RootsFor(run));
+  return roots.canonical;
+}
+
+absl::StatusOr<CheckpointGuard::Roots> CheckpointGuard::RootsFor(const std::string& run) {
   SG_ASSIGN_OR_RETURN(v1::Run row, catalog_->GetRun(run));
   std::optional<std::string> root;
   if (profiles_ != nullptr) {
@@ -126,66 +170,174 @@ absl::StatusOr<std::string> CheckpointGuard::RootFor(const std::string& run) {
     return absl::FailedPreconditionError(absl::StrCat(
         "checkpoint root ", Quoted(*root), " of run '", run, "' resolves to the file system's root"));
   }
-  return canonical.string();
+  Roots roots;
+  roots.canonical = canonical.string();
+  while (roots.canonical.size() > 1 && roots.canonical.back() == '/') roots.canonical.pop_back();
+  roots.configured = own.string();
+  return roots;
+}
+
+absl::StatusOr<CheckpointGuard::Place> CheckpointGuard::Locate(const std::string& run,
+                                                              const std::string& uri) {
+  SG_ASSIGN_OR_RETURN(std::string path, PathOfUri(uri));
+  SG_ASSIGN_OR_RETURN(Roots roots, RootsFor(run));
+  // Lexically beneath the root, as configured or canonical (the path a
+  // worker reports may go through the symbolic links above the root); the
+  // rest is opened from the root's descriptor (OpenBeneath), not resolved
+  // here.
+  const std::vector<std::string> parts = Components(path);
+  for (const std::string* root : {&roots.canonical, &roots.configured}) {
+    const std::vector<std::string> base = Components(*root);
+    if (parts.size() > base.size() && std::equal(base.begin(), base.end(), parts.begin())) {
+      Place place;
+      place.root = roots.canonical;
+      place.components.assign(parts.begin() + static_cast<ptrdiff_t>(base.size()), parts.end());
+      place.path = roots.canonical;
+      for (const std::string& c : place.components) place.path += "/" + c;
+      return place;
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "uri ", Quoted(uri), " names ", Quoted(path), ", outside the checkpoint root ",
+      Quoted(roots.canonical), " of run '", run, "'"));
+}
+
+absl::StatusOr<ScopedFd> CheckpointGuard::Open(const Place& place, int flags) {
+  SG_ASSIGN_OR_RETURN(ScopedFd root, OpenDirectory(place.root));
+  return OpenBeneath(root.get(), place.root, place.components, flags);
 }
 
 absl::StatusOr<std::string> CheckpointGuard::Confine(const std::string& run, const std::string& uri) {
-  SG_ASSIGN_OR_RETURN(std::string path, PathOfUri(uri));
-  SG_ASSIGN_OR_RETURN(std::string root, RootFor(run));
-  std::error_code ec;
-  const fs::path resolved = fs::weakly_canonical(fs::path(path), ec);
-  if (ec) {
-    return absl::InvalidArgumentError(absl::StrCat("uri ", Quoted(uri), ": ", ec.message()));
+  SG_ASSIGN_OR_RETURN(Admitted admitted, Admit(run, uri));
+  return admitted.path;
+}
+
+absl::StatusOr<CheckpointGuard::Admitted> CheckpointGuard::Admit(const std::string& run,
+                                                               const std::string& uri) {
+  SG_ASSIGN_OR_RETURN(Place place, Locate(run, uri));
+  // What is already there must be reachable from the root without a
+  // symbolic link; a path not there yet (a file announced before it is
+  // written, a directory still to be made) is checked again at every use.
+  absl::StatusOr<ScopedFd> fd = Open(place, O_PATH);
+  if (!fd.ok() && !absl::IsNotFound(fd.status())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("uri ", Quoted(uri), " is refused: ", fd.status().message()));
   }
-  if (!Inside(resolved, fs::path(root)) || resolved == fs::path(root)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "uri ", Quoted(uri), " resolves to ", Quoted(resolved.string()),
-        ", outside the checkpoint root ", Quoted(root), " of run '", run, "'"));
+  Admitted admitted;
+  admitted.path = place.path;
+  struct stat st {};
+  if (fd.ok() && fstat(fd->get(), &st) == 0 && S_ISREG(st.st_mode)) {
+    admitted.file_identity = FileIdentity(st);
   }
-  return resolved.string();
+  return admitted;
 }
 
 absl::StatusOr<std::string> CheckpointGuard::Verify(const v1::Checkpoint& c) {
   const std::string what = absl::StrCat("checkpoint at step ", c.step(), " (", Quoted(c.uri()), ")");
-  auto path = Confine(c.run(), c.uri());
-  if (!path.ok()) {
-    return absl::FailedPreconditionError(absl::StrCat(what, " is not usable: ", path.status().message()));
+  auto place = Locate(c.run(), c.uri());
+  if (!place.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(what, " is not usable: ", place.status().message()));
   }
-  if (auto s = CheckFile(*path, c); !s.ok()) {
+  absl::StatusOr<ScopedFd> fd = Open(*place, O_RDONLY);
+  if (!fd.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(what, " is not usable: ", fd.status().message()));
+  }
+  if (auto s = CheckFile(fd->get(), place->path, c); !s.ok()) {
     return absl::FailedPreconditionError(absl::StrCat(what, " is not usable: ", s.message()));
   }
-  return *path;
+  return place->path;
 }
 
-absl::Status CheckpointGuard::CheckFile(const std::string& path, const v1::Checkpoint& c) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-  if (fd < 0) {
-    return absl::FailedPreconditionError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
-  }
-  std::unique_ptr<int, void (*)(int*)> closer(new int(fd), [](int* p) {
-    close(*p);
-    delete p;
-  });
+absl::Status CheckpointGuard::CheckFile(int fd, const std::string& path,
+                                       const v1::Checkpoint& c) {
   struct stat st {};
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     return absl::FailedPreconditionError(absl::StrCat(path, " is not a regular file"));
   }
-  const int64_t mtime = static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+  if (c.bytes() > 0 && st.st_size != c.bytes()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, " has ", st.st_size, " bytes; it was registered with ", c.bytes()));
+  }
+  // The file the registration saw, unchanged (same inode, size, times; the
+  // change time cannot be set back): its checksum is the one registered,
+  // and the worker checks it as it loads the file, which it reads anyway.
+  // Only the head or trailer is read here, whatever the file's size.
+  const std::string identity = FileIdentity(st);
+  absl::StatusOr<std::string> recorded =
+      catalog_->CheckpointFileIdentity(c.run(), c.step(), c.uri());
+  if (recorded.ok() && *recorded == identity) return CheckRegisteredChecksum(fd, st.st_size, path, c);
+  const absl::Status full = CheckContents(fd, st, path, c);
+  if (full.ok() && recorded.ok()) {
+    // Verified whole: no full read the next time, unless it changes.
+    if (absl::Status s = catalog_->SetCheckpointFileIdentity(c.run(), c.step(), c.uri(), identity);
+        !s.ok()) {
+      SG_LOG(WARNING) << "run " << c.run() << ": file identity of " << path << " not recorded: " << s;
+    }
+  }
+  return full;
+}
+
+absl::Status CheckpointGuard::CheckRegisteredChecksum(int fd, int64_t size, const std::string& path,
+                                                      const v1::Checkpoint& c) {
+  const std::string registered = absl::AsciiStrToLower(c.checksum());
+  char head[12] = {};
+  const bool has_head = size >= 12 && pread(fd, head, sizeof(head), 0) == sizeof(head);
+  if (has_head && std::memcmp(head, kRefMagic, 8) == 0) {
+    // The XXH64 in its trailer is what the reference worker checks on load.
+    unsigned char trailer[16];
+    if (size < 8 + 8 + 16 || pread(fd, trailer, 16, size - 16) != 16 ||
+        std::memcmp(trailer + 8, kRefEnd, 8) != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(path, " has no end marker (truncated)"));
+    }
+    uint64_t stored = 0;
+    for (int i = 7; i >= 0; --i) stored = (stored << 8) | trailer[i];
+    if (!registered.empty() && registered != storage::ChecksumHex(stored)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          path, ": its trailer says XXH64 ", storage::ChecksumHex(stored),
+          "; it was registered with ", Quoted(c.checksum())));
+    }
+    return absl::OkStatus();
+  }
+  if (has_head && std::memcmp(head, kTorchMagic, 8) == 0) {
+    SG_ASSIGN_OR_RETURN(std::string in_header, TorchHeaderSha256(fd, size, head, path));
+    if (!registered.empty() && !in_header.empty() && registered != in_header) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          path, ": its header says sha256 ", in_header, "; it was registered with ",
+          Quoted(c.checksum())));
+    }
+    const std::string want = registered.empty() ? in_header : registered;
+    if (want.size() != 64 || !IsHex(want)) {
+      return absl::FailedPreconditionError(absl::StrCat(path, ": no sha256 checksum to check"));
+    }
+    return absl::OkStatus();
+  }
+  if (registered.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, " was registered without a checksum and is not a format the daemon can check"));
+  }
+  if ((registered.size() == 16 || registered.size() == 64) && IsHex(registered)) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      path, ": registered checksum ", Quoted(c.checksum()),
+      " is neither XXH64 (16 hex digits) nor sha256 (64), and the file's format is unknown"));
+}
+
+absl::Status CheckpointGuard::CheckContents(int fd, const struct stat& st, const std::string& path,
+                                           const v1::Checkpoint& c) {
+  // Keyed by the whole identity: the modification time alone can be set
+  // back after a write, the change time cannot.
+  const std::string identity = FileIdentity(st);
   {
     absl::MutexLock lock(&mu_);
     auto it = cache_.find(path);
-    if (it != cache_.end() && it->second.dev == st.st_dev && it->second.ino == st.st_ino &&
-        it->second.size == st.st_size && it->second.mtime_ns == mtime &&
+    if (it != cache_.end() && it->second.identity == identity &&
         it->second.checksum == c.checksum() && it->second.bytes == c.bytes()) {
       return it->second.result;
     }
   }
   auto check = [&]() -> absl::Status {
     const int64_t size = st.st_size;
-    if (c.bytes() > 0 && size != c.bytes()) {
-      return absl::FailedPreconditionError(absl::StrCat(path, " has ", size,
-                                                        " bytes; it was registered with ", c.bytes()));
-    }
     const std::string registered = absl::AsciiStrToLower(c.checksum());
     char head[12] = {};
     const bool has_head = size >= 12 && pread(fd, head, sizeof(head), 0) == sizeof(head);
@@ -213,27 +365,13 @@ absl::Status CheckpointGuard::CheckFile(const std::string& path, const v1::Check
       return absl::OkStatus();
     }
     if (has_head && std::memcmp(head, kTorchMagic, 8) == 0) {
-      const uint32_t header_len = static_cast<uint8_t>(head[8]) | static_cast<uint8_t>(head[9]) << 8 |
-                                  static_cast<uint8_t>(head[10]) << 16 |
-                                  static_cast<uint32_t>(static_cast<uint8_t>(head[11])) << 24;
-      if (header_len > (1u << 20) || 12 + static_cast<int64_t>(header_len) > size) {
-        return absl::FailedPreconditionError(absl::StrCat(path, " has a bad header"));
-      }
-      std::string header(header_len, '\0');
-      if (pread(fd, header.data(), header_len, 12) != static_cast<ssize_t>(header_len)) {
-        return absl::FailedPreconditionError(absl::StrCat(path, ": cannot read its header"));
-      }
-      std::string want = registered;
-      if (want.empty()) {
-        const std::string key = "\"sha256\": \"";
-        const size_t at = header.find(key);
-        if (at != std::string::npos) want = header.substr(at + key.size(), 64);
-      }
+      SG_ASSIGN_OR_RETURN(std::string in_header, TorchHeaderSha256(fd, size, head, path));
+      const std::string want = registered.empty() ? in_header : registered;
       if (want.size() != 64 || !IsHex(want)) {
         return absl::FailedPreconditionError(absl::StrCat(path, ": no sha256 checksum to check"));
       }
       Sha256 sha;
-      SG_RETURN_IF_ERROR(ReadRange(fd, 12 + header_len, size, path,
+      SG_RETURN_IF_ERROR(ReadRange(fd, 12 + TorchHeaderLength(head), size, path,
                                    [&](const char* d, size_t n) { sha.Update(d, n); }));
       const std::string actual = sha.Hex();
       if (actual != want) {
@@ -273,8 +411,7 @@ absl::Status CheckpointGuard::CheckFile(const std::string& path, const v1::Check
   absl::Status result = check();
   absl::MutexLock lock(&mu_);
   if (cache_.size() > 4096) cache_.clear();
-  cache_[path] = Verified{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino),
-                          st.st_size, mtime, c.checksum(), c.bytes(), result};
+  cache_[path] = Verified{identity, c.checksum(), c.bytes(), result};
   return result;
 }
 

@@ -26,7 +26,8 @@ absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.
 constexpr char kSelectRunIdSql[] = "SELECT id FROM runs WHERE name = ?";
 constexpr char kInsertRunSql[] =
     "INSERT INTO runs (name, created_unix_ms, mode, world_size, current_generation, state, "
-    "last_step, spec) VALUES (?, ?, ?, ?, 0, ?, ?, ?)";
+    "last_step, spec, incarnation) VALUES (?, ?, ?, ?, 0, ?, ?, ?, lower(hex(randomblob(16))))";
+constexpr char kSelectRunIncarnationSql[] = "SELECT incarnation, state FROM runs WHERE name = ?";
 constexpr char kSelectRunSql[] =
     "SELECT id, name, created_unix_ms, mode, world_size, current_generation, state, last_step, "
     "spec, data_order, total_steps FROM runs WHERE name = ?";
@@ -53,9 +54,13 @@ constexpr char kGenerationExistsSql[] =
 // --- Checkpoints and manifests -------------------------------------------------
 constexpr char kUpsertCheckpointSql[] = R"sql(
 INSERT INTO checkpoints (run_id, step, uri, generation, data_position, bytes, checksum,
-                         complete, pinned, has_rng_state, has_data_loader_state, created_unix_ms)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                         complete, pinned, has_rng_state, has_data_loader_state, created_unix_ms,
+                         file_identity)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, COALESCE(?13, ''))
 ON CONFLICT (run_id, step, uri) DO UPDATE SET
+  file_identity = CASE WHEN ?13 IS NOT NULL THEN ?13
+                       WHEN excluded.checksum <> '' AND excluded.checksum <> checksum THEN ''
+                       ELSE file_identity END,
   generation = CASE WHEN excluded.checksum <> '' AND excluded.checksum <> checksum
                     THEN excluded.generation ELSE generation END,
   data_position = excluded.data_position,
@@ -74,6 +79,10 @@ constexpr char kPinCheckpointSql[] =
 constexpr char kSetRollingPinSql[] =
     "UPDATE checkpoints SET rolling = (step = ?2 AND uri = ?3) WHERE run_id = ?1 AND "
     "rolling <> (step = ?2 AND uri = ?3)";
+constexpr char kSetCheckpointFileIdentitySql[] =
+    "UPDATE checkpoints SET file_identity = ? WHERE run_id = ? AND step = ? AND uri = ?";
+constexpr char kSelectCheckpointFileIdentitySql[] =
+    "SELECT file_identity FROM checkpoints WHERE run_id = ? AND step = ? AND uri = ?";
 constexpr char kDeleteCheckpointSql[] =
     "DELETE FROM checkpoints WHERE run_id = ? AND step = ? AND uri = ?";
 constexpr char kInsertManifestSql[] =
@@ -438,6 +447,18 @@ absl::StatusOr<int64_t> Catalog::CommittedStepLocked(int64_t run_id, int64_t gen
 
 // --- Runs ------------------------------------------------------------------------------
 
+absl::StatusOr<Catalog::RunIncarnation> Catalog::GetRunIncarnation(std::string_view name) {
+  Held lock(this);
+  SG_ASSIGN_OR_RETURN(Statement select, db_->Prepare(kSelectRunIncarnationSql));
+  select.BindText(1, name);
+  SG_ASSIGN_OR_RETURN(bool row, select.Step());
+  if (!row) return absl::NotFoundError(absl::StrCat("run '", Sv(name), "' not found"));
+  RunIncarnation out;
+  out.incarnation = select.ColumnText(0);
+  out.state = select.ColumnText(1);
+  return out;
+}
+
 absl::StatusOr<v1::Run> Catalog::CreateRun(const v1::Run& run) {
   if (run.name().empty()) return absl::InvalidArgumentError("run.name is empty");
   const std::string state = run.state().empty() ? "created" : run.state();
@@ -582,7 +603,8 @@ absl::StatusOr<std::vector<v1::Generation>> Catalog::ListGenerations(std::string
 
 // --- Checkpoints -----------------------------------------------------------------------
 
-absl::StatusOr<v1::Checkpoint> Catalog::UpsertCheckpoint(const v1::Checkpoint& c) {
+absl::StatusOr<v1::Checkpoint> Catalog::UpsertCheckpoint(
+    const v1::Checkpoint& c, std::optional<std::string_view> file_identity) {
   if (c.uri().empty()) return absl::InvalidArgumentError("checkpoint.uri is empty");
   Held lock(this);
   SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
@@ -601,6 +623,11 @@ absl::StatusOr<v1::Checkpoint> Catalog::UpsertCheckpoint(const v1::Checkpoint& c
         .BindBool(10, c.has_rng_state())
         .BindBool(11, c.has_data_loader_state())
         .BindInt64(12, c.created_unix_ms() != 0 ? c.created_unix_ms() : clock_->NowUnixMillis());
+    if (file_identity) {
+      upsert.BindText(13, *file_identity);
+    } else {
+      upsert.BindNull(13);
+    }
     SG_RETURN_IF_ERROR(upsert.Run());
   }
   SG_ASSIGN_OR_RETURN(std::vector<v1::Checkpoint> at_step,
@@ -643,6 +670,35 @@ absl::Status Catalog::SetRollingPin(std::string_view run, int64_t step, std::str
   SG_ASSIGN_OR_RETURN(Statement update, db_->Prepare(kSetRollingPinSql));
   update.BindInt64(1, run_id).BindInt64(2, step).BindText(3, uri);
   return update.Run();
+}
+
+absl::Status Catalog::SetCheckpointFileIdentity(std::string_view run, int64_t step,
+                                               std::string_view uri,
+                                               std::string_view file_identity) {
+  Held lock(this);
+  SG_ASSIGN_OR_RETURN(int64_t run_id, RunIdLocked(run));
+  SG_ASSIGN_OR_RETURN(Statement update, db_->Prepare(kSetCheckpointFileIdentitySql));
+  update.BindText(1, file_identity).BindInt64(2, run_id).BindInt64(3, step).BindText(4, uri);
+  SG_RETURN_IF_ERROR(update.Run());
+  if (db_->Changes() == 0) {
+    return absl::NotFoundError(absl::StrCat("run '", Sv(run), "' has no checkpoint at step ", step,
+                                            " named '", Sv(uri), "'"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> Catalog::CheckpointFileIdentity(std::string_view run, int64_t step,
+                                                          std::string_view uri) {
+  Held lock(this);
+  SG_ASSIGN_OR_RETURN(int64_t run_id, RunIdLocked(run));
+  SG_ASSIGN_OR_RETURN(Statement select, db_->Prepare(kSelectCheckpointFileIdentitySql));
+  select.BindInt64(1, run_id).BindInt64(2, step).BindText(3, uri);
+  SG_ASSIGN_OR_RETURN(bool row, select.Step());
+  if (!row) {
+    return absl::NotFoundError(absl::StrCat("run '", Sv(run), "' has no checkpoint at step ", step,
+                                            " named '", Sv(uri), "'"));
+  }
+  return select.ColumnText(0);
 }
 
 absl::StatusOr<bool> Catalog::DeleteCheckpoint(std::string_view run, int64_t step,

@@ -207,6 +207,14 @@ class Catalog {
   // The same with generations but without the ranks' progress: what a
   // rank's hello needs, independent of how many ranks the run has.
   absl::StatusOr<v1::Run> GetRunWithoutRanks(std::string_view name);
+  // Which run of that name this is (`incarnation`: 32 random hex digits made
+  // by CreateRun, so a later run of the same name has another) and its
+  // state: what a launched worker's token is checked against.
+  struct RunIncarnation {
+    std::string incarnation;
+    std::string state;
+  };
+  absl::StatusOr<RunIncarnation> GetRunIncarnation(std::string_view name);
   // All runs by id, without generations or ranks.
   absl::StatusOr<std::vector<v1::Run>> ListRuns();
   // state: "created", "running", "paused", "stopped", "finished", "failed".
@@ -232,7 +240,19 @@ class Catalog {
   // `complete` only ever goes from false to true, `pinned` and
   // `created_unix_ms` keep their first values, an empty checksum or zero bytes
   // does not erase a known one.
-  absl::StatusOr<v1::Checkpoint> UpsertCheckpoint(const v1::Checkpoint& c);
+  //
+  // `file_identity` is what the daemon saw of the checkpoint's file as it
+  // was registered (CheckpointGuard: device, inode, size, modification and
+  // change times; opaque here): given, it is stored; not given, it stays,
+  // unless the report brings another checksum (then another file: cleared).
+  absl::StatusOr<v1::Checkpoint> UpsertCheckpoint(
+      const v1::Checkpoint& c, std::optional<std::string_view> file_identity = std::nullopt);
+  // The file identity stored with (run, step, uri), "" when none;
+  // NOT_FOUND when there is no such checkpoint. Set replaces it.
+  absl::StatusOr<std::string> CheckpointFileIdentity(std::string_view run, int64_t step,
+                                                     std::string_view uri);
+  absl::Status SetCheckpointFileIdentity(std::string_view run, int64_t step, std::string_view uri,
+                                         std::string_view file_identity);
   // By step, then uri.
   absl::StatusOr<std::vector<v1::Checkpoint>> ListCheckpoints(std::string_view run);
   // Pins/unpins every checkpoint of the run at `step`; returns the first.

@@ -233,6 +233,24 @@ CREATE TABLE precursor_warnings (
 CREATE INDEX precursor_warnings_by_run ON precursor_warnings (run_id, state);
 )sql";
 
+// Version 8: what the daemon saw of a checkpoint's file when it was
+// registered (CheckpointGuard's file identity: device, inode, size,
+// modification and change times), so a rewind checks that the file is the
+// one registered without reading it; "" = not seen (the file was not there
+// yet, or the row is older).
+constexpr char kSchemaV8Sql[] = R"sql(
+ALTER TABLE checkpoints ADD COLUMN file_identity TEXT NOT NULL DEFAULT '';
+)sql";
+
+// Version 9: each run's incarnation, random, made when the run is created
+// (a later run of the same name, in this catalog or in one made afresh
+// beside the same worker-token key, has another): the tokens of the workers
+// the daemon launches are bound to it. Runs stored before get one now.
+constexpr char kSchemaV9Sql[] = R"sql(
+ALTER TABLE runs ADD COLUMN incarnation TEXT NOT NULL DEFAULT '';
+UPDATE runs SET incarnation = lower(hex(randomblob(16))) WHERE incarnation = '';
+)sql";
+
 // One migration step: `sql` then user_version = `to`, atomically.
 absl::Status Step(Database& db, const char* sql, int to) {
   SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&db));
@@ -276,6 +294,12 @@ absl::Status MigrateSchema(Database& db) {
       [[fallthrough]];
     case 6:
       SG_RETURN_IF_ERROR(Step(db, kSchemaV7Sql, 7));
+      [[fallthrough]];
+    case 7:
+      SG_RETURN_IF_ERROR(Step(db, kSchemaV8Sql, 8));
+      [[fallthrough]];
+    case 8:
+      SG_RETURN_IF_ERROR(Step(db, kSchemaV9Sql, 9));
       [[fallthrough]];
     case kSchemaVersion:
       break;

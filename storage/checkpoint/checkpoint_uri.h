@@ -4,7 +4,10 @@
 // reference worker (loading a rewind's checkpoint, comparing retention pins,
 // naming the files it saved and deleted) and anything else that turns a
 // checkpoint URI into a file go through CheckpointPathOfUri, so a URI the
-// daemon confined names the same file for whoever opens it.
+// daemon confined names the same file for whoever opens it. The Python
+// package reads URIs by the same rule (spikeguard.checkpoint_uri); both are
+// tested against the cases of tests/testdata/checkpoint_uris.tsv: change
+// the rule there and in both.
 //
 // Accepted:
 //   /ABS/PATH                   a plain absolute path, taken literally

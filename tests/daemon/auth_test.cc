@@ -11,6 +11,7 @@
 #include <future>
 #include <limits>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/secret.h"
@@ -144,6 +145,58 @@ class AuthTest : public DaemonFixture {
     std::ofstream(dir_.File("tokens")) << TokensFile();
     options.allow_anonymous = false;
     options.tokens_file = dir_.File("tokens");
+    // "dumper": a launched rank that writes the token the daemon gave it to
+    // DIR/token-RUN and waits until DIR/stop-RUN exists, then exits 0 (and
+    // the run is finished).
+    const std::string d = dir_.path();
+    std::ofstream(dir_.File("profiles.textproto"))
+        << "profile {\n  name: \"dumper\"\n  argv: \"/bin/sh\" argv: \"-c\"\n  argv: \""
+        << "printf %s \\\"$SPIKEGUARD_TOKEN\\\" > " << d << "/token-{run}.tmp && /bin/mv "
+        << d << "/token-{run}.tmp " << d << "/token-{run}; while [ ! -e " << d
+        << "/stop-{run} ]; do /bin/sleep 0.05; done\"\n  checkpoint_root: \"" << d
+        << "/ckpt/{run}\"\n}\n";
+    options.launch_profiles_file = dir_.File("profiles.textproto");
+  }
+
+  // Creates `run` on the "dumper" profile and launches it; returns the token
+  // its rank was given ("" if none came within 30 s).
+  std::string LaunchDumper(const std::string& run, const std::string& previous = "") {
+    v1::CreateRunRequest req;
+    req.set_name(run);
+    req.set_world_size(1);
+    req.mutable_spec()->set_profile("dumper");
+    req.set_launch(true);
+    v1::Run out;
+    grpc::Status s = supervisor_->CreateRun(As(kAdmin).get(), req, &out);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    const std::string file = dir_.File("token-" + run);
+    for (int i = 0; i < 600; ++i) {
+      const std::string token = ReadFile(file);
+      if (!token.empty() && token != previous) return token;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return "";
+  }
+
+  // Lets the dumper rank of `run` exit 0 and waits for the run to finish.
+  void EndDumper(const std::string& run) {
+    std::ofstream(dir_.File("stop-" + run)) << "stop\n";
+    std::string state;
+    for (int i = 0; i < 600 && state != "finished"; ++i) {
+      v1::GetRunRequest req;
+      req.set_name(run);
+      v1::Run out;
+      if (supervisor_->GetRun(As(kAdmin).get(), req, &out).ok()) state = out.state();
+      if (state != "finished") absl::SleepFor(absl::Milliseconds(50));
+    }
+    EXPECT_EQ(state, "finished");
+  }
+
+  grpc::Status GetRunAs(const std::string& token, const std::string& run) {
+    v1::GetRunRequest req;
+    req.set_name(run);
+    v1::Run out;
+    return supervisor_->GetRun(As(token).get(), req, &out);
   }
 
   static std::unique_ptr<grpc::ClientContext> As(const std::string& token) {
@@ -439,25 +492,84 @@ TEST_F(AuthTest, OneTokensSilentStreamsCannotLockOtherWorkersOut) {
 }
 
 TEST_F(AuthTest, LaunchedWorkersTokensSurviveARestartAndOpenOnlyTheirRun) {
+  const std::string token = LaunchDumper("launched");
+  ASSERT_FALSE(token.empty()) << "the launched rank wrote no token";
+  ASSERT_TRUE(absl::StartsWith(token, "sgw2:launched:")) << token.substr(0, 14);
+  EXPECT_TRUE(AttachAs(token, "launched").first.has_welcome());
   const std::string key = ReadFile(dir_.File("worker-token.key")).substr(0, 64);
-  ASSERT_EQ(key.size(), 64u);
-  const std::string mac = HmacSha256Hex(key, "run-a");
-  const std::string token = "sgw1:run-a:" + mac;
-  EXPECT_TRUE(AttachAs(token, "run-a").first.has_welcome());
   RestartDaemon();
   EXPECT_EQ(ReadFile(dir_.File("worker-token.key")).substr(0, 64), key);
-  EXPECT_TRUE(AttachAs(token, "run-a").first.has_welcome());
+  EXPECT_TRUE(AttachAs(token, "launched").first.has_welcome());
   auto [other_first, other_status] = AttachAs(token, "run-b");
   EXPECT_EQ(other_status.error_code(), grpc::StatusCode::PERMISSION_DENIED);
-  // The run-a MAC under another run's name, and a wrong MAC: unknown tokens.
-  auto [forged_first, forged_status] = AttachAs("sgw1:run-b:" + mac, "run-b");
+  // The MAC under another run's name, the MAC of the run's name alone (the
+  // tokens before they were bound to the run's incarnation), and a wrong
+  // MAC: unknown tokens.
+  const std::string mac = token.substr(std::string("sgw2:launched:").size());
+  auto [forged_first, forged_status] = AttachAs("sgw2:run-b:" + mac, "run-b");
   EXPECT_EQ(forged_first.reject().reason(), v1::Reject::BAD_TOKEN);
   EXPECT_EQ(forged_status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(AttachAs("sgw2:launched:" + HmacSha256Hex(key, "launched"), "launched").second.error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(AttachAs("sgw1:launched:" + HmacSha256Hex(key, "launched"), "launched").second.error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
   std::string wrong = token;
   wrong.back() = wrong.back() == '0' ? '1' : '0';
-  EXPECT_EQ(AttachAs(wrong, "run-a").second.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(AttachAs(wrong, "launched").second.error_code(), grpc::StatusCode::UNAUTHENTICATED);
   // A worker token acts on nothing.
-  EXPECT_EQ(PauseAs(token, "run-a").error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(PauseAs(token, "launched").error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  // Let the rank go. (Its exit is not seen: the daemon restarted in this
+  // process adopted it, and this process, its parent, never reaps it.)
+  std::ofstream(dir_.File("stop-launched")) << "stop\n";
+}
+
+// A launched worker's token was HMAC(key, RUN): valid forever, after its
+// run had ended too. It opens its run while the run lives, and nothing once
+// it has ended.
+TEST_F(AuthTest, ALaunchedWorkersTokenIsRefusedOnceItsRunHasEnded) {
+  const std::string token = LaunchDumper("ends");
+  ASSERT_FALSE(token.empty()) << "the launched rank wrote no token";
+  EXPECT_TRUE(GetRunAs(token, "ends").ok());
+  EXPECT_TRUE(AttachAs(token, "ends").first.has_welcome());
+  EndDumper("ends");
+  grpc::Status s = GetRunAs(token, "ends");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_NE(s.error_message().find("run 'ends', which has ended (finished)"), std::string::npos)
+      << s.error_message();
+  EXPECT_EQ(s.error_message().find(token), std::string::npos);
+  auto [first, status] = AttachAs(token, "ends");
+  EXPECT_EQ(first.reject().reason(), v1::Reject::BAD_TOKEN);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  // Not after a restart either.
+  RestartDaemon();
+  EXPECT_EQ(GetRunAs(token, "ends").error_code(), grpc::StatusCode::UNAUTHENTICATED);
+}
+
+// A later run of the same name (here: the catalog made afresh beside the
+// same worker-token key) had the same worker token as the earlier one. Each
+// run is its own incarnation now: the earlier token opens nothing of the
+// later run, whose own launched worker attaches.
+TEST_F(AuthTest, AWorkerTokenOfAnEarlierRunOfTheSameNameIsRefused) {
+  const std::string earlier = LaunchDumper("again");
+  ASSERT_FALSE(earlier.empty()) << "the launched rank wrote no token";
+  EndDumper("again");
+  const int port = daemon_->port();
+  daemon_->Shutdown(absl::Seconds(1));
+  daemon_.reset();
+  for (const char* f : {"catalog.db", "catalog.db-wal", "catalog.db-shm", "stop-again"}) {
+    std::remove(dir_.File(f).c_str());
+  }
+  StartDaemon(port);
+  const std::string later = LaunchDumper("again", earlier);
+  ASSERT_FALSE(later.empty()) << "the relaunched rank wrote no new token";
+  EXPECT_NE(later, earlier);
+  grpc::Status s = GetRunAs(earlier, "again");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << s.error_message();
+  auto [first, status] = AttachAs(earlier, "again");
+  EXPECT_EQ(first.reject().reason(), v1::Reject::BAD_TOKEN);
+  EXPECT_TRUE(AttachAs(later, "again").first.has_welcome());
+  EXPECT_TRUE(GetRunAs(later, "again").ok());
+  EndDumper("again");
 }
 
 TEST_F(AuthTest, MutatingAndRefusedCallsAreAuditedWithPrincipalRunAndOutcome) {

@@ -3,12 +3,20 @@
 // are validated), and checkpoints are confined to the run's checkpoint root,
 // with rewinds and the launcher's {resume} naming only checkpoints whose file
 // is still there with the registered checksum.
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <atomic>
+#include <thread>
 
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "daemon/control/catalog_adapters.h"
 #include "daemon/launch/checkpoint_guard.h"
 #include "daemon/launch/launch_profiles.h"
@@ -519,12 +527,176 @@ TEST_F(LaunchSecurityTest, AManualRewindNamesOnlyCheckpointsThatStillVerify) {
   fs::create_symlink("/etc/passwd", p10);
   s = Rewind("m", 10);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
-  EXPECT_THAT(s.error_message(), HasSubstr("outside the checkpoint root"));
+  EXPECT_THAT(s.error_message(), HasSubstr("'" + p10 + "' is a symbolic link"));
   // Restored: the rewind goes out.
   fs::remove(p10);
   Write(p10, "weights of step 10");
   s = Rewind("m", 10);
   EXPECT_TRUE(s.ok()) << s.error_message();
+}
+
+// Inside the root, confinement went by the canonical path: a dangling
+// symbolic link (the file itself, or a directory of its path) resolved to
+// the link's own path, inside, and was registered; once its target appeared
+// outside, the link led there. Nothing below the root is reached through a
+// symbolic link now, wherever it leads, and the refusal names it.
+TEST_F(LaunchSecurityTest, ASymlinkInsideTheRootIsRefusedNamingIt) {
+  ASSERT_TRUE(Create("y", Spec("lister")).ok());
+  const std::string run_root = root_ + "/y";
+  const std::string outside = dir_.File("outside");
+  fs::create_directories(run_root + "/real");
+  fs::create_directories(outside);
+  Write(outside + "/secret", "secret");
+  Write(run_root + "/real/step-1", "weights");
+  fs::create_symlink(outside + "/later", run_root + "/step-5");        // dangling, the file
+  fs::create_symlink(outside + "/later-dir", run_root + "/g1");        // dangling, a directory
+  fs::create_symlink(outside + "/secret", run_root + "/step-6");       // the file, leading out
+  fs::create_symlink(outside, run_root + "/g2");                       // a directory, leading out
+  fs::create_symlink(run_root + "/real", run_root + "/g3");            // a directory, leading in
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {run_root + "/step-5", run_root + "/step-5"},
+      {run_root + "/g1/step-5", run_root + "/g1"},
+      {run_root + "/step-6", run_root + "/step-6"},
+      {run_root + "/g2/secret", run_root + "/g2"},
+      {run_root + "/g3/step-1", run_root + "/g3"},
+  };
+  for (const auto& [path, link] : refused) {
+    for (const std::string& uri : {path, "file://" + path}) {
+      grpc::Status s = Register("y", 5, uri);
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << uri;
+      EXPECT_THAT(s.error_message(), HasSubstr("checkpoint.uri")) << uri;
+      EXPECT_THAT(s.error_message(), HasSubstr("'" + link + "' is a symbolic link")) << uri;
+    }
+  }
+  EXPECT_TRUE(Checkpoints("y").empty());
+  // The real directory, and a path not written yet, register.
+  EXPECT_TRUE(Register("y", 1, "file://" + run_root + "/real/step-1").ok());
+  EXPECT_TRUE(Register("y", 2, "file://" + run_root + "/real/later/step-2").ok());
+  EXPECT_EQ(Checkpoints("y").size(), 2u);
+}
+
+// A checkpoint registered in a real directory; the directory is then moved
+// out of the root and a symbolic link to it put in its place (the file, its
+// size and checksum unchanged). The rewind refuses it, naming the link.
+TEST_F(LaunchSecurityTest, ADirectorySwappedForASymlinkAfterRegistrationIsRefusedAtRewind) {
+  ASSERT_TRUE(Create("t", Spec("lister")).ok());
+  const std::string dir = root_ + "/t/g0";
+  const std::string content = "weights of step 10";
+  Write(dir + "/step-10", content);
+  ASSERT_TRUE(Register("t", 10, "file://" + dir + "/step-10",
+                       storage::ChecksumHex(storage::Xxh64Of(content)),
+                       static_cast<int64_t>(content.size()))
+                  .ok());
+  ASSERT_TRUE(Rewind("t", 10).ok());
+  const std::string moved = dir_.File("moved-out");
+  fs::rename(dir, moved);
+  fs::create_symlink(moved, dir);
+  grpc::Status s = Rewind("t", 10);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), HasSubstr("cannot rewind to step 10"));
+  EXPECT_THAT(s.error_message(), HasSubstr("'" + dir + "' is a symbolic link"));
+  // Back in place: usable again.
+  fs::remove(dir);
+  fs::rename(moved, dir);
+  EXPECT_TRUE(Rewind("t", 10).ok());
+}
+
+// Bytes this process has read (read, pread: files and sockets alike).
+int64_t BytesRead() {
+  std::ifstream io("/proc/self/io");
+  std::string key;
+  int64_t value = 0;
+  while (io >> key >> value) {
+    if (key == "rchar:") return value;
+  }
+  return -1;
+}
+
+// A rewind hashed the whole checkpoint on the daemon's decision path before
+// the command went out: 19 s for a 6 GiB file. The file registered is now
+// known by its identity (inode, size, times) and only its head is read; the
+// worker checks the checksum as it loads it. Here a 2 GiB sparse file
+// (registered with the sha256 of its 2 GiB of zeros): the rewind reads
+// almost nothing of it.
+TEST_F(LaunchSecurityTest, ARewindToALargeSparseCheckpointDoesNotReadItWhole) {
+  ASSERT_TRUE(Create("big", Spec("lister")).ok());
+  const std::string path = root_ + "/big/step-100.bin";
+  constexpr int64_t kSize = int64_t{2} << 30;
+  fs::create_directories(root_ + "/big");
+  {
+    std::ofstream(path).close();
+    ASSERT_EQ(truncate(path.c_str(), kSize), 0);
+  }
+  // sha256 of 2^31 zero bytes.
+  const std::string sha256 = "a7c744c13cc101ed66c29f672f92455547889cc586ce6d44fe76ae824958ea51";
+  ASSERT_TRUE(Register("big", 100, "file://" + path, sha256, kSize).ok());
+  const int64_t before = BytesRead();
+  const absl::Time start = absl::Now();
+  grpc::Status s = Rewind("big", 100);
+  const absl::Duration took = absl::Now() - start;
+  const int64_t read = BytesRead() - before;
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  std::cout << "rewind to a 2 GiB sparse checkpoint: " << absl::ToDoubleMilliseconds(took)
+            << " ms, " << read << " bytes read by the daemon\n";
+  EXPECT_LT(read, int64_t{16} << 20);
+}
+
+// A file changed after registration, even with its size and modification
+// time put back, is refused at the rewind, which names the checkpoint.
+// Before, the result of the last verification was cached by device, inode,
+// size and modification time, so such an edit after one rewind was not seen
+// by the next; the change time, which cannot be set back, is part of the
+// file's identity now.
+TEST_F(LaunchSecurityTest, ACheckpointAlteredAfterRegistrationIsRefusedAtRewind) {
+  ASSERT_TRUE(Create("alt", Spec("lister")).ok());
+  std::string p10, p20;
+  ASSERT_TRUE(RegisterFile("alt", 10, &p10).ok());
+  ASSERT_TRUE(RegisterFile("alt", 20, &p20).ok());
+  ASSERT_TRUE(Rewind("alt", 20).ok());
+  struct stat st {};
+  ASSERT_EQ(stat(p20.c_str(), &st), 0);
+  {
+    std::fstream f(p20, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(0);
+    f << "W";  // same size, one byte other
+  }
+  const struct timespec times[2] = {st.st_atim, st.st_mtim};
+  ASSERT_EQ(utimensat(AT_FDCWD, p20.c_str(), times, 0), 0);
+  grpc::Status s = Rewind("alt", 20);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(),
+              HasSubstr("cannot rewind to step 20: the checkpoint at step 20 ('file://" + p20));
+  EXPECT_THAT(s.error_message(), HasSubstr("XXH64"));
+  // Grown: refused by its size.
+  std::ofstream(p10, std::ios::app) << "more";
+  s = Rewind("alt", 10);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), HasSubstr("the checkpoint at step 10"));
+  EXPECT_THAT(s.error_message(), HasSubstr("it was registered with 18"));
+  // Registered before it was written: read whole at the first rewind, and
+  // then known by its identity; the same edit is refused after that too.
+  ASSERT_TRUE(Create("alt2", Spec("lister")).ok());
+  const std::string p30 = root_ + "/alt2/step-30";
+  const std::string content = "weights of step 30";
+  ASSERT_TRUE(Register("alt2", 30, "file://" + p30,
+                       storage::ChecksumHex(storage::Xxh64Of(content)),
+                       static_cast<int64_t>(content.size()))
+                  .ok());
+  Write(p30, content);
+  s = Rewind("alt2", 30);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(stat(p30.c_str(), &st), 0);
+  {
+    std::fstream f(p30, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(0);
+    f << "W";
+  }
+  const struct timespec times30[2] = {st.st_atim, st.st_mtim};
+  ASSERT_EQ(utimensat(AT_FDCWD, p30.c_str(), times30, 0), 0);
+  s = Rewind("alt2", 30);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), HasSubstr("the checkpoint at step 30"));
+  EXPECT_THAT(s.error_message(), HasSubstr("XXH64"));
 }
 
 TEST_F(LaunchSecurityTest, TheLauncherResumesOnlyFromAVerifiedCheckpoint) {
@@ -625,6 +797,79 @@ TEST(CatalogRunViewTest, TheEngineSeesOnlyCheckpointsThatVerify) {
   ASSERT_TRUE(seen.ok());
   ASSERT_EQ(seen->size(), 1u);
   EXPECT_EQ((*seen)[0].step, 10);
+}
+
+// The check and the open were two lookups of one path string: a directory
+// swapped for a symbolic link in between sent the open (and the size and
+// checksum checks, whose errors quote what they found) to a file outside the
+// root. Here a thread swaps a directory of the checkpoint's path with a link
+// to a directory outside, as fast as it can, while the guard verifies; the
+// file outside has another size, so an error quoting its size shows that it
+// was opened. Opened from the root's descriptor without following links,
+// each verification sees the real directory (and accepts) or the link (and
+// refuses it, naming it), never the file outside.
+TEST(CheckpointGuardTest, AVerificationNeverOpensThroughADirectorySwappedMidCheck) {
+  TempDir dir;
+  storage::CatalogOptions o;
+  o.path = dir.File("catalog.db");
+  auto catalog = storage::Catalog::Open(o);
+  ASSERT_TRUE(catalog.ok()) << catalog.status();
+  v1::Run run;
+  run.set_name("r");
+  run.set_world_size(1);
+  ASSERT_TRUE((*catalog)->CreateRun(run).ok());
+  const std::string root = dir.File("runs/r");
+  const std::string content = "weights of step 10";
+  Write(root + "/g0/step-10", content);
+  Write(dir.File("outside/step-10"), "a file outside, of another size");
+  fs::create_symlink(dir.File("outside"), root + "/swap");
+  v1::Checkpoint c;
+  c.set_run("r");
+  c.set_step(10);
+  c.set_uri("file://" + root + "/g0/step-10");
+  c.set_bytes(static_cast<int64_t>(content.size()));
+  c.set_checksum(storage::ChecksumHex(storage::Xxh64Of(content)));
+  c.set_complete(true);
+  daemon::CheckpointGuard guard(catalog->get(), nullptr, dir.path());
+  ASSERT_TRUE(guard.Verify(c).ok());
+  std::atomic<bool> stop{false};
+  std::atomic<int> swaps{0};
+  std::thread swapper([&] {
+    const std::string a = root + "/g0", b = root + "/swap";
+    while (!stop.load()) {
+      if (renameat2(AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), RENAME_EXCHANGE) == 0) ++swaps;
+    }
+  });
+  const std::string outside_size =
+      absl::StrCat("has ", fs::file_size(dir.File("outside/step-10")), " bytes");
+  int accepted = 0, refused = 0;
+  std::vector<std::string> opened_outside, other;
+  const absl::Time end = absl::Now() + absl::Seconds(4);
+  while (absl::Now() < end) {
+    absl::StatusOr<std::string> v = guard.Verify(c);
+    if (v.ok()) {
+      ++accepted;
+      continue;
+    }
+    ++refused;
+    const std::string m(v.status().message());
+    if (m.find(outside_size) != std::string::npos) {
+      opened_outside.push_back(m);
+    } else if (m.find("'" + root + "/g0' is a symbolic link") == std::string::npos) {
+      other.push_back(m);
+    }
+  }
+  stop = true;
+  swapper.join();
+  EXPECT_GT(swaps.load(), 1000);
+  EXPECT_GT(accepted, 0);
+  EXPECT_GT(refused, 0);
+  EXPECT_TRUE(opened_outside.empty())
+      << opened_outside.size() << " of " << accepted + refused
+      << " verifications opened the file outside the root, e.g.: " << opened_outside.front();
+  EXPECT_TRUE(other.empty()) << other.size() << " of " << accepted + refused
+                             << " verifications refused without naming the link, e.g.: "
+                             << other.front();
 }
 
 // --- The profile file itself -------------------------------------------------

@@ -173,7 +173,7 @@ def test_corrupt_foreign_and_missing_files_are_refused(tmp_path):
         load_checkpoint(plain, model=model, optimizer=opt)
     with pytest.raises(CheckpointError, match="missing"):
         load_checkpoint(tmp_path / "g000000-step-000000009.pt", model=model, optimizer=opt)
-    with pytest.raises(CheckpointError, match="only file://"):
+    with pytest.raises(CheckpointError, match="only a local path or a file:// URI"):
         load_checkpoint("s3://bucket/x.pt", model=model, optimizer=opt)
     bad_header = tmp_path / "g000000-step-000000002.pt"
     bad_header.write_bytes(ck.MAGIC + b"\x05\x00\x00\x00{oops")
@@ -182,6 +182,16 @@ def test_corrupt_foreign_and_missing_files_are_refused(tmp_path):
     # Listing reads headers only: the corrupt payload of step 1 shows only on verify.
     assert [e["valid"] for e in list_checkpoints(tmp_path)] == [True, False]
     assert latest_checkpoint(tmp_path) is None
+
+
+def test_load_checks_the_checksum_the_checkpoint_was_registered_with(tmp_path):
+    # The daemon checks only the file's identity before a rewind; the
+    # command's checksum is checked here, as the payload is read.
+    info, (model, opt, sched) = _saved(tmp_path)
+    assert len(info["checksum"]) == 64
+    load_checkpoint(info["uri"], model=model, optimizer=opt, checksum=info["checksum"].upper())
+    with pytest.raises(CheckpointError, match="the daemon registered " + "0" * 64):
+        load_checkpoint(info["uri"], model=model, optimizer=opt, checksum="0" * 64)
 
 
 def test_checkpoint_for_another_model_is_refused(tmp_path):

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "daemon/launch/checkpoint_guard.h"
 #include "gmock/gmock.h"
@@ -237,6 +238,39 @@ TEST_F(ReferenceWorkerCommandTest, RewindReadsTheUriAsTheDaemonDoes) {
   ASSERT_TRUE(controller_.WaitFor([&] { return controller_.ResultOf("dotdot").has_value(); }));
   EXPECT_FALSE(controller_.ResultOf("dotdot")->ok());
   EXPECT_THAT(controller_.ResultOf("dotdot")->message(), HasSubstr("'..' segment"));
+
+  ASSERT_TRUE(controller_.Send(Simple("stop", v1::Command::STOP)));
+  EXPECT_TRUE(w.Join().ok());
+}
+
+// The daemon no longer hashes a checkpoint before a rewind (it checks that
+// the file is the one registered by its identity); the worker checks the
+// checksum the command carries as it reads the file.
+TEST_F(ReferenceWorkerCommandTest, RewindChecksTheCommandsChecksumAsItLoads) {
+  ReferenceWorker::Options o = WorkerOptions(dir_, controller_.address());
+  ASSERT_TRUE(worker::ApplyConfigAssignment("steps=1000000", &o.config).ok());
+  RunningWorker w(o);
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE(controller_.WaitFor([&] { return controller_.MaxStep(0) >= 12; }));
+  auto ckpt5 = controller_.CheckpointAt(5);
+  ASSERT_TRUE(ckpt5.has_value());
+  ASSERT_EQ(ckpt5->checksum().size(), 16u);
+
+  v1::Command wrong = Rewind("wrong", *ckpt5, 1, 0);
+  wrong.mutable_checkpoint()->set_checksum("0123456789abcdef");
+  ASSERT_TRUE(controller_.Send(wrong));
+  ASSERT_TRUE(controller_.WaitFor([&] { return controller_.ResultOf("wrong").has_value(); }));
+  EXPECT_FALSE(controller_.ResultOf("wrong")->ok());
+  EXPECT_THAT(controller_.ResultOf("wrong")->message(),
+              HasSubstr("has XXH64 " + ckpt5->checksum() +
+                        "; the daemon registered it with 0123456789abcdef"));
+
+  v1::Command right = Rewind("right", *ckpt5, 2, 0);
+  right.mutable_checkpoint()->set_checksum(absl::AsciiStrToUpper(ckpt5->checksum()));
+  ASSERT_TRUE(controller_.Send(right));
+  ASSERT_TRUE(controller_.WaitFor([&] { return controller_.ResultOf("right").has_value(); }));
+  EXPECT_TRUE(controller_.ResultOf("right")->ok()) << controller_.ResultOf("right")->message();
+  ASSERT_TRUE(controller_.WaitFor([&] { return controller_.MaxStep(2) >= 6; }));
 
   ASSERT_TRUE(controller_.Send(Simple("stop", v1::Command::STOP)));
   EXPECT_TRUE(w.Join().ok());

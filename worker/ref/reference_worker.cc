@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <set>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -13,6 +14,7 @@
 #include "base/status_macros.h"
 #include "google/protobuf/util/json_util.h"
 #include "storage/checkpoint/checkpoint_uri.h"
+#include "storage/checkpoint/checksum.h"
 #include "storage/corpus/corpus_tools.h"
 #include "storage/corpus/data_plan.h"
 
@@ -184,9 +186,20 @@ absl::Status ReferenceWorker::SetPlan(const storage::DataPlan& plan) {
 }
 
 absl::Status ReferenceWorker::LoadCheckpoint(const std::string& path,
-                                             const std::string& plan_override) {
+                                             const std::string& plan_override,
+                                             absl::string_view expected_checksum) {
+  storage::CheckpointFileInfo info;
   SG_ASSIGN_OR_RETURN(storage::Checkpoint ckpt,
-                      storage::ReadCheckpoint(path, options_.config.model.Fingerprint()));
+                      storage::ReadCheckpoint(path, options_.config.model.Fingerprint(), &info));
+  // The daemon checked that the file is the one registered without reading
+  // it; its checksum is checked here, where the file is read anyway.
+  if (!expected_checksum.empty() &&
+      absl::AsciiStrToLower(expected_checksum) != storage::ChecksumHex(info.checksum)) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", path, " has XXH64 ",
+                                            storage::ChecksumHex(info.checksum),
+                                            "; the daemon registered it with ",
+                                            expected_checksum));
+  }
   const storage::CheckpointSection* section = ckpt.FindSection(kTrainerSection);
   if (section == nullptr) {
     return absl::DataLossError(absl::StrCat("checkpoint ", path, ": no trainer section"));
@@ -391,7 +404,8 @@ absl::Status ReferenceWorker::HandleCommand(const v1::Command& command, bool* st
       }
       if (status.ok()) {
         absl::StatusOr<std::string> path = storage::CheckpointPathOfUri(command.checkpoint().uri());
-        status = path.ok() ? LoadCheckpoint(*path, plan_text) : path.status();
+        status = path.ok() ? LoadCheckpoint(*path, plan_text, command.checkpoint().checksum())
+                           : path.status();
       }
       if (status.ok()) {
         generation_ = command.new_generation();

@@ -46,6 +46,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "kernels/trainer.h"
 #include "spikeguard/v1/telemetry.pb.h"
 #include "spikeguard/v1/worker.pb.h"
@@ -117,7 +118,10 @@ class ReferenceWorker {
   absl::StatusOr<storage::CheckpointFileInfo> SaveCheckpoint();
   // Loads a checkpoint file; resets step, hparams and (unless plan_override
   // is set) the data plan.
-  absl::Status LoadCheckpoint(const std::string& path, const std::string& plan_override);
+  // `expected_checksum` (a rewind command's, 16 hex digits; "" = none): the
+  // file's XXH64 must be it.
+  absl::Status LoadCheckpoint(const std::string& path, const std::string& plan_override,
+                              absl::string_view expected_checksum = "");
 
  private:
   explicit ReferenceWorker(Options options) : options_(std::move(options)) {}

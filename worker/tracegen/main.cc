@@ -3,10 +3,12 @@
 //
 //   spikeguard-tracegen --addr=127.0.0.1:7070 --run=demo --ranks=8 --steps=2000
 //       --layers=4 --seed=1 --spike-at=1200 --nan-at=1800
+//       [--checkpoint-every=100 --checkpoint-dir=DATA_DIR/runs/demo/ckpt]
 //
 // Exit codes: 0 every report acknowledged; 1 failure; 2 usage; 3 rejected by
 // the daemon (unknown run, stale generation, invalid hello).
 #include <atomic>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -20,11 +22,15 @@
 #include "daemon/detect/eval/trace_gen.h"
 #include "daemon/detect/eval/trace_io.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/create_channel.h"
 #include "spikeguard/v1/supervisor.grpc.pb.h"
+#include "storage/checkpoint/checkpoint.h"
+#include "storage/checkpoint/checkpoint_uri.h"
+#include "storage/checkpoint/checksum.h"
 #include "worker/client/worker_client.h"
 
 ABSL_FLAG(std::string, addr, "127.0.0.1:7070", "spikeguardd address");
@@ -44,7 +50,13 @@ ABSL_FLAG(std::vector<std::string>, nan_at, {}, "steps with a NaN loss (comma li
 ABSL_FLAG(int64_t, generation, 0, "generation the ranks claim");
 ABSL_FLAG(int, batch, 32, "reports per batch");
 ABSL_FLAG(double, steps_per_second, 0, "pace per rank (0: as fast as acknowledged)");
-ABSL_FLAG(int64_t, checkpoint_every, 0, "send a CheckpointSaved notice every K steps (rank 0)");
+ABSL_FLAG(int64_t, checkpoint_every, 0,
+          "every K steps rank 0 writes a small checkpoint file in --checkpoint-dir and registers it "
+          "(CheckpointSaved)");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "where --checkpoint-every writes its files (reference-worker format, XXH64 trailer); "
+          "must be inside the run's checkpoint root: DATA_DIR/runs/RUN for a run without a "
+          "launch profile, else the profile's checkpoint_root");
 ABSL_FLAG(bool, create_run, false, "create the run first if it does not exist");
 ABSL_FLAG(std::string, out, "",
           "write rank 0's reports as a JSONL trace (one StepReport per line) instead of "
@@ -82,6 +94,24 @@ int main(int argc, char** argv) {
     std::cerr << "spikeguard-tracegen: --run (or --out) is required; --ranks must be > 0, --steps and "
                  "--layers >= 0\n";
     return 2;
+  }
+  std::string checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  if (absl::GetFlag(FLAGS_checkpoint_every) < 0) {
+    std::cerr << "spikeguard-tracegen: --checkpoint-every must be >= 0\n";
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_checkpoint_every) > 0 && absl::GetFlag(FLAGS_out).empty()) {
+    // The daemon registers only checkpoints that are files inside the run's
+    // checkpoint root, named by a file:// URI of an absolute path.
+    if (checkpoint_dir.empty()) {
+      std::cerr << "spikeguard-tracegen: --checkpoint-every needs --checkpoint-dir, a directory "
+                   "inside the run's checkpoint root (DATA_DIR/runs/RUN for a run without a "
+                   "launch profile)\n";
+      return 2;
+    }
+    std::error_code ec;
+    checkpoint_dir = std::filesystem::absolute(checkpoint_dir, ec).lexically_normal().string();
+    while (checkpoint_dir.size() > 1 && checkpoint_dir.back() == '/') checkpoint_dir.pop_back();
   }
   spikeguard::worker::TraceSpec spec;
   spec.layers = absl::GetFlag(FLAGS_layers);
@@ -180,10 +210,29 @@ int main(int argc, char** argv) {
         (*client)->Report(model.Report(static_cast<uint32_t>(rank), step));
         (*client)->SetCurrentStep(step);
         if (rank == 0 && every > 0 && step > 0 && step % every == 0) {
+          // A real (small) file the daemon can confine and verify, named by
+          // its file:// URI.
+          spikeguard::storage::Checkpoint ckpt;
+          ckpt.generation = absl::GetFlag(FLAGS_generation);
+          ckpt.step = step;
+          ckpt.data_position = step;
+          ckpt.config_fingerprint = "spikeguard-tracegen";
+          const std::string state = absl::StrCat("seed=", spec.seed, " step=", step);
+          ckpt.AddSection("trace", state.data(), state.size());
+          absl::StatusOr<spikeguard::storage::CheckpointFileInfo> saved =
+              spikeguard::storage::CheckpointDir(checkpoint_dir).Write(ckpt);
+          if (!saved.ok()) {
+            std::cerr << "spikeguard-tracegen: checkpoint at step " << step << ": "
+                      << saved.status().message() << "\n";
+            exit_code = 1;
+            break;
+          }
           spikeguard::v1::CheckpointSaved c;
           c.set_step(step);
           c.set_data_position(step);
-          c.set_uri("synthetic://" + run + "/step-" + std::to_string(step));
+          c.set_uri(spikeguard::storage::CheckpointUriOfPath(saved->path));
+          c.set_bytes(static_cast<int64_t>(saved->bytes));
+          c.set_checksum(spikeguard::storage::ChecksumHex(saved->checksum));
           c.set_complete(true);
           c.set_has_rng_state(true);
           c.set_has_data_loader_state(true);

@@ -273,6 +273,31 @@ TEST_F(CatalogTest, GenerationsFormATimeline) {
   EXPECT_EQ((*all)[2].parent(), 1);
 }
 
+// A run's incarnation tells it from another run of the same name: each
+// CreateRun makes a random one, here and in a catalog made afresh.
+TEST_F(CatalogTest, EachRunIsItsOwnIncarnation) {
+  MakeRun("r");
+  MakeRun("s");
+  auto r = catalog_->GetRunIncarnation("r");
+  auto s = catalog_->GetRunIncarnation("s");
+  ASSERT_TRUE(r.ok() && s.ok());
+  EXPECT_EQ(r->incarnation.size(), 32u);
+  EXPECT_NE(r->incarnation, s->incarnation);
+  EXPECT_EQ(r->state, "created");
+  ASSERT_TRUE(catalog_->SetRunState("r", "finished").ok());
+  EXPECT_EQ(catalog_->GetRunIncarnation("r")->state, "finished");
+  EXPECT_EQ(catalog_->GetRunIncarnation("r")->incarnation, r->incarnation);
+  CatalogOptions options;
+  options.path = ":memory:";
+  auto fresh = Catalog::Open(options);
+  ASSERT_TRUE(fresh.ok());
+  v1::Run again;
+  again.set_name("r");
+  ASSERT_TRUE((*fresh)->CreateRun(again).ok());
+  EXPECT_NE((*fresh)->GetRunIncarnation("r")->incarnation, r->incarnation);
+  EXPECT_EQ(catalog_->GetRunIncarnation("t").status().code(), absl::StatusCode::kNotFound);
+}
+
 // --- Checkpoints and manifests -------------------------------------------------------
 
 TEST_F(CatalogTest, CheckpointUpsertCompletesAndKeepsThePin) {
@@ -309,6 +334,35 @@ TEST_F(CatalogTest, CheckpointUpsertCompletesAndKeepsThePin) {
   EXPECT_EQ((*list)[0].step(), 500);
   EXPECT_EQ((*list)[1].step(), 1000);
   EXPECT_EQ(catalog_->PinCheckpoint("r", 77, true).status().code(), absl::StatusCode::kNotFound);
+}
+
+// The file identity the daemon records at registration: replaced by the
+// next registration that brings one, kept by one that does not, cleared by
+// one with another checksum (another file) and none.
+TEST_F(CatalogTest, CheckpointFileIdentityFollowsTheRegistrations) {
+  MakeRun("r");
+  v1::Checkpoint c;
+  c.set_run("r");
+  c.set_step(10);
+  c.set_uri("file:///ckpt/10");
+  c.set_checksum("0123456789abcdef");
+  ASSERT_TRUE(catalog_->UpsertCheckpoint(c).ok());
+  EXPECT_EQ(*catalog_->CheckpointFileIdentity("r", 10, "file:///ckpt/10"), "");
+  ASSERT_TRUE(catalog_->UpsertCheckpoint(c, "ino=1").ok());
+  EXPECT_EQ(*catalog_->CheckpointFileIdentity("r", 10, "file:///ckpt/10"), "ino=1");
+  ASSERT_TRUE(catalog_->UpsertCheckpoint(c).ok());  // resent, nothing seen
+  EXPECT_EQ(*catalog_->CheckpointFileIdentity("r", 10, "file:///ckpt/10"), "ino=1");
+  ASSERT_TRUE(catalog_->UpsertCheckpoint(c, "ino=2").ok());
+  EXPECT_EQ(*catalog_->CheckpointFileIdentity("r", 10, "file:///ckpt/10"), "ino=2");
+  c.set_checksum("fedcba9876543210");
+  ASSERT_TRUE(catalog_->UpsertCheckpoint(c).ok());
+  EXPECT_EQ(*catalog_->CheckpointFileIdentity("r", 10, "file:///ckpt/10"), "");
+  ASSERT_TRUE(catalog_->SetCheckpointFileIdentity("r", 10, "file:///ckpt/10", "ino=3").ok());
+  EXPECT_EQ(*catalog_->CheckpointFileIdentity("r", 10, "file:///ckpt/10"), "ino=3");
+  EXPECT_EQ(catalog_->CheckpointFileIdentity("r", 11, "file:///ckpt/10").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(catalog_->SetCheckpointFileIdentity("r", 11, "file:///ckpt/10", "x").code(),
+            absl::StatusCode::kNotFound);
 }
 
 TEST_F(CatalogTest, DeletedCheckpointIsNoLongerListedEvenWhenPinned) {

@@ -86,7 +86,7 @@ TEST(Schema, VersionOneFileMigratesToTheCurrentSchemaKeepingItsData) {
   }
   // Turn the file into what a version-1 binary left behind.
   RawExec(path,
-          "DROP TABLE precursor_warnings; ALTER TABLE checkpoints DROP COLUMN rolling; "
+          "ALTER TABLE runs DROP COLUMN incarnation; ALTER TABLE checkpoints DROP COLUMN file_identity; DROP TABLE precursor_warnings; ALTER TABLE checkpoints DROP COLUMN rolling; "
           "DROP TABLE launches; DROP INDEX audit_by_target; ALTER TABLE audit DROP COLUMN role; "
           "ALTER TABLE audit DROP COLUMN outcome; ALTER TABLE audit DROP COLUMN peer; "
           "DROP TABLE policies; ALTER TABLE runs DROP COLUMN data_order; "
@@ -118,7 +118,7 @@ TEST(Schema, VersionTwoFileGainsTheRunsDataOrder) {
   }
   // What a version-2 binary left behind: runs without the two columns.
   RawExec(path,
-          "DROP TABLE precursor_warnings; ALTER TABLE checkpoints DROP COLUMN rolling; "
+          "ALTER TABLE runs DROP COLUMN incarnation; ALTER TABLE checkpoints DROP COLUMN file_identity; DROP TABLE precursor_warnings; ALTER TABLE checkpoints DROP COLUMN rolling; "
           "DROP TABLE launches; DROP INDEX audit_by_target; ALTER TABLE audit DROP COLUMN role; "
           "ALTER TABLE audit DROP COLUMN outcome; ALTER TABLE audit DROP COLUMN peer; "
           "ALTER TABLE runs DROP COLUMN data_order; ALTER TABLE runs DROP COLUMN total_steps; "
@@ -146,7 +146,7 @@ TEST(Schema, VersionThreeFileKeepsItsAuditRowsAndGainsWhoAndHow) {
     ASSERT_TRUE((*catalog)->AppendAudit("operator", "rewind", "old-run", "to 200").ok());
   }
   // What a version-3 binary left behind: audit without role/outcome/peer.
-  RawExec(path, std::string("DROP TABLE precursor_warnings; ALTER TABLE checkpoints DROP COLUMN rolling; "
+  RawExec(path, std::string("ALTER TABLE runs DROP COLUMN incarnation; ALTER TABLE checkpoints DROP COLUMN file_identity; DROP TABLE precursor_warnings; ALTER TABLE checkpoints DROP COLUMN rolling; "
                             "DROP TABLE launches; DROP INDEX audit_by_target; ALTER TABLE audit DROP COLUMN role; "
           "ALTER TABLE audit DROP COLUMN outcome; ALTER TABLE audit DROP COLUMN peer; "
           "PRAGMA user_version = 3;"));
@@ -193,7 +193,7 @@ TEST(Schema, VersionFourFileGainsTheLaunchesTableAndKeepsItsRuns) {
     ASSERT_TRUE((*catalog)->CreateRun(run).ok());
   }
   RawExec(path,
-          "DROP TABLE precursor_warnings; ALTER TABLE checkpoints DROP COLUMN rolling; DROP TABLE launches; "
+          "ALTER TABLE runs DROP COLUMN incarnation; ALTER TABLE checkpoints DROP COLUMN file_identity; DROP TABLE precursor_warnings; ALTER TABLE checkpoints DROP COLUMN rolling; DROP TABLE launches; "
           "PRAGMA user_version = 4;");
   auto catalog = Catalog::Open({.path = path});
   ASSERT_TRUE(catalog.ok()) << catalog.status();
@@ -236,7 +236,7 @@ TEST(Schema, VersionFiveFileKeepsItsCheckpointsAndGainsTheRollingPin) {
     c.set_complete(true);
     ASSERT_TRUE((*catalog)->UpsertCheckpoint(c).ok());
   }
-  RawExec(path, "DROP TABLE precursor_warnings; ALTER TABLE checkpoints DROP COLUMN rolling; PRAGMA user_version = 5;");
+  RawExec(path, "ALTER TABLE runs DROP COLUMN incarnation; ALTER TABLE checkpoints DROP COLUMN file_identity; DROP TABLE precursor_warnings; ALTER TABLE checkpoints DROP COLUMN rolling; PRAGMA user_version = 5;");
   auto catalog = Catalog::Open({.path = path});
   ASSERT_TRUE(catalog.ok()) << catalog.status();
   auto listed = (*catalog)->ListCheckpoints("old-run");
@@ -259,7 +259,7 @@ TEST(Schema, VersionSixFileGainsThePrecursorWarningsTableKeepingItsData) {
     run.set_name("old-run");
     ASSERT_TRUE((*catalog)->CreateRun(run).ok());
   }
-  RawExec(path, "DROP TABLE precursor_warnings; PRAGMA user_version = 6;");
+  RawExec(path, "ALTER TABLE runs DROP COLUMN incarnation; ALTER TABLE checkpoints DROP COLUMN file_identity; DROP TABLE precursor_warnings; PRAGMA user_version = 6;");
   auto catalog = Catalog::Open({.path = path});
   ASSERT_TRUE(catalog.ok()) << catalog.status();
   EXPECT_TRUE((*catalog)->GetRun("old-run").ok());
@@ -269,6 +269,63 @@ TEST(Schema, VersionSixFileGainsThePrecursorWarningsTableKeepingItsData) {
   w.set_signal("max_attn_logit");
   w.set_state(v1::WARNING_ACTIVE);
   EXPECT_TRUE((*catalog)->CreateWarning(w).ok());
+}
+
+// Version 8 adds the file identity of a checkpoint, "" for the rows of an
+// older file (the daemon then verifies the file by its checksum once).
+TEST(Schema, VersionSevenFileGainsCheckpointFileIdentities) {
+  TempDir dir;
+  const std::string path = dir.File("catalog.db");
+  {
+    auto catalog = Catalog::Open({.path = path});
+    ASSERT_TRUE(catalog.ok()) << catalog.status();
+    v1::Run run;
+    run.set_name("old-run");
+    ASSERT_TRUE((*catalog)->CreateRun(run).ok());
+    v1::Checkpoint c;
+    c.set_run("old-run");
+    c.set_step(100);
+    c.set_uri("/ckpt/100");
+    c.set_checksum("0123456789abcdef");
+    ASSERT_TRUE((*catalog)->UpsertCheckpoint(c).ok());
+  }
+  RawExec(path, "ALTER TABLE runs DROP COLUMN incarnation; ALTER TABLE checkpoints DROP COLUMN file_identity; PRAGMA user_version = 7;");
+  auto catalog = Catalog::Open({.path = path});
+  ASSERT_TRUE(catalog.ok()) << catalog.status();
+  EXPECT_EQ((*catalog)->schema_version(), kSchemaVersion);
+  EXPECT_EQ(*(*catalog)->CheckpointFileIdentity("old-run", 100, "/ckpt/100"), "");
+  ASSERT_TRUE((*catalog)->SetCheckpointFileIdentity("old-run", 100, "/ckpt/100", "dev=1").ok());
+  EXPECT_EQ(*(*catalog)->CheckpointFileIdentity("old-run", 100, "/ckpt/100"), "dev=1");
+  EXPECT_EQ((*catalog)->ListCheckpoints("old-run")->at(0).checksum(), "0123456789abcdef");
+}
+
+// Version 9 gives every run an incarnation: the ones stored before get a
+// random one each, and a run created afresh under an old name another.
+TEST(Schema, VersionEightFileGivesEveryRunAnIncarnation) {
+  TempDir dir;
+  const std::string path = dir.File("catalog.db");
+  {
+    auto catalog = Catalog::Open({.path = path});
+    ASSERT_TRUE(catalog.ok()) << catalog.status();
+    for (const char* name : {"old-a", "old-b"}) {
+      v1::Run run;
+      run.set_name(name);
+      ASSERT_TRUE((*catalog)->CreateRun(run).ok());
+    }
+  }
+  RawExec(path, "ALTER TABLE runs DROP COLUMN incarnation; PRAGMA user_version = 8;");
+  auto catalog = Catalog::Open({.path = path});
+  ASSERT_TRUE(catalog.ok()) << catalog.status();
+  EXPECT_EQ((*catalog)->schema_version(), kSchemaVersion);
+  auto a = (*catalog)->GetRunIncarnation("old-a");
+  auto b = (*catalog)->GetRunIncarnation("old-b");
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->incarnation.size(), 32u);
+  EXPECT_NE(a->incarnation, b->incarnation);
+  EXPECT_EQ(a->state, "created");
+  // The same again: kept.
+  EXPECT_EQ((*catalog)->GetRunIncarnation("old-a")->incarnation, a->incarnation);
+  EXPECT_EQ((*catalog)->GetRunIncarnation("none").status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST(Schema, InMemoryDatabaseMigratesToo) {

@@ -195,8 +195,9 @@ class Trainer:
     def _set_hparams(self, hp: HParamState) -> None:
         self.hparams = hp
 
-    def load(self, path: str, plan_override: str = "") -> None:
-        state = sgckpt.load_checkpoint(path, model=self.model, optimizer=self.optimizer)
+    def load(self, path: str, plan_override: str = "", checksum: str = "") -> None:
+        state = sgckpt.load_checkpoint(path, model=self.model, optimizer=self.optimizer,
+                                       checksum=checksum or None)
         extra = state.get("extra") or {}
         fp = extra.get("config_fingerprint")
         if fp and fp != self.cfg.fingerprint():
@@ -212,8 +213,9 @@ class Trainer:
 
     def rewind(self, uri: str, plan: str, command=None) -> None:
         """REWIND's callback: load the checkpoint and switch the plan; the
-        controller then sets generation, horizon and hparams."""
-        self.load(uri, plan)
+        controller then sets generation, horizon and hparams. The payload must
+        hash to the checksum the command carries."""
+        self.load(uri, plan, command.checkpoint.checksum if command is not None else "")
         if command is not None:
             self.generation = int(command.new_generation)
 

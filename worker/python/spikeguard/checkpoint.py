@@ -71,11 +71,13 @@ import random
 import re
 import struct
 import time
-import urllib.parse
 from typing import Any, Dict, Iterable, List, Optional
 
 import numpy as np
 import torch
+
+from spikeguard.checkpoint_uri import (CheckpointUriError, checkpoint_path_of_uri,
+                                       checkpoint_uri_of_path)
 
 __all__ = [
     "CheckpointError",
@@ -112,16 +114,26 @@ class CheckpointError(Exception):
 
 
 def _path_of(path_or_uri) -> str:
-    s = os.fspath(path_or_uri)
-    if s.startswith("file://"):
-        s = urllib.parse.unquote(urllib.parse.urlparse(s).path)
-    elif "://" in s:
-        raise CheckpointError(s, "only file:// URIs and paths are supported")
-    return os.path.abspath(s)
+    """The file a checkpoint URI or path names, by the rule the daemon and the
+    C++ worker read URIs with (spikeguard.checkpoint_uri), so a URI the daemon
+    confined names the same file here. A path object (os.PathLike) is a
+    local path. A relative path (which the daemon never sends: it refuses
+    them) is taken from the current directory, for paths given on a command
+    line."""
+    if isinstance(path_or_uri, os.PathLike):
+        return os.path.abspath(os.fspath(path_or_uri))
+    s = path_or_uri
+    b = os.fsencode(s)
+    if b and not b.startswith(b"/") and b"://" not in b and b":" not in b:
+        return os.path.abspath(s)
+    try:
+        return checkpoint_path_of_uri(s)
+    except CheckpointUriError as e:
+        raise CheckpointError(os.fsdecode(s), str(e)) from None
 
 
 def _uri_of(path: str) -> str:
-    return "file://" + urllib.parse.quote(os.path.abspath(path))
+    return checkpoint_uri_of_path(os.path.abspath(path))
 
 
 def _check_generation(generation) -> None:
@@ -299,7 +311,7 @@ def read_header(path_or_uri) -> dict:
         raise CheckpointError(path, f"cannot read: {e.strerror or e}") from None
 
 
-def _read_verified(path: str):
+def _read_verified(path: str, checksum: Optional[str] = None):
     try:
         with open(path, "rb") as f:
             header = _read_header(f, path)
@@ -318,6 +330,8 @@ def _read_verified(path: str):
     got = hashlib.sha256(payload).hexdigest()
     if got != header["sha256"]:
         raise CheckpointError(path, f"checksum mismatch: payload sha256 {got}, header says {header['sha256']}")
+    if checksum and checksum.lower() != got:
+        raise CheckpointError(path, f"checksum mismatch: payload sha256 {got}, the daemon registered {checksum}")
     return header, payload
 
 
@@ -328,13 +342,19 @@ def verify_checkpoint(path_or_uri) -> dict:
     return header
 
 
-def load_checkpoint(path_or_uri, *, model, optimizer, scheduler=None, map_location="cpu") -> dict:
+def load_checkpoint(path_or_uri, *, model, optimizer, scheduler=None, map_location="cpu",
+                    checksum: Optional[str] = None) -> dict:
     """Verifies the checkpoint and restores model, optimizer, scheduler and
     every RNG from it; returns dict(step, generation (None for an older
     file that did not record it), data_position, data_plan, extra, path,
-    rank). Any path or file:// URI loads, whatever the file's name."""
+    rank). Any path or file:// URI loads, whatever the file's name.
+
+    `checksum`: the sha256 the checkpoint was registered with (a REWIND
+    command's ``checkpoint.checksum``); the payload must hash to it. The
+    daemon checks before a rewind that the file is the one registered (its
+    identity) without reading it; the content is checked here, as it is read."""
     path = _path_of(path_or_uri)
-    header, payload = _read_verified(path)
+    header, payload = _read_verified(path, checksum)
     try:
         state = torch.load(io.BytesIO(payload), map_location=map_location)
     except Exception as e:  # noqa: BLE001 - torch raises many types here
@@ -452,7 +472,12 @@ def retain(directory, keep: int, pinned_uris: Iterable[str] = (), *,
         raise ValueError(f"keep must be an int >= 1, got {keep!r}")
     if generation is not None:
         _check_generation(generation)
-    pinned = {os.path.realpath(_path_of(u)) for u in pinned_uris}
+    pinned = set()
+    for u in pinned_uris:
+        try:
+            pinned.add(os.path.realpath(_path_of(u)))
+        except CheckpointError:
+            continue  # refused by the rule, as the C++ worker ignores it: names no file here
     # A file whose header does not read is neither counted nor deleted.
     entries = [e for e in list_checkpoints(directory, generation=generation)
                if e["valid"] and e["generation"] == generation]

@@ -48,7 +48,8 @@ the complete trainer):
     tel = Telemetry(model)                      # spikeguard.torch
     st = {"step": step, "order": order}
     def rewind(uri, plan, command):
-        ck = load_checkpoint(uri, model=model, optimizer=opt)
+        ck = load_checkpoint(uri, model=model, optimizer=opt,
+                             checksum=command.checkpoint.checksum)
         st["step"] = ck["step"]
         st["order"] = order.with_plan(plan or ck.get("data_plan") or "")
     ctl = Controller(client, total_steps=N, get_step=lambda: st["step"], rewind=rewind,

@@ -376,9 +376,9 @@ class Supervisor:
     def _set_hparams(self, hp: HParamState) -> None:
         self.hparams = hp
 
-    def _load(self, path: str, plan_override: str = "") -> None:
+    def _load(self, path: str, plan_override: str = "", checksum: str = "") -> None:
         state = sgckpt.load_checkpoint(path, model=self.module, optimizer=self.optimizer,
-                                       map_location=self.device)
+                                       map_location=self.device, checksum=checksum or None)
         extra = state.get("extra") or {}
         plan = plan_override or state.get("data_plan") or extra.get("plan", "")
         self.sampler.set_plan(plan)
@@ -392,7 +392,7 @@ class Supervisor:
                  self.sampler.plan.text)
 
     def _rewind(self, uri: str, plan: str, command=None) -> None:
-        self._load(uri, plan)
+        self._load(uri, plan, command.checkpoint.checksum if command is not None else "")
         if command is not None:
             self.generation = int(command.new_generation)
 
