@@ -6,7 +6,7 @@
 // stop accepting, let in-flight calls finish (their commits are
 // acknowledged), close the catalog.
 //
-// Security (DESIGN §security): every call is authenticated by a bearer token
+// Security (docs/ARCHITECTURE.md, "Security model"): every call is authenticated by a bearer token
 // from the tokens file and authorized by its principal's role and runs
 // (daemon/auth/); mutating calls are audited. Without a tokens file the
 // daemon makes one in the data dir with an `admin` principal whose token it

@@ -1,7 +1,8 @@
 // engine.h
 // -----------------------------------------------------------------------------
 // The incident engine: the loss-spike diagnosis an expert runs by hand, made
-// automatic (DESIGN §7). One persisted state machine per incident:
+// automatic (docs/ARCHITECTURE.md, "The incident engine"). One persisted state
+// machine per incident:
 //
 //   detected ─▶ replay probe ─┬─ clean ──────────────▶ TRANSIENT (continue from the replay)
 //                             └─ spiked ─▶ skip probe ─┬─ clean ─▶ DATA (keep the hole,

@@ -1,6 +1,6 @@
 // Helpers for the reference worker's scenario tests: run the worker from a
 // scenario file, read back its own JSONL telemetry, and judge it with the
-// spike rule of DESIGN §6.
+// daemon's spike rule (daemon/detect/spike_detector.h).
 #pragma once
 
 #include <cmath>
@@ -88,10 +88,10 @@ struct Judgement {
   int64_t first_nonfinite_step = -1;
 };
 
-// The spike rule of DESIGN §6 over loss and pre-clip grad norm, as the
+// The daemon's spike rule over loss and pre-clip grad norm, as the
 // daemon's default policy sets it, with a fixed z threshold: these tests
 // check the reference worker's mechanisms against one yardstick, and the
-// live detector's calibration to a run's own tails (issue 12's tail_factor)
+// live detector's calibration to a run's own tails (tail_factor)
 // is judged by detector_bench and blip_test, not here.
 inline Judgement Judge(const std::vector<spikeguard::v1::StepReport>& reports) {
   Judgement j;

@@ -1,5 +1,5 @@
 // The reference worker's scenarios, each judged from the worker's own JSONL
-// telemetry by the spike rule of DESIGN §6 (no daemon involved).
+// telemetry by the daemon's spike rule (no daemon involved).
 #include <algorithm>
 #include <cmath>
 #include <iostream>

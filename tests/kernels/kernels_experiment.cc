@@ -168,7 +168,7 @@ int Run(std::map<std::string, double> a) {
     for (const LayerTelemetry& l : t.layers) logit = std::max(logit, l.max_attn_logit);
     worst_logit = std::max(worst_logit, logit);
     if (t.nonfinite_count > 0 && first_nonfinite < 0) first_nonfinite = s;
-    // Spike as the daemon sees it (DESIGN.md §6): robust z-score against the
+    // Spike as the daemon sees it (spike_detector.h): robust z-score against the
     // trailing 128 steps (median, MAD), threshold 6, and at least 5 % above
     // the median; the same on the grad norm.
     const bool finite = std::isfinite(t.loss) && std::isfinite(t.grad_norm);

@@ -1,4 +1,4 @@
-// ingest_bench: the daemon's own figures (issue 5 §3, DESIGN §11).
+// ingest_bench: the daemon's own figures.
 //
 //   ingest_bench --out DIR [--reports N] [--latency-samples N]
 //                [--memory-steps N] [--catalog-steps N]
@@ -14,7 +14,7 @@
 //   2. detection latency: from the moment the client is handed the report of
 //      a spike step to the moment the "opened" incident update arrives on a
 //      WatchIncidents stream (an operator's view), p50 / p99; and in the
-//      daemon, from a record's arrival to the decision on it (DESIGN §13)
+//      daemon, from a record's arrival to the decision on it
 //      and, for the records that opened an incident, to its "opened" event
 //      durable and published;
 //   3. memory: RSS of this process every 10,000 steps while one run streams
@@ -535,7 +535,7 @@ int main(int argc, char** argv) {
     spec.layers = 32;
     spec.seed = 5;
     TraceModel model(spec);
-    // A spike is a loss jump corroborated by the grad norm (issue 12: a
+    // A spike is a loss jump corroborated by the grad norm (run_monitor.h: a
     // lone one-step loss excursion is a blip, not an incident).
     auto report_all = [&](int64_t step, double scale) {
       for (int r = 0; r < ranks; ++r) {
@@ -608,7 +608,7 @@ int main(int argc, char** argv) {
     }
     for (auto& c : clients) c->Close();
     watch.reset();
-    // Inside the daemon (DESIGN §13: report arrival -> decision), exact,
+    // Inside the daemon (report arrival -> decision), exact,
     // from the daemon's latency observer: every step's record (calm steps:
     // arrival -> detectors and engine done), and the records that raised a
     // detection, to the engine's decision to open the incident and to its

@@ -1,5 +1,5 @@
 // scale_bench: many ranks held for minutes against a real spikeguardd
-// process (issue 11 §4).
+// process.
 //
 //   scale_bench --daemon PATH/spikeguardd --out DIR [--ranks 10000]
 //               [--minutes 10] [--step-seconds 3] [--layers 8] [--channels 16]
