@@ -685,7 +685,7 @@ int main(int argc, char** argv) {
         "(detectors), incident persisted, and the operator's stream. Batch ack = the same "
         "reports' commit acknowledgement back at the clients. In daemon: from the arrival of the "
         "report that completed a step's record (its last rank's; before it the step cannot be "
-        "judged) to the decision (DESIGN §13; calm records: detectors and engine done; opening "
+        "judged) to the decision (calm records: detectors and engine done; opening "
         "records: the engine's decision to open the incident, formed and about to be written), "
         "and for the opening records also to the incident's \"opened\" event durable and "
         "published (the decision plus its group's commit), exact, from the daemon's latency "
@@ -836,7 +836,7 @@ int main(int argc, char** argv) {
     }
     md += "\nGrowth of catalog.db plus its -wal and -shm files across a clean shutdown "
           "(so the WAL is checkpointed), divided by the steps streamed: the run-level record per "
-          "step, per-layer stats included. DESIGN §4's budget is a few KB per step, independent "
+          "step, per-layer stats included. The target is a few KB per step, independent "
           "of world size.\n";
     json.push_back(absl::StrCat("\"catalog\": {\"layers\": 64, \"rows\": [",
                                 absl::StrJoin(rows, ", "), "]}"));

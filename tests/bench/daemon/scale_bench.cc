@@ -603,7 +603,7 @@ int main(int argc, char** argv) {
   if (mkdtemp(tmpl.data()) == nullptr) Die("mkdtemp failed");
   const std::string scratch = tmpl;
 
-  std::string md = "# Scale run (issue 11 §4)\n\n";
+  std::string md = "# Scale run\n\n";
   const PhaseResult big =
       RunPhase(opt, scratch + "/big", opt.ranks, opt.minutes * 60, opt.step_seconds, true, &md);
   // The same number of steps at few ranks, quickly.

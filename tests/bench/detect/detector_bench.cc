@@ -230,7 +230,8 @@ std::string Ablation(const std::string& name, const std::vector<LabeledTrace>& c
     return o;
   };
   std::vector<Variant> variants;
-  variants.push_back({"all rules off (the detector before issue 12)", off()});
+  variants.push_back(
+      {"all rules off (the detector without tails, blips, level shifts, slow builds)", off()});
   {
     RunMonitor::Options o = off();
     o.loss.tail_factor = o.grad_norm.tail_factor = 2.0;
