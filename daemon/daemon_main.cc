@@ -19,6 +19,7 @@
 #include "absl/flags/usage.h"
 #include "absl/time/time.h"
 #include "base/flag_dashes.h"
+#include "base/flag_usage.h"
 #include "base/logging.h"
 #include "daemon/daemon.h"
 #include "daemon/incident/policy.h"
@@ -77,7 +78,8 @@ namespace spikeguard::daemon {
 
 int DaemonMain(int argc, char** argv,
                const std::function<void(Daemon::Options&)>& customize) {
-  absl::SetProgramUsageMessage("spikeguardd --listen=HOST:PORT --data-dir=DIR");
+  // --help lists the flags of this file (absl would look for spikeguardd.cc).
+  spikeguard::SetFlagsUsage("spikeguardd --listen=HOST:PORT --data-dir=DIR", {__FILE__});
   std::vector<std::string> args = spikeguard::DashesToUnderscores(argc, argv);
   std::vector<char*> argv_ptrs = spikeguard::ArgvPointers(args);
   absl::ParseCommandLine(static_cast<int>(args.size()), argv_ptrs.data());
