@@ -116,7 +116,9 @@ TEST_F(IncidentE2E, FragilityIsFixedByLowerLrAndTheRunFinishesClean) {
   EXPECT_TRUE(rung_verified) << i.ShortDebugString();
   EXPECT_THAT(i.fix(), HasSubstr("fix rung"));
   // The precursor dates the abnormal growth, not the warm-up rise.
-  if (!i.precursor().empty()) EXPECT_GT(i.precursor_onset_step(), 100);
+  if (!i.precursor().empty()) {
+    EXPECT_GT(i.precursor_onset_step(), 100);
+  }
   // The run then trains to its end in the fixed generation without a spike.
   v1::Run run;
   for (int k = 0; k < 600; ++k) {

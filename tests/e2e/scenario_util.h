@@ -37,17 +37,19 @@ inline std::vector<spikeguard::v1::StepReport> ReadTelemetry(const std::string& 
   return out;
 }
 
+// Every member has a default, so designated initializers may leave any out
+// (-Wmissing-field-initializers).
 struct RunSpec {
-  std::string scenario;
-  std::string corpus;
-  std::string checkpoint_dir;
-  std::string telemetry;
+  std::string scenario{};
+  std::string corpus{};
+  std::string checkpoint_dir{};
+  std::string telemetry{};
   int64_t generation = 0;
-  std::string plan;
-  std::string resume_from;
+  std::string plan{};
+  std::string resume_from{};
   int64_t bitflip_step = -1;
   int64_t steps = -1;  // -1: the scenario's
-  std::vector<std::string> set;
+  std::vector<std::string> set{};
   // Applied after the checkpoint is loaded (SET_HPARAMS), e.g. 0.7.
   double lr_scale = 1.0;
 };

@@ -159,7 +159,9 @@ TEST(ProbeJudgeTest, ASpikeIsReportedAtTheHorizonWithItsPosition) {
   auto j = Judge(998, 1010);
   for (int64_t s = 900; s <= 1010; ++s) {
     j->Feed(Step(s, s == 1000 ? 40.0 : Noise(s)), absl::Now());
-    if (s < 1010) EXPECT_FALSE(j->result.has_value()) << s;  // runs on to the horizon
+    if (s < 1010) {
+      EXPECT_FALSE(j->result.has_value()) << s;  // runs on to the horizon
+    }
   }
   ASSERT_TRUE(j->result.has_value());
   EXPECT_EQ(OutcomeOf(*j->result), ProbeOutcome::kSpiked);
