@@ -18,17 +18,13 @@
 #include <string>
 #include <vector>
 
+#include "base/splitmix64.h"
 #include "kernels/trainer.h"
 
 namespace spikeguard::kernels {
 namespace {
 
-uint64_t Mix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
+uint64_t Mix(uint64_t x) { return SplitMix64Hash(x); }
 
 // About `bytes` of text mixing three styles, the same on every run.
 std::string SyntheticText(size_t bytes, uint64_t seed) {
