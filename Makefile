@@ -13,6 +13,10 @@ CTEST_ARGS ?=
 # analysis, libFuzzer. SANITIZE=0 leaves it out of `make test`.
 SAN_BUILD ?= build-clang
 SANITIZE ?= 1
+# Warnings in our own sources are errors in both builds (CMake option
+# SPIKEGUARD_WERROR; generated proto code and system headers are outside it).
+# WERROR=OFF when trying a compiler newer than CI's gcc 12 / clang 14.
+WERROR ?= ON
 FUZZ_SECONDS ?= 60
 # The compiler cache (CMakeLists.txt): hash paths relative to this checkout,
 # so a clean clone in another folder hits the objects of an earlier build.
@@ -39,7 +43,7 @@ deps:
 	@./deploy/stage.sh deps ./deploy/install-deps.sh
 
 $(BUILD)/build.ninja: | deps
-	cmake -S . -B $(BUILD) -G $(GENERATOR)
+	cmake -S . -B $(BUILD) -G $(GENERATOR) -DSPIKEGUARD_WERROR=$(WERROR)
 
 configure: deps $(BUILD)/build.ninja
 
@@ -54,7 +58,8 @@ endif
 
 $(SAN_BUILD)/build.ninja: | deps
 	cmake -S . -B $(SAN_BUILD) -G $(GENERATOR) -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
-	  -DCMAKE_BUILD_TYPE=Sanitize -DSPIKEGUARD_SANITIZE=ON "-DSPIKEGUARD_SKIP=$(SAN_SKIP)"
+	  -DCMAKE_BUILD_TYPE=Sanitize -DSPIKEGUARD_SANITIZE=ON "-DSPIKEGUARD_SKIP=$(SAN_SKIP)" \
+	  -DSPIKEGUARD_WERROR=$(WERROR)
 
 # nice: the checking build yields the CPU to interactive builds.
 sanitize-build: deps $(SAN_BUILD)/build.ninja

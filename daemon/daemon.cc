@@ -212,6 +212,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options) {
   d->state_->supervisor = d->supervisor_.get();
   d->state_->authorizer = d->authorizer_.get();
   d->state_->group_join_window = options.group_join_window;
+  d->state_->after_group_commit = options.after_group_commit;
   metrics::RegisterStateCollector(d->state_.get());
   d->worker_service_ = std::make_unique<WorkerServiceImpl>(d->state_.get());
   d->operator_handler_ = std::make_unique<DaemonOperatorHandler>(d->state_.get());

@@ -6,7 +6,7 @@
 // stop accepting, let in-flight calls finish (their commits are
 // acknowledged), close the catalog.
 //
-// Security (DESIGN §security): every call is authenticated by a bearer token
+// Security (docs/ARCHITECTURE.md, "Security model"): every call is authenticated by a bearer token
 // from the tokens file and authorized by its principal's role and runs
 // (daemon/auth/); mutating calls are audited. Without a tokens file the
 // daemon makes one in the data dir with an `admin` principal whose token it
@@ -117,6 +117,10 @@ class Daemon {
     // its records to join it (GroupCommitter::Options::join_window); 0: an
     // incident commits on its own, after the group (benchmarks compare).
     absl::Duration group_join_window = absl::Milliseconds(3);
+    // Crash tests: called on the commit thread after each telemetry group is
+    // durable and before its acks (GroupCommitter::Options::after_commit).
+    // spikeguardd sets none; tests/e2e/spikeguardd_crash_point.cc does.
+    std::function<void(int64_t committed_groups)> after_group_commit = nullptr;
   };
 
   static absl::StatusOr<std::unique_ptr<Daemon>> Start(const Options& options);

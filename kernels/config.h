@@ -2,7 +2,8 @@
 // -----------------------------------------------------------------------------
 // Configuration of the reference model (a byte-level GPT decoder) and of its
 // AdamW optimizer, plus the hyperparameter overrides the supervisor may change
-// while a run is going (DESIGN.md §3, §7).
+// while a run is going (REWIND and SET_HPARAMS commands; docs/ARCHITECTURE.md,
+// "The incident engine", fix ladder).
 //
 //   ModelConfig model;            // 4 layers, 4 heads, width 128, context 64
 //   model.qk_norm = true;         // an option tied to stability in the literature

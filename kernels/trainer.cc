@@ -12,29 +12,23 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "base/logging.h"
+#include "base/splitmix64.h"
 
 namespace spikeguard::kernels {
 namespace {
 
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
 // Hash of a byte string, 8 bytes at a time.
 uint64_t HashBytes(const uint8_t* data, size_t n, uint64_t seed) {
-  uint64_t h = SplitMix64(seed ^ n);
+  uint64_t h = SplitMix64Hash(seed ^ n);
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     uint64_t w;
     std::memcpy(&w, data + i, 8);
-    h = SplitMix64(h ^ w);
+    h = SplitMix64Hash(h ^ w);
   }
   uint64_t tail = 0;
   std::memcpy(&tail, data + i, n - i);
-  return SplitMix64(h ^ tail);
+  return SplitMix64Hash(h ^ tail);
 }
 
 // Deterministic normal samples (Box-Muller over splitmix64), the same on
@@ -47,8 +41,8 @@ class NormalRng {
       has_spare_ = false;
       return spare_;
     }
-    const double u1 = (static_cast<double>(SplitMix64(state_++) >> 11) + 0.5) * 0x1.0p-53;
-    const double u2 = static_cast<double>(SplitMix64(state_++) >> 11) * 0x1.0p-53;
+    const double u1 = (static_cast<double>(SplitMix64Hash(state_++) >> 11) + 0.5) * 0x1.0p-53;
+    const double u2 = static_cast<double>(SplitMix64Hash(state_++) >> 11) * 0x1.0p-53;
     const double r = std::sqrt(-2.0 * std::log(u1));
     spare_ = static_cast<float>(r * std::sin(2 * std::numbers::pi * u2));
     has_spare_ = true;
@@ -122,7 +116,7 @@ class Reader {
 
 }  // namespace
 
-uint64_t LossHash(double loss) { return SplitMix64(std::bit_cast<uint64_t>(loss)); }
+uint64_t LossHash(double loss) { return SplitMix64Hash(std::bit_cast<uint64_t>(loss)); }
 
 struct Trainer::LayerOffsets {
   size_t ln1_g = kNone, ln1_b = kNone, w_qkv = kNone, b_qkv = kNone;

@@ -144,7 +144,7 @@ constexpr char kContextColor[] = "#b8b8b8";
 
 // The layer every generation is compared on in a per-layer plot.
 //
-// Choice (issue 14): each probe is drawn on the SAME layer as the original's
+// Choice: each probe is drawn on the SAME layer as the original's
 // highlighted line, not as a max over layers (a max can switch layers from
 // step to step and then compares a probe with no line of the original), and
 // not every layer of every probe (4 layers x 7 probes is unreadable). The

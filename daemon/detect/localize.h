@@ -1,9 +1,9 @@
 // localize.h
 // -----------------------------------------------------------------------------
-// Where did an instability start? Each per-layer series (max attention
-// logit, grad norm, update ratio, activation RMS of every layer) is dated
-// by the step at which it left its own baseline; the series are ordered by
-// that step and the earliest layer and signal are named (DESIGN §6).
+// Where did an instability start? Each per-layer series (max attention logit,
+// grad norm, update ratio, activation RMS of every layer) is dated by the step
+// at which it left its own baseline; the series are ordered by that step and
+// the earliest layer and signal are named.
 //
 // Dating a departure: the series (log values for the multiplicative
 // statistics) is fitted with a broken line — a straight baseline that may

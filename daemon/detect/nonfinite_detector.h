@@ -1,8 +1,8 @@
 // nonfinite_detector.h
 // -----------------------------------------------------------------------------
-// Immediate detection of a non-finite step (DESIGN §6): a NaN or infinite
-// loss or grad norm, or a trainer-reported non-finite count above zero. No
-// window, no warm-up: the first such step is an event.
+// Immediate detection of a non-finite step: a NaN or infinite loss or grad
+// norm, or a trainer-reported non-finite count above zero. No window, no
+// warm-up: the first such step is an event.
 //
 // When the per-layer statistics show where it started, the event names the
 // first layer that went non-finite. A forward-pass value (max attention

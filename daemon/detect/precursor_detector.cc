@@ -213,7 +213,7 @@ class PrecursorDetector::Series {
 
   double Raw(double y) const { return log_scale_ ? std::exp(y) : y; }
 
-  // The slow-build rule (issue 12): growth too slow for the trend window —
+  // The slow-build rule: growth too slow for the trend window —
   // a grad norm ×20 over 600 steps changes by ~0.16 per 32 steps, under the
   // trend rule's minimum — measured as the rise of the block mean (a trend
   // window of smoothed values) across `slow_window` steps, all after the

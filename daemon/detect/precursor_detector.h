@@ -1,7 +1,7 @@
 // precursor_detector.h
 // -----------------------------------------------------------------------------
-// Precursors: the instabilities that build for tens to hundreds of steps
-// before a loss spike (DESIGN §6). One tracker per series:
+// Precursors: the instabilities that build for tens to hundreds of steps before
+// a loss spike. One tracker per series:
 //   per layer   max_attn_logit, grad_norm, update_ratio, act_rms
 //   run level   lse_mean, lse_max, grad_norm, clip_rate
 // (clip_rate = fraction of clipped steps over the last `clip_window` steps).
@@ -122,7 +122,7 @@ class PrecursorDetector {
     // longer while the series still moves by the minimum change over a trend
     // window, up to max(this, trend_warmup_steps).
     int64_t onset_warmup_steps = 0;
-    // Slow-build rule (issue 12): a log rise of at least slow_min_log_change
+    // Slow-build rule: a log rise of at least slow_min_log_change
     // (0.5: ×1.65) across slow_window steps that is not slowing down warns
     // even when no trend window moves by min_log_change. 0: off.
     int slow_window = 384;

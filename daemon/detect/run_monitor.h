@@ -3,7 +3,7 @@
 // All of one run's detectors behind one call. Feed the run-level steps in
 // step order; get back what happened at each:
 //   - loss and grad-norm spikes: onset, then recovered or diverged
-//     (SpikeDetector, robust median/MAD rule of DESIGN §6);
+//     (SpikeDetector, robust median/MAD rule of spike_detector.h);
 //   - slow divergence of the loss (DivergenceDetector): a climb over
 //     hundreds of steps that the spike rule's trailing window follows. A
 //     spike lasting tens of steps lifts the divergence rule's trailing
@@ -19,7 +19,7 @@
 // ordered by the step at which each left its baseline, up to the step before
 // the onset.
 //
-// Blips and level shifts (issue 12). An incident costs a rewind and probes,
+// Blips and level shifts. An incident costs a rewind and probes,
 // so a loss excursion opens one only when it is worth it:
 //   - corroborated: the grad norm at least `corroborate_grad_ratio` × its
 //     median and over its own threshold within `corroborate_lookback` steps
@@ -96,7 +96,7 @@ struct MonitorEvent {
     kDivergence,
     kNonFinite,
     kPrecursor,
-    // Informational (issue 12): a loss excursion judged not worth an
+    // Informational: a loss excursion judged not worth an
     // incident — a blip (back at once, nothing corroborating it) or a legit
     // level shift (the loss moved to a new level and stays there).
     kBlip,

@@ -1,6 +1,6 @@
 // spike_detector.h
 // -----------------------------------------------------------------------------
-// The spike rule of DESIGN §6, as a pure class over one series (loss or
+// The daemon's spike rule, as a pure class over one series (loss or
 // pre-clip grad norm) with bounded memory.
 //
 // A value is over threshold when its robust z-score against the trailing
@@ -24,7 +24,7 @@
 //     if (auto e = d.Observe(step, loss); e && e->state == SpikeEvent::kOnset) ...
 //   }
 //
-// Tails (issue 12). A robust z of 6 is rare for Gaussian noise and common for
+// Tails. A robust z of 6 is rare for Gaussian noise and common for
 // heavy-tailed noise (Student-t with 3 degrees of freedom exceeds it every
 // few hundred steps). With `tail_factor` > 0 the threshold follows the run's
 // own noise: the upper z (max(z, 0); a falling loss has large negative z that

@@ -1,7 +1,8 @@
 // engine.h
 // -----------------------------------------------------------------------------
 // The incident engine: the loss-spike diagnosis an expert runs by hand, made
-// automatic (DESIGN §7). One persisted state machine per incident:
+// automatic (docs/ARCHITECTURE.md, "The incident engine"). One persisted state
+// machine per incident:
 //
 //   detected ─▶ replay probe ─┬─ clean ──────────────▶ TRANSIENT (continue from the replay)
 //                             └─ spiked ─▶ skip probe ─┬─ clean ─▶ DATA (keep the hole,
@@ -145,7 +146,12 @@ struct StepObservation {
 struct Detection {
   // kPrecursor: a critical precursor that persisted, opened as an incident
   // by policy (precursor.on_critical); judged on the loss like a loss spike.
-  enum class Kind { kLossSpike, kGradNormSpike, kNonFinite, kPrecursor };
+  // The numbers are persisted: every "opened" event of the incident log
+  // carries one (Opened.kind, engine_events.proto's DetectionKind), so they
+  // never change and are never reused; a new kind takes the next number.
+  // Read and written only through PersistedKind / DetectionKindOf
+  // (incident_state.h).
+  enum class Kind { kLossSpike = 0, kGradNormSpike = 1, kNonFinite = 2, kPrecursor = 3 };
   Kind kind = Kind::kLossSpike;
   int64_t generation = 0;
   int64_t onset_step = 0;

@@ -21,7 +21,7 @@ absl::Status IncidentEngine::State::BuildJudge(IncidentCase& s) {
         "incident ", s.id(), ": a probe runs but its request is not in the log"));
   }
   auto j = std::make_unique<ProbeJudge>();
-  const bool grad = s.opened.kind() == static_cast<int>(Detection::Kind::kGradNormSpike);
+  const bool grad = DetectionKindOf(s.opened) == Detection::Kind::kGradNormSpike;
   const v1::SpikeDetectorPolicy& sp = grad ? s.policy.grad_norm_spike() : s.policy.loss_spike();
   j->use_grad = grad;
   j->detector = std::make_unique<detect::SpikeDetector>(SpikeOptions(sp));

@@ -68,7 +68,7 @@ absl::Status IncidentEngine::OnDetection(const std::string& run, const Detection
   lg::EventPayload p;
   lg::Opened* o = p.mutable_opened();
   o->set_run(run);
-  o->set_kind(static_cast<int>(d.kind));
+  o->set_kind(PersistedKind(d.kind));
   o->set_generation(d.generation);
   o->set_onset_step(d.onset_step);
   o->set_peak_step(d.peak_step);

@@ -263,7 +263,7 @@ absl::Status IncidentEngine::State::VerdictAfterSkip(IncidentCase& s) {
     return CulpritsFound(s, whole);
   }
   const bool numerics =
-      s.opened.kind() == static_cast<int>(Detection::Kind::kNonFinite) || s.any_nonfinite;
+      DetectionKindOf(s.opened) == Detection::Kind::kNonFinite || s.any_nonfinite;
   if (numerics) {
     const int layer = s.nonfinite_layer >= 0 ? s.nonfinite_layer : s.opened.localized_layer();
     return EmitVerdict(

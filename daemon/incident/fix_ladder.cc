@@ -226,8 +226,9 @@ absl::StatusOr<bool> IncidentEngine::State::FixStep(IncidentCase& s) {
     return true;
   }
   const ProbeKind last_kind = s.probe_kind();
-  const std::optional<ProbeOutcome> last_outcome =
-      s.last_finished ? std::optional<ProbeOutcome>(OutcomeOf(*s.last_finished)) : std::nullopt;
+  // kPending when no probe has finished yet (a finished probe never is).
+  const ProbeOutcome last_outcome =
+      s.last_finished ? OutcomeOf(*s.last_finished) : ProbeOutcome::kPending;
   switch (s.verdict) {
     case v1::VERDICT_UNSPECIFIED:
       SG_RETURN_IF_ERROR(Close(s));

@@ -149,6 +149,35 @@ CheckpointInfo FromRecord(const lg::CheckpointRecord& r) {
   return CheckpointInfo{r.generation(), r.step(), r.uri(), r.checksum(), r.complete()};
 }
 
+int32_t PersistedKind(Detection::Kind kind) {
+  switch (kind) {
+    case Detection::Kind::kLossSpike:
+      return lg::LOSS_SPIKE;
+    case Detection::Kind::kGradNormSpike:
+      return lg::GRAD_NORM_SPIKE;
+    case Detection::Kind::kNonFinite:
+      return lg::NON_FINITE;
+    case Detection::Kind::kPrecursor:
+      return lg::PRECURSOR;
+  }
+  return lg::LOSS_SPIKE;
+}
+
+std::optional<Detection::Kind> DetectionKindOf(const lg::Opened& opened) {
+  switch (opened.kind()) {
+    case lg::LOSS_SPIKE:
+      return Detection::Kind::kLossSpike;
+    case lg::GRAD_NORM_SPIKE:
+      return Detection::Kind::kGradNormSpike;
+    case lg::NON_FINITE:
+      return Detection::Kind::kNonFinite;
+    case lg::PRECURSOR:
+      return Detection::Kind::kPrecursor;
+    default:
+      return std::nullopt;
+  }
+}
+
 std::string TriggerName(Detection::Kind kind) {
   switch (kind) {
     case Detection::Kind::kLossSpike:
@@ -208,7 +237,8 @@ void ApplyOpened(IncidentCase& s, const lg::EventPayload& p) {
   s.stage = Stage::kOpened;
   s.inc.set_run(o.run());
   s.inc.set_state(v1::DETECTED);
-  s.inc.set_trigger(TriggerName(static_cast<Detection::Kind>(o.kind())));
+  const std::optional<Detection::Kind> kind = DetectionKindOf(o);
+  s.inc.set_trigger(kind ? TriggerName(*kind) : std::string("unknown"));
   s.inc.set_generation(o.generation());
   s.inc.set_onset_step(o.onset_step());
   s.inc.set_peak_step(o.peak_step());

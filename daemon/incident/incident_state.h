@@ -97,6 +97,11 @@ enum class Stage {
 lg::CheckpointRecord ToRecord(const CheckpointInfo& c);
 CheckpointInfo FromRecord(const lg::CheckpointRecord& r);
 std::string TriggerName(Detection::Kind kind);
+// Detection::Kind <-> its persisted number (Opened.kind, lg::DetectionKind),
+// by an explicit table rather than the enum's position. DetectionKindOf is
+// nullopt for a number this binary does not know.
+int32_t PersistedKind(Detection::Kind kind);
+std::optional<Detection::Kind> DetectionKindOf(const lg::Opened& opened);
 spikeguard::v1::IncidentState StateForProbe(ProbeKind kind);
 
 // One incident's state: rebuilt from its event log by Apply().

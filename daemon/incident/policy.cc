@@ -39,7 +39,7 @@ v1::SpikeDetectorPolicy DefaultSpike() {
 // one-step excursion with nothing corroborating it is a blip, three within
 // 50 steps an incident; an uncorroborated excursion that stays under 12 %
 // (plus five noise scales) is a legit level shift. Measured on the detector
-// benchmark's held-out split (issue 12).
+// benchmark's held-out split (detector_bench).
 v1::SpikeDetectorPolicy DefaultLossSpike() {
   v1::SpikeDetectorPolicy p = DefaultSpike();
   p.set_blip_steps(1);

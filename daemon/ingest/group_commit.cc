@@ -1,7 +1,5 @@
 #include "daemon/ingest/group_commit.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <memory>
 #include <utility>
@@ -312,13 +310,7 @@ void GroupCommitter::Loop() {
       SG_LOG(ERROR) << "ingest: group of " << group.size() << " batch(es) not committed: "
                     << result.status();
     }
-    if (result.ok() && options_.exit_after_groups > 0 &&
-        committed_groups >= options_.exit_after_groups) {
-      // Durable but unanswered: the test's workers resend all of it.
-      SG_LOG(WARNING) << "ingest: exiting after group " << committed_groups
-                      << " (test hook), before its acks";
-      _exit(86);
-    }
+    if (result.ok() && options_.after_commit) options_.after_commit(committed_groups);
     if (result.ok() && options_.metrics != nullptr) {
       options_.metrics->batches_committed->Inc(static_cast<double>(group.size()));
       options_.metrics->commit_latency_seconds->Observe(

@@ -93,9 +93,11 @@ class GroupCommitter {
     // a backlog takes longer than its commit, and its acks would wait for
     // it. (An incident opened from them commits on its own, after.)
     int64_t join_max_records = 8;
-    // Test hook: after this many committed groups the process _exits (code
-    // 86) before answering any batch of the last one (0: never).
-    int64_t exit_after_groups = 0;
+    // Called on the commit thread once a group is durable and before any of
+    // its batches is answered, with the number of groups committed so far.
+    // The daemon sets none; crash tests inject one through
+    // Daemon::Options::after_group_commit to die at exactly this point.
+    std::function<void(int64_t committed_groups)> after_commit = nullptr;
     // Where batches committed and commit latency are recorded (null: not).
     metrics::DaemonMetrics* metrics = nullptr;
   };

@@ -1,9 +1,9 @@
 // launcher.h
 // -----------------------------------------------------------------------------
-// What starts and restarts the ranks of a run (DESIGN §8). Two kinds: local
-// processes (local_launcher.h) and Slurm jobs (slurm_launcher.h); a run's
-// launch profile chooses (a `slurm { ... }` block: Slurm), and
-// ProfileLauncher routes each run to the one its profile names.
+// What starts and restarts the ranks of a run. Two kinds: local processes
+// (local_launcher.h) and Slurm jobs (slurm_launcher.h); a run's launch profile
+// chooses (a `slurm { ... }` block: Slurm), and ProfileLauncher routes each run
+// to the one its profile names.
 //
 // Both record what they started in the catalog (table `launches`: a Slurm
 // job id, or a pid with its start time) and, when the daemon starts again

@@ -2,7 +2,7 @@
 // -----------------------------------------------------------------------------
 // The embedded launcher: starts the ranks of a run as local processes from
 // its RunSpec, and restarts a rank that crashes or stops heartbeating, from
-// the newest complete checkpoint of the run's current generation (DESIGN §8).
+// the newest complete checkpoint of the run's current generation.
 //
 // Nothing sent over the wire is executed: the command of a rank comes from
 // the run's launch profile (launch_profiles.h), built again at every start so

@@ -1,7 +1,7 @@
 // slurm_launcher.h
 // -----------------------------------------------------------------------------
-// Runs the ranks of a run as a Slurm job (issue 13): a run whose launch
-// profile has a `slurm { ... }` block (launch_profiles.proto).
+// Runs the ranks of a run as a Slurm job: a run whose launch profile has a
+// `slurm { ... }` block (launch_profiles.proto).
 //
 // Why sbatch and srun (not job steps in a held allocation): a job per start
 // of the ranks is what a cluster's accounting, fair share, time limits and

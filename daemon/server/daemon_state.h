@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -70,6 +71,8 @@ struct DaemonState {
   bool tls = false;
   // Daemon::Options::group_join_window (set before the services start).
   absl::Duration group_join_window = absl::Milliseconds(3);
+  // Daemon::Options::after_group_commit (set before the services start).
+  std::function<void(int64_t)> after_group_commit;
   Counters counters;
   const absl::Time started;
   // /metrics: the registry, and the daemon's instruments in it (the ingest

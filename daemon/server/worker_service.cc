@@ -1,7 +1,6 @@
 #include "daemon/server/worker_service.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -704,11 +703,7 @@ WorkerServiceImpl::WorkerServiceImpl(DaemonState* state)
   // The window bounds what a detection that opens nothing (or a stalled
   // pipeline) costs the group's acks; a calm record is judged at once.
   if (state_->supervisor != nullptr) options.join_window = state_->group_join_window;
-  // Test hook (tests/e2e/telemetry_e2e_test.cc): exit between a group's
-  // commit and its acks.
-  if (const char* n = std::getenv("SPIKEGUARD_TEST_EXIT_AFTER_GROUPS"); n != nullptr) {
-    options.exit_after_groups = std::atoll(n);
-  }
+  options.after_commit = state_->after_group_commit;
   ingest_ = std::make_unique<GroupCommitter>(
       state_->catalog, options,
       [state](std::vector<storage::CompletedStep> completed, absl::Time arrived) {

@@ -50,6 +50,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/splitmix64.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/model_runner.h"
@@ -74,17 +75,10 @@ constexpr double kUpdateTol = 1e-3;
 constexpr double kTrajectoryTol = 1e-3;  // the loss after 8 further steps
 constexpr double kAdamWTol = 1e-6;       // AdamW alone, same inputs
 
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
 class Rng {
  public:
   explicit Rng(uint64_t seed) : state_(seed) {}
-  double Uniform() { return (static_cast<double>(SplitMix64(state_++) >> 11) + 0.5) * 0x1.0p-53; }
+  double Uniform() { return (static_cast<double>(SplitMix64Hash(state_++) >> 11) + 0.5) * 0x1.0p-53; }
   float Normal() {
     const double r = std::sqrt(-2.0 * std::log(Uniform()));
     return static_cast<float>(r * std::cos(2 * std::numbers::pi * Uniform()));
@@ -103,8 +97,8 @@ std::string Format(const char* fmt, Args... args) {
 }
 
 uint64_t HashFloats(const std::vector<float>& v) {
-  uint64_t h = SplitMix64(v.size());
-  for (float f : v) h = SplitMix64(h ^ std::bit_cast<uint32_t>(f));
+  uint64_t h = SplitMix64Hash(v.size());
+  for (float f : v) h = SplitMix64Hash(h ^ std::bit_cast<uint32_t>(f));
   return h;
 }
 
@@ -355,7 +349,7 @@ class NoisyBackend final : public Backend {
  private:
   void Jitter(float* x, size_t n) {
     for (size_t i = 0; i < n; ++i) {
-      const uint64_t r = SplitMix64(state_++);
+      const uint64_t r = SplitMix64Hash(state_++);
       const int steps = static_cast<int>(r % (2 * ulps_ + 1)) - ulps_;
       for (int s = 0; s < std::abs(steps); ++s) x[i] = std::nextafter(x[i], steps > 0 ? INFINITY : -INFINITY);
     }
@@ -530,7 +524,7 @@ void CompareKernels(const Flags& flags, Checks& checks) {
   {  // Embedding: B 3, T 17, C 40, vocab 50 (tokens repeat)
     const int B = 3, T = 17, C = 40, V = 50;
     std::vector<int32_t> tok(B * T);
-    for (int i = 0; i < B * T; ++i) tok[i] = static_cast<int32_t>(SplitMix64(i) % 7 == 0 ? 3 : SplitMix64(i + 99) % V);
+    for (int i = 0; i < B * T; ++i) tok[i] = static_cast<int32_t>(SplitMix64Hash(i) % 7 == 0 ? 3 : SplitMix64Hash(i + 99) % V);
     Twin<int32_t> tokens(R, G, tok);
     Twin<float> wte(R, G, Noise(V * C, 24)), wpe(R, G, Noise(T * C, 25)), x(R, G, Noise(B * T * C, 26));
     R.EmbeddingForward(x.r(), tokens.r(), wte.r(), wpe.r(), B, T, C);
@@ -600,7 +594,7 @@ void CompareKernels(const Flags& flags, Checks& checks) {
     const float softcap = capped ? 2.5f : 0.0f, z = capped ? 1e-2f : 0.0f;
     const std::string s = capped ? " (softcap, z-loss, in place)" : "";
     std::vector<int32_t> tgt(rows);
-    for (int i = 0; i < rows; ++i) tgt[i] = static_cast<int32_t>(SplitMix64(i + 7) % V);
+    for (int i = 0; i < rows; ++i) tgt[i] = static_cast<int32_t>(SplitMix64Hash(i + 7) % V);
     Twin<int32_t> targets(R, G, tgt);
     Twin<float> logits(R, G, Noise(rows * V, 43, 3.0f)), loss(R, G, Noise(rows, 44)), lse(R, G, Noise(rows, 45));
     Twin<float> dl(R, G, Noise(rows * V, 46));

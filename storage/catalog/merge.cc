@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "absl/container/flat_hash_map.h"
+#include "base/splitmix64.h"
 
 namespace spikeguard::storage {
 namespace {
@@ -142,10 +143,7 @@ bool IsNonFinite(const v1::StepReport& report) {
 }  // namespace
 
 uint64_t LossHashContribution(uint32_t rank, uint64_t loss_hash) {
-  uint64_t z = (loss_hash ^ rank) + 0x9e3779b97f4a7c15ULL;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
+  return SplitMix64Hash(loss_hash ^ rank);
 }
 
 void MergeReport(v1::StepRecord* record, uint32_t rank, const v1::StepReport& report) {

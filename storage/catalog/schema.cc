@@ -7,10 +7,10 @@
 namespace spikeguard::storage {
 namespace {
 
-// Version 1: every table of DESIGN §4. Full records are kept as serialized
-// protos (the source of truth, bit-exact for NaN/Inf); the other columns exist
-// for keys, constraints and queries. REAL columns are nullable because SQLite
-// stores a NaN as NULL.
+// Version 1: the eleven base tables (docs/ARCHITECTURE.md, "The catalog
+// schema"). Full records are kept as serialized protos (the source of truth,
+// bit-exact for NaN/Inf); the other columns exist for keys, constraints and
+// queries. REAL columns are nullable because SQLite stores a NaN as NULL.
 constexpr char kSchemaV1Sql[] = R"sql(
 CREATE TABLE runs (
   id INTEGER PRIMARY KEY,

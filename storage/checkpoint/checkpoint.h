@@ -4,11 +4,12 @@
 // holds a run's checkpoints.
 //
 // A checkpoint carries everything a resumed run needs to continue bit for bit
-// (DESIGN §9): the generation and step it was taken at, the data position the
-// next step will consume after, the config fingerprint it belongs to, the RNG
-// state, the hyperparameter overrides in force, and any number of named binary
-// sections (parameters, optimizer moments, ...) whose bytes are the caller's
-// business. This library never interprets them.
+// (docs/ARCHITECTURE.md, "Determinism and checkpoints"): the generation and
+// step it was taken at, the data position the next step will consume after, the
+// config fingerprint it belongs to, the RNG state, the hyperparameter overrides
+// in force, and any number of named binary sections (parameters, optimizer
+// moments, ...) whose bytes are the caller's business. This library never
+// interprets them.
 //
 //   Checkpoint ckpt;
 //   ckpt.generation = 3;

@@ -1,8 +1,8 @@
 // corpus.h
 // -----------------------------------------------------------------------------
 // A Corpus is a directory of Megatron indexed datasets, one per domain:
-// DIR/<domain>.bin + DIR/<domain>.idx (DESIGN §5). Domains are ordered by
-// name; a domain's index in that order is how samples name their domain.
+// DIR/<domain>.bin + DIR/<domain>.idx. Domains are ordered by name; a domain's
+// index in that order is how samples name their domain.
 //
 //   SG_ASSIGN_OR_RETURN(auto corpus, Corpus::Open("/data/corpus"));
 //   for (int d = 0; d < corpus->num_domains(); ++d) {

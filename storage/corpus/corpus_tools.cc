@@ -15,9 +15,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "base/splitmix64.h"
 #include "base/status_macros.h"
 #include "storage/checkpoint/checksum.h"
-#include "storage/corpus/rng.h"
 
 namespace spikeguard::storage {
 namespace {

@@ -5,9 +5,9 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "base/splitmix64.h"
 #include "base/status_macros.h"
 #include "storage/checkpoint/checksum.h"
-#include "storage/corpus/rng.h"
 
 namespace spikeguard::storage {
 namespace {

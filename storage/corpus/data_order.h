@@ -1,7 +1,8 @@
 // data_order.h
 // -----------------------------------------------------------------------------
 // The data order of a run: a pure, deterministic function from a Manifest to
-// the tokens of every training step (DESIGN §5). The worker uses it to build
+// the tokens of every training step (docs/ARCHITECTURE.md, "Determinism and
+// checkpoints"). The worker uses it to build
 // batches; the daemon uses the very same code to name the documents of a
 // spike window without asking a worker.
 //

@@ -1,9 +1,9 @@
 // data_plan.h
 // -----------------------------------------------------------------------------
 // A DataPlan says which global batch (data position) each training step
-// consumes (DESIGN §5). It is an ordered list of half-open position ranges;
-// step s consumes the s-th position of their concatenation. The default plan
-// is [0, ∞): step s consumes position s.
+// consumes. It is an ordered list of half-open position ranges; step s consumes
+// the s-th position of their concatenation. The default plan is [0, ∞): step s
+// consumes position s.
 //
 // The diagnosis protocol edits plans in two ways:
 //   - a hole (skip window): positions [600, 610) are never consumed, so step

@@ -6,9 +6,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
+#include "base/splitmix64.h"
 #include "base/status_macros.h"
 #include "storage/checkpoint/checksum.h"
-#include "storage/corpus/rng.h"
 
 namespace spikeguard::storage {
 namespace {

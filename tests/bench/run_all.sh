@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# run_all.sh — the one command for spikeguard's figures (issue 5, DESIGN §11).
+# run_all.sh — the one command for spikeguard's figures (docs/ARCHITECTURE.md, "Tests and CI").
 #
 #   tests/bench/run_all.sh [BUILD_DIR] [OUT_DIR]
 #

@@ -1,7 +1,7 @@
-// The hostile inputs of issue 10 §4, each against a real daemon (real gRPC,
-// real catalog): every one is answered with a clear error naming the field
-// and value, nothing is stored that makes the daemon unusable for others,
-// and nothing a client sends holds memory or a thread for ever.
+// Hostile inputs, each against a real daemon (real gRPC, real catalog): every
+// one is answered with a clear error naming the field and value, nothing is
+// stored that makes the daemon unusable for others, and nothing a client sends
+// holds memory or a thread for ever.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -98,7 +98,7 @@ class HostileInputTest : public DaemonFixture {
   }
 };
 
-// §4.1: a report at step 2^63-1 used to be accepted, and every later report
+// A report at step 2^63-1 used to be accepted, and every later report
 // of the rank was then a "duplicate".
 TEST_F(HostileInputTest, StepFarPastTheRunIsRefusedNamingFieldAndValue) {
   auto a = Attach("r1");
@@ -130,7 +130,7 @@ TEST_F(HostileInputTest, StepFarPastTheRunIsRefusedNamingFieldAndValue) {
   EXPECT_EQ(Query("r1").size(), 11u);
 }
 
-// §4.2: invalid UTF-8 in a batch after the hello ended the stream with OK.
+// Invalid UTF-8 in a batch after the hello ended the stream with OK.
 TEST_F(HostileInputTest, InvalidUtf8AfterHelloEndsTheStreamInvalidArgument) {
   auto a = Attach("r1");
   ASSERT_TRUE(a.first.has_welcome());
@@ -150,7 +150,7 @@ TEST_F(HostileInputTest, InvalidUtf8AfterHelloEndsTheStreamInvalidArgument) {
   EXPECT_TRUE(Serving());
 }
 
-// §4.3: unary requests with invalid UTF-8 got `INTERNAL: ''`.
+// Unary requests with invalid UTF-8 got `INTERNAL: ''`.
 TEST_F(HostileInputTest, UnaryInvalidUtf8IsInvalidArgumentNamingTheField) {
   {
     v1::CreateRunRequest req;
@@ -265,7 +265,7 @@ TEST(FindInvalidUtf8FieldTest, NamesThePath) {
             "reports.reports[1].domain_losses[1].domain");
 }
 
-// §4.4: Replay from_step=-3 and Skip from=-10 named to_step; Skip
+// Replay from_step=-3 and Skip from=-10 named to_step; Skip
 // 20..INT64_MAX reported a wrapped negative number.
 TEST_F(HostileInputTest, ReplayAndSkipNameTheRightFieldWithoutOverflow) {
   {
@@ -316,7 +316,7 @@ TEST_F(HostileInputTest, ReplayAndSkipNameTheRightFieldWithoutOverflow) {
   }
 }
 
-// §4.5: CreateRun stored mode=99, NaN blend weights, negative plan ranges;
+// CreateRun stored mode=99, NaN blend weights, negative plan ranges;
 // SetPolicy accepted z_threshold=inf and windows of 2^31-1.
 TEST_F(HostileInputTest, CreateRunAndSetPolicyValidateEveryField) {
   auto base = [] {
@@ -415,7 +415,7 @@ class PagingTest : public HostileInputTest {
   }
 };
 
-// §4.6: every list response is paged under a byte budget, and spikectl
+// Every list response is paged under a byte budget, and spikectl
 // follows the pages.
 TEST_F(PagingTest, ListRunsAndQuarantineComeInPagesThatSpikectlFollows) {
   constexpr int kRuns = 40;
@@ -518,7 +518,7 @@ TEST_F(PagingTest, ListCheckpointsComesInPagesThatSpikectlFollows) {
   EXPECT_THAT(out, HasSubstr("\"step\":\"0\""));
 }
 
-// §4.7: 600 steps x 1,024 layers made a 31 MB QueryTelemetry response that
+// 600 steps x 1,024 layers made a 31 MB QueryTelemetry response that
 // `spikectl telemetry` could not read.
 TEST_F(HostileInputTest, WideTelemetryComesInPagesThatSpikectlFollows) {
   StreamWide(600, 1024);
@@ -543,7 +543,7 @@ TEST_F(HostileInputTest, WideTelemetryComesInPagesThatSpikectlFollows) {
   EXPECT_THAT(out, HasSubstr("\"step\":\"0\""));
 }
 
-// §4.11: the per-rank raw-report windows kept 512 reports per rank (~50 MB
+// The per-rank raw-report windows kept 512 reports per rank (~50 MB
 // at 1,024 layers) that nothing read, never freed after the streams closed.
 TEST(RunRegistryTest, KeepsNoRawReports) {
   daemon::RunRegistry registry(Clock::Real());
@@ -562,7 +562,7 @@ TEST(RunRegistryTest, KeepsNoRawReports) {
   EXPECT_EQ(ranks[0].last_step(), 639);
 }
 
-// §4.8: WatchIncidents on an unknown run stayed open while ListIncidents
+// WatchIncidents on an unknown run stayed open while ListIncidents
 // said NOT_FOUND.
 TEST_F(HostileInputTest, WatchIncidentsOnAnUnknownRunIsNotFound) {
   grpc::ClientContext ctx;
@@ -577,7 +577,7 @@ TEST_F(HostileInputTest, WatchIncidentsOnAnUnknownRunIsNotFound) {
   EXPECT_THAT(s.error_message(), HasSubstr("ghost"));
 }
 
-// §4.9: checkpoint notices with an empty URI or a negative step were only
+// Checkpoint notices with an empty URI or a negative step were only
 // logged; the worker now gets an Ack (seq 0: no batch) saying why.
 TEST_F(HostileInputTest, InvalidCheckpointNoticesAreAnsweredToTheWorker) {
   auto a = Attach("r1");
@@ -641,7 +641,7 @@ class StderrCapture {
   int saved_ = -1;
 };
 
-// §4.10: worker text (command results, errors) went raw into the log,
+// Worker text (command results, errors) went raw into the log,
 // control characters included.
 TEST_F(HostileInputTest, WorkerTextIsEscapedAndCutInTheLog) {
   auto a = Attach("r1");
@@ -694,7 +694,7 @@ class HelloDeadlineTest : public DaemonFixture {
   }
 };
 
-// §4.12: a stream that never sent its hello held an OS thread for ever.
+// A stream that never sent its hello held an OS thread for ever.
 TEST_F(HelloDeadlineTest, AStreamWithoutHelloEndsAtTheDeadline) {
   Silent s = OpenSilent();
   const auto start = std::chrono::steady_clock::now();
@@ -730,7 +730,7 @@ TEST_F(HelloDeadlineTest, TooManyStreamsWaitingForHelloAreRefused) {
   ok.stream->Finish();
 }
 
-// §4.13: a read-only or full data dir: the error names the path and cause.
+// A read-only or full data dir: the error names the path and cause.
 TEST(DataDirTest, UnwritableDataDirNamesThePathAndTheCause) {
   TempDir dir;
   std::string data_dir;

@@ -1,8 +1,8 @@
-// Issue 10 §2 and §3 against a real daemon: nothing sent over the wire is
-// executed (commands come from daemon-side launch profiles whose parameters
-// are validated), and checkpoints are confined to the run's checkpoint root,
-// with rewinds and the launcher's {resume} naming only checkpoints whose file
-// is still there with the registered checksum.
+// Two rules of docs/ARCHITECTURE.md, "Security model", against a real daemon:
+// nothing sent over the wire is executed (commands come from daemon-side launch
+// profiles whose parameters are validated), and checkpoints are confined to the
+// run's checkpoint root, with rewinds and the launcher's {resume} naming only
+// checkpoints whose file is still there with the registered checksum.
 #include <fcntl.h>
 #include <stdio.h>
 #include <sys/stat.h>
@@ -172,7 +172,7 @@ class LaunchSecurityTest : public DaemonFixture {
   std::string corpora_;
 };
 
-// --- §2: nothing from the wire is executed -----------------------------------
+// --- Nothing from the wire is executed ---------------------------------------
 
 TEST_F(LaunchSecurityTest, AFreeCommandIsRefusedAndNothingRuns) {
   const std::string pwned = dir_.File("pwned");
@@ -383,7 +383,7 @@ TEST_F(LaunchSecurityTest, ALegacyRunIsNotLaunchedUntilAnAdminMapsIt) {
   EXPECT_EQ(out.spec().params().at("tag"), "mapped");
 }
 
-// --- §3: confined checkpoints --------------------------------------------------
+// --- Confined checkpoints ----------------------------------------------------
 
 TEST_F(LaunchSecurityTest, CheckpointsOutsideTheRootAreRefusedAndNotStored) {
   ASSERT_TRUE(Create("r", Spec("lister")).ok());

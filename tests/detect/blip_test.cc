@@ -1,4 +1,4 @@
-// Issue 12 §2: what is worth an incident. A run's loss with its own noise
+// What is worth an incident. A run's loss with its own noise
 // (Gaussian or heavy-tailed), and on top of it the excursions a user sees:
 // single-step blips, blips that repeat, a legit level shift, a corroborated
 // one-step spike, a slow grad-norm build. Each test also runs the rule

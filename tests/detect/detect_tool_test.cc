@@ -112,7 +112,7 @@ TEST(DetectToolTest, UsageErrorsExitTwoAndMissingFilesOne) {
   EXPECT_EQ(missing.code, 1);
   EXPECT_NE(missing.out.find("cannot open"), std::string::npos) << missing.out;
   EXPECT_EQ(Invoke("--generate unicorns --out /tmp/x").code, 2);
-  // Issue 12's families are generated too.
+  // The wild families (wild_corpus.h) are generated too.
   const std::string prefix = Prefix() + "_wild";
   Result w = Invoke("--generate attn_growth --seed 3 --steps 4000 --out " + prefix);
   EXPECT_EQ(w.code, 0) << w.out;

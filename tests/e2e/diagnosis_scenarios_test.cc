@@ -489,7 +489,7 @@ TEST_F(DiagnosisScenario, DocumentsAreNamedFromTheWorkersDataOrder) {
   EXPECT_GT(spanning, 0) << "no document spans two batches in 40 steps";
 }
 
-// Document-level bisection (issue 8, "Also"): a near-copy of a junk poison
+// Document-level bisection: a near-copy of a junk poison
 // fills only the code samples of an otherwise ordinary batch. Batch bisect
 // names the batch; document bisect feeds parts of it (sample masks) and
 // names the junk document alone, the rest of the batch being cleared.

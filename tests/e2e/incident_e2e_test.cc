@@ -88,8 +88,8 @@ TEST_F(IncidentE2E, FragilityIsFixedByLowerLrAndTheRunFinishesClean) {
   EXPECT_EQ(i.probes(0).kind(), "replay");
   EXPECT_EQ(i.probes(0).outcome(), "spiked");
   EXPECT_EQ(i.probes(1).kind(), "skip");
-  // Either the spike comes back with the window skipped, or (issue 12's
-  // detector opens at the first corroborated excursion of the instability,
+  // Either the spike comes back with the window skipped, or (the detector,
+  // with its blip rule, opens at the first corroborated excursion of the instability,
   // which the skip removes) no batch of the window reproduces it on its own:
   // every bisection probe is clean, so the data is not the trigger.
   if (i.probes(1).outcome() != "spiked") {
@@ -116,7 +116,9 @@ TEST_F(IncidentE2E, FragilityIsFixedByLowerLrAndTheRunFinishesClean) {
   EXPECT_TRUE(rung_verified) << i.ShortDebugString();
   EXPECT_THAT(i.fix(), HasSubstr("fix rung"));
   // The precursor dates the abnormal growth, not the warm-up rise.
-  if (!i.precursor().empty()) EXPECT_GT(i.precursor_onset_step(), 100);
+  if (!i.precursor().empty()) {
+    EXPECT_GT(i.precursor_onset_step(), 100);
+  }
   // The run then trains to its end in the fixed generation without a spike.
   v1::Run run;
   for (int k = 0; k < 600; ++k) {

@@ -1,6 +1,6 @@
 // Helpers for the reference worker's scenario tests: run the worker from a
 // scenario file, read back its own JSONL telemetry, and judge it with the
-// spike rule of DESIGN §6.
+// daemon's spike rule (daemon/detect/spike_detector.h).
 #pragma once
 
 #include <cmath>
@@ -37,17 +37,19 @@ inline std::vector<spikeguard::v1::StepReport> ReadTelemetry(const std::string& 
   return out;
 }
 
+// Every member has a default, so designated initializers may leave any out
+// (-Wmissing-field-initializers).
 struct RunSpec {
-  std::string scenario;
-  std::string corpus;
-  std::string checkpoint_dir;
-  std::string telemetry;
+  std::string scenario{};
+  std::string corpus{};
+  std::string checkpoint_dir{};
+  std::string telemetry{};
   int64_t generation = 0;
-  std::string plan;
-  std::string resume_from;
+  std::string plan{};
+  std::string resume_from{};
   int64_t bitflip_step = -1;
   int64_t steps = -1;  // -1: the scenario's
-  std::vector<std::string> set;
+  std::vector<std::string> set{};
   // Applied after the checkpoint is loaded (SET_HPARAMS), e.g. 0.7.
   double lr_scale = 1.0;
 };
@@ -88,10 +90,10 @@ struct Judgement {
   int64_t first_nonfinite_step = -1;
 };
 
-// The spike rule of DESIGN §6 over loss and pre-clip grad norm, as the
+// The daemon's spike rule over loss and pre-clip grad norm, as the
 // daemon's default policy sets it, with a fixed z threshold: these tests
 // check the reference worker's mechanisms against one yardstick, and the
-// live detector's calibration to a run's own tails (issue 12's tail_factor)
+// live detector's calibration to a run's own tails (tail_factor)
 // is judged by detector_bench and blip_test, not here.
 inline Judgement Judge(const std::vector<spikeguard::v1::StepReport>& reports) {
   Judgement j;

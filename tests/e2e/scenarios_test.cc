@@ -1,5 +1,5 @@
 // The reference worker's scenarios, each judged from the worker's own JSONL
-// telemetry by the spike rule of DESIGN §6 (no daemon involved).
+// telemetry by the daemon's spike rule (no daemon involved).
 #include <algorithm>
 #include <cmath>
 #include <iostream>
@@ -126,7 +126,9 @@ TEST_F(ScenarioTest, TransientBitflipSpikesOnceAndDoesNotReplay) {
   auto gen1 = RunWorker(replay);
   ASSERT_EQ(gen1.size(), 150u);
   for (const auto& r : gen1) {
-    if (r.step() < 250) ASSERT_EQ(r.loss_hash(), At(gen0, r.step()).loss_hash()) << r.step();
+    if (r.step() < 250) {
+      ASSERT_EQ(r.loss_hash(), At(gen0, r.step()).loss_hash()) << r.step();
+    }
   }
   std::vector<v1::StepReport> joined(gen0.begin(), gen0.begin() + 200);
   joined.insert(joined.end(), gen1.begin(), gen1.end());

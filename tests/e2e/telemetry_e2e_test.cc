@@ -33,14 +33,19 @@ class TelemetryE2E : public ::testing::Test {
     setenv("SPIKEGUARD_TLS_CA", TestSecurity::Tls("ca.pem").c_str(), 1);
   }
 
-  std::unique_ptr<Process> StartDaemon(const std::string& tag) {
+  // `binary`: spikeguardd, or the test-only SPIKEGUARDD_CRASH_POINT with
+  // its `extra` flags.
+  std::unique_ptr<Process> StartDaemon(const std::string& tag,
+                                       const std::string& binary = SPIKEGUARDD,
+                                       std::vector<std::string> extra = {}) {
     const std::string port_file = dir_.File("port");
     std::remove(port_file.c_str());
-    auto p = std::make_unique<Process>(
-        Concat({SPIKEGUARDD, "--listen=" + addr_, "--data-dir=" + dir_.File("data"),
+    std::vector<std::string> argv =
+        Concat({binary, "--listen=" + addr_, "--data-dir=" + dir_.File("data"),
                 "--port-file=" + port_file},
-               security_.DaemonArgs()),
-        dir_.File("daemon-" + tag));
+               security_.DaemonArgs());
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    auto p = std::make_unique<Process>(argv, dir_.File("daemon-" + tag));
     for (int i = 0; i < 500 && ReadFile(port_file).empty(); ++i) {
       EXPECT_TRUE(p->running()) << p->err();
       absl::SleepFor(absl::Milliseconds(20));
@@ -233,13 +238,12 @@ TEST_F(TelemetryE2E, KillNineMidStreamLosesNothingAcknowledgedAndStoresNothingTw
 }
 
 // The daemon dies after a group of batches is durable and before any of its
-// acks is written (a test hook makes it _exit right there): the workers
+// acks is written (the test-only spikeguardd_crash_point binary _exits right
+// there, through Daemon::Options::after_group_commit): the workers
 // resend what was not acknowledged, the restarted daemon counts it as
 // duplicates, and every step is stored once per rank.
 TEST_F(TelemetryE2E, ExitBetweenGroupCommitAndAcksLosesNothingAndStoresNothingTwice) {
-  setenv("SPIKEGUARD_TEST_EXIT_AFTER_GROUPS", "60", 1);
-  auto daemon = StartDaemon("first");
-  unsetenv("SPIKEGUARD_TEST_EXIT_AFTER_GROUPS");
+  auto daemon = StartDaemon("first", SPIKEGUARDD_CRASH_POINT, {"--exit-after-groups=60"});
   RunResult created = Spikectl({"runs", "create", "commit-crash", "--world-size=8"}, "create");
   ASSERT_EQ(created.code, 0) << created.err;
 

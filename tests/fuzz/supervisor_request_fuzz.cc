@@ -299,7 +299,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_CHECK(req->SerializeToString(&bytes));
   } else if (!bad_field.empty() && !MayLaunch(method->input_type())) {
     // Well-formed but for invalid UTF-8 in `bad_field`: sent as it is, the
-    // daemon must answer INVALID_ARGUMENT naming the field (issue 10 §4).
+    // daemon must answer INVALID_ARGUMENT naming the field.
     // Not for requests that can carry a RunSpec: those are only ever sent
     // with their specs cleared.
     bytes.assign(raw.data(), raw.size());

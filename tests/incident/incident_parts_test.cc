@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/strip.h"
 #include "daemon/incident/bisection.h"
 #include "daemon/incident/fix_ladder.h"
 #include "daemon/incident/incident_state.h"
@@ -12,6 +13,7 @@
 #include "daemon/incident/policy.h"
 #include "daemon/incident/probe_judge.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 
 namespace spikeguard::incident {
@@ -37,6 +39,66 @@ TEST(IncidentStateTest, NamesRoundTripAndAreThePersistedStrings) {
   EXPECT_EQ(ParseProbeKind(""), ProbeKind::kNone);
   EXPECT_STREQ(ProbeOutcomeName(ProbeOutcome::kNonFinite), "nonfinite");
   EXPECT_EQ(ParseProbeOutcome("clean"), ProbeOutcome::kClean);
+}
+
+// Detection::Kind is persisted by explicit number (Opened.kind), not by the
+// enum's position: these are the numbers stored "opened" events carry.
+TEST(IncidentStateTest, DetectionKindsArePersistedByTheirExplicitNumbers) {
+  EXPECT_EQ(PersistedKind(Detection::Kind::kLossSpike), 0);
+  EXPECT_EQ(PersistedKind(Detection::Kind::kGradNormSpike), 1);
+  EXPECT_EQ(PersistedKind(Detection::Kind::kNonFinite), 2);
+  EXPECT_EQ(PersistedKind(Detection::Kind::kPrecursor), 3);
+  for (Detection::Kind k : {Detection::Kind::kLossSpike, Detection::Kind::kGradNormSpike,
+                            Detection::Kind::kNonFinite, Detection::Kind::kPrecursor}) {
+    lg::Opened o;
+    o.set_kind(PersistedKind(k));
+    EXPECT_EQ(DetectionKindOf(o), k) << PersistedKind(k);
+  }
+  lg::Opened unknown;
+  unknown.set_kind(9);
+  EXPECT_EQ(DetectionKindOf(unknown), std::nullopt);
+}
+
+// "opened" payloads exactly as stored by earlier daemons (the text proto of
+// incident_events.payload, kind as an int) read back as the same detection,
+// and a payload written now stores the same text: the representation did not
+// change, so no catalog migration is needed.
+TEST(IncidentStateTest, StoredOpenedEventsOfEveryKindReadBackUnchanged) {
+  const struct {
+    const char* stored;
+    const char* trigger;
+  } cases[] = {
+      {"unix_ms: 1000 opened { run: \"gpt\" generation: 1 onset_step: 1000 world_size: 8 }",
+       "loss_spike"},
+      {"unix_ms: 1000 opened { run: \"gpt\" kind: 1 generation: 1 onset_step: 1000 world_size: 8 }",
+       "grad_norm_spike"},
+      {"unix_ms: 1000 opened { run: \"gpt\" kind: 2 generation: 1 onset_step: 1000 world_size: 8 }",
+       "nonfinite"},
+      {"unix_ms: 1000 opened { run: \"gpt\" kind: 3 generation: 1 onset_step: 1000 world_size: 8 }",
+       "precursor"},
+      {"unix_ms: 1000 opened { run: \"gpt\" kind: 7 generation: 1 onset_step: 1000 world_size: 8 }",
+       "unknown"},
+  };
+  for (const auto& c : cases) {
+    lg::EventPayload p;
+    ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(c.stored, &p)) << c.stored;
+    IncidentCase s;
+    s.inc.set_id(1);
+    Apply(s, 1, EventKind::kOpened, p);
+    EXPECT_EQ(s.inc.trigger(), c.trigger) << c.stored;
+    EXPECT_EQ(s.run(), "gpt");
+    if (std::string(c.trigger) != "unknown") {
+      lg::EventPayload again;
+      again.set_unix_ms(1000);
+      lg::Opened* o = again.mutable_opened();
+      o->set_run("gpt");
+      o->set_kind(PersistedKind(*DetectionKindOf(p.opened())));
+      o->set_generation(1);
+      o->set_onset_step(1000);
+      o->set_world_size(8);
+      EXPECT_EQ(absl::StripTrailingAsciiWhitespace(ToText(again)), c.stored);
+    }
+  }
 }
 
 // ---- The fold ---------------------------------------------------------------
@@ -159,7 +221,9 @@ TEST(ProbeJudgeTest, ASpikeIsReportedAtTheHorizonWithItsPosition) {
   auto j = Judge(998, 1010);
   for (int64_t s = 900; s <= 1010; ++s) {
     j->Feed(Step(s, s == 1000 ? 40.0 : Noise(s)), absl::Now());
-    if (s < 1010) EXPECT_FALSE(j->result.has_value()) << s;  // runs on to the horizon
+    if (s < 1010) {
+      EXPECT_FALSE(j->result.has_value()) << s;  // runs on to the horizon
+    }
   }
   ASSERT_TRUE(j->result.has_value());
   EXPECT_EQ(OutcomeOf(*j->result), ProbeOutcome::kSpiked);

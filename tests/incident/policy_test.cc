@@ -28,7 +28,7 @@ TEST(PolicyDefaultsTest, IsSafeAndValid) {
   EXPECT_EQ(p.loss_spike().min_samples(), 64);
   EXPECT_DOUBLE_EQ(p.loss_spike().z_threshold(), 6.0);
   EXPECT_DOUBLE_EQ(p.loss_spike().relative_floor(), 0.05);
-  // Issue 12: thresholds from the run's own tails, blips and level shifts.
+  // Thresholds from the run's own tails, blips and level shifts.
   EXPECT_DOUBLE_EQ(p.loss_spike().tail_factor(), 2.0);
   EXPECT_EQ(p.loss_spike().blip_steps(), 1);
   EXPECT_EQ(p.loss_spike().blip_escalate_count(), 3);

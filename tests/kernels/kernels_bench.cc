@@ -1,4 +1,4 @@
-// Figures for the reference model's kernels (DESIGN.md §11): step time with
+// Figures for the reference model's kernels: step time with
 // telemetry on and off, tokens per second, GEMM throughput. Prints; never fails
 // on a time.
 //

@@ -18,17 +18,13 @@
 #include <string>
 #include <vector>
 
+#include "base/splitmix64.h"
 #include "kernels/trainer.h"
 
 namespace spikeguard::kernels {
 namespace {
 
-uint64_t Mix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
+uint64_t Mix(uint64_t x) { return SplitMix64Hash(x); }
 
 // About `bytes` of text mixing three styles, the same on every run.
 std::string SyntheticText(size_t bytes, uint64_t seed) {
@@ -168,7 +164,7 @@ int Run(std::map<std::string, double> a) {
     for (const LayerTelemetry& l : t.layers) logit = std::max(logit, l.max_attn_logit);
     worst_logit = std::max(worst_logit, logit);
     if (t.nonfinite_count > 0 && first_nonfinite < 0) first_nonfinite = s;
-    // Spike as the daemon sees it (DESIGN.md §6): robust z-score against the
+    // Spike as the daemon sees it (spike_detector.h): robust z-score against the
     // trailing 128 steps (median, MAD), threshold 6, and at least 5 % above
     // the median; the same on the grad norm.
     const bool finite = std::isfinite(t.loss) && std::isfinite(t.grad_norm);

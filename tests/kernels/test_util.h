@@ -4,16 +4,12 @@
 #include <cstdint>
 #include <string>
 
+#include "base/splitmix64.h"
 #include "kernels/trainer.h"
 
 namespace spikeguard::kernels::testing {
 
-inline uint64_t Mix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
+inline uint64_t Mix(uint64_t x) { return SplitMix64Hash(x); }
 
 // Uniformly random tokens in [0, vocab).
 inline Batch RandomBatch(int batch, int seq, int vocab, uint64_t seed, int domains = 1) {

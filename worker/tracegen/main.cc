@@ -19,6 +19,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "base/flag_dashes.h"
+#include "base/flag_usage.h"
 #include "daemon/detect/eval/trace_gen.h"
 #include "daemon/detect/eval/trace_io.h"
 #include "absl/strings/numbers.h"
@@ -80,9 +81,11 @@ bool ParseSteps(const std::vector<std::string>& in, std::vector<int64_t>* out) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  // --help lists the flags of this file (absl would look for spikeguard-tracegen.cc).
+  spikeguard::SetFlagsUsage(
       "spikeguard-tracegen --addr=HOST:PORT --run=NAME --ranks=N --steps=N --layers=L --seed=S "
-      "[--spike-at=STEP,...] [--nan-at=STEP,...]");
+      "[--spike-at=STEP,...] [--nan-at=STEP,...]",
+      {__FILE__});
   std::vector<std::string> args = spikeguard::DashesToUnderscores(argc, argv);
   std::vector<char*> argv_ptrs = spikeguard::ArgvPointers(args);
   absl::ParseCommandLine(static_cast<int>(args.size()), argv_ptrs.data());

@@ -1,18 +1,18 @@
 // baselines.h
 // -----------------------------------------------------------------------------
 // The loss-spike rules of the training frameworks people use today, kept as
-// pure classes over the same series spikeguard sees, so the detector
-// benchmark compares them side by side on the same traces (DESIGN §6,
-// issue 5). Each mirrors its upstream rule; what upstream does after firing
-// (skip the update, stop the run, rerun the step) is not modelled.
+// pure classes over the same series spikeguard sees, so the detector benchmark
+// compares them side by side on the same traces. Each mirrors its upstream
+// rule; what upstream does after firing (skip the update, stop the run, rerun
+// the step) is not modelled.
 //
 //   llmc      llm.c `OutlierDetector` (llmc/outlier_detector.h): z-score of
 //             the new value against the last 128 values (mean and population
 //             variance of the ring buffer, the new value excluded); no score
 //             until the buffer is full; every value then enters the buffer,
 //             outliers included. train_gpt2.cu acts on z above a threshold
-//             (flags -sl / -sn); DESIGN §6 uses 7.
-//   olmo      OLMo-core style spike rule as DESIGN §6 states it: the value is
+//             (flags -sl / -sn); the baseline uses 7.
+//   olmo      OLMo-core style spike rule as commonly stated: the value is
 //             above mean + 6σ of the trailing 128 values, with at least 64
 //             samples; every value enters the window. (The upstream source
 //             was not in our reference corpus; this follows the design.)
@@ -162,7 +162,7 @@ class WandbZScore : public LossBaseline {
   bool prev_ = false;
 };
 
-// The five baselines by name, with the parameters of DESIGN §6.
+// The five baselines by name, with the parameters listed above.
 inline constexpr std::string_view kBaselineNames[] = {"llmc", "olmo", "foundry", "megatron",
                                                       "wandb"};
 absl::StatusOr<std::unique_ptr<LossBaseline>> MakeBaseline(std::string_view name);

@@ -42,8 +42,8 @@ constexpr char kUsage[] =
     "scenarios: healthy sharp_spikes grad_blowup slow_divergence plateau drift nan_burst "
     "fragility\n"
     "           noisy_healthy level_shifts batch_ramp irregular_spikes grad_divergence\n"
-    "           ratio_divergence attn_growth lse_drift nan_bursts domain_spikes (issue 12's\n"
-    "           families)\n";
+    "           ratio_divergence attn_growth lse_drift nan_bursts domain_spikes (the wild\n"
+    "           families of wild_corpus.h)\n";
 
 int Usage(const std::string& why) {
   std::cerr << "spikeguard-detect: " << why << "\n" << kUsage;

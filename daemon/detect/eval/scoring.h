@@ -1,6 +1,6 @@
 // scoring.h
 // -----------------------------------------------------------------------------
-// Scores a detector's alarms against a trace's labels (issue 5 §2).
+// Scores a detector's alarms against a trace's labels (the detector benchmark).
 //
 // Matching rule. Event labels are spikes, divergences and non-finite bursts.
 // A scored alarm at step a is a true positive for label L when

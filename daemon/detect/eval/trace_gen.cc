@@ -7,6 +7,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "base/splitmix64.h"
 
 namespace spikeguard::detect {
 namespace {
@@ -89,14 +90,6 @@ void SharpSpike(Rng& rng, int64_t p, double amp, Mods* m, std::vector<Label>* la
     m->grad[s] *= 1 + g * f;
   }
   labels->push_back(Label{Label::kSpike, p - r, p, std::min(n - 1, p + recover), "loss", -1});
-}
-
-// TraceModel's counter-based noise: splitmix64 of (seed, rank, step, stream).
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
 }
 
 double Uniform(uint64_t bits) { return (static_cast<double>(bits >> 11) + 0.5) * 0x1.0p-53; }
@@ -358,15 +351,15 @@ std::vector<LabeledTrace> BenchmarkCorpus(uint64_t seed, double scale) {
 uint64_t LossHash(double loss) {
   uint64_t bits;
   std::memcpy(&bits, &loss, sizeof(bits));
-  return SplitMix64(bits);
+  return SplitMix64Hash(bits);
 }
 
 double TraceModel::Noise(uint32_t rank, int64_t step, uint64_t stream) const {
-  const uint64_t key = SplitMix64(spec_.seed ^ SplitMix64(static_cast<uint64_t>(step) * 1315423911ULL +
-                                                          (static_cast<uint64_t>(rank) << 40) +
-                                                          (stream << 56)));
+  const uint64_t key =
+      SplitMix64Hash(spec_.seed ^ SplitMix64Hash(static_cast<uint64_t>(step) * 1315423911ULL +
+                                                 (static_cast<uint64_t>(rank) << 40) + (stream << 56)));
   const double u1 = Uniform(key);
-  const double u2 = Uniform(SplitMix64(key));
+  const double u2 = Uniform(SplitMix64Hash(key));
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
 }
 

@@ -1,12 +1,12 @@
 // trace_gen.h
 // -----------------------------------------------------------------------------
 // spikeguard's one synthetic trace generator: labeled traces for the detector
-// benchmark and tests (issue 5 §1), and the run `spikeguard-tracegen` streams
-// to the daemon in e2e, scenario and ingest tests. Every value is a pure
-// function of the options, so traces are regenerated instead of stored. Two
-// models share the label, scenario and trace-file vocabulary of this library
-// (Label, LabeledTrace, eval/trace_io.h); each keeps the exact numbers its
-// consumers' tests and benchmark figures are built on:
+// benchmark and tests, and the run `spikeguard-tracegen` streams to the daemon
+// in e2e, scenario and ingest tests. Every value is a pure function of the
+// options, so traces are regenerated instead of stored. Two models share the
+// label, scenario and trace-file vocabulary of this library (Label,
+// LabeledTrace, eval/trace_io.h); each keeps the exact numbers its consumers'
+// tests and benchmark figures are built on:
 //
 //  * GenerateTrace — a whole run of one scenario, drawn in order from one
 //    seeded stream (events placed at random, labels derived from them). The

@@ -1,6 +1,7 @@
 // wild_corpus.h
 // -----------------------------------------------------------------------------
-// A labeled corpus that is not the detector's mirror (issue 12 §1): trace
+// A labeled corpus that is not the detector's mirror (the benchmark's held-out
+// families, tuned on none of them): trace
 // families built the way other people's runs look, each with several seeds,
 // every value a pure function of (family, seed, steps, layers).
 //

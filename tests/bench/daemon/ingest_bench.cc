@@ -1,4 +1,4 @@
-// ingest_bench: the daemon's own figures (issue 5 §3, DESIGN §11).
+// ingest_bench: the daemon's own figures.
 //
 //   ingest_bench --out DIR [--reports N] [--latency-samples N]
 //                [--memory-steps N] [--catalog-steps N]
@@ -14,7 +14,7 @@
 //   2. detection latency: from the moment the client is handed the report of
 //      a spike step to the moment the "opened" incident update arrives on a
 //      WatchIncidents stream (an operator's view), p50 / p99; and in the
-//      daemon, from a record's arrival to the decision on it (DESIGN §13)
+//      daemon, from a record's arrival to the decision on it
 //      and, for the records that opened an incident, to its "opened" event
 //      durable and published;
 //   3. memory: RSS of this process every 10,000 steps while one run streams
@@ -535,7 +535,7 @@ int main(int argc, char** argv) {
     spec.layers = 32;
     spec.seed = 5;
     TraceModel model(spec);
-    // A spike is a loss jump corroborated by the grad norm (issue 12: a
+    // A spike is a loss jump corroborated by the grad norm (run_monitor.h: a
     // lone one-step loss excursion is a blip, not an incident).
     auto report_all = [&](int64_t step, double scale) {
       for (int r = 0; r < ranks; ++r) {
@@ -608,7 +608,7 @@ int main(int argc, char** argv) {
     }
     for (auto& c : clients) c->Close();
     watch.reset();
-    // Inside the daemon (DESIGN §13: report arrival -> decision), exact,
+    // Inside the daemon (report arrival -> decision), exact,
     // from the daemon's latency observer: every step's record (calm steps:
     // arrival -> detectors and engine done), and the records that raised a
     // detection, to the engine's decision to open the incident and to its
@@ -685,7 +685,7 @@ int main(int argc, char** argv) {
         "(detectors), incident persisted, and the operator's stream. Batch ack = the same "
         "reports' commit acknowledgement back at the clients. In daemon: from the arrival of the "
         "report that completed a step's record (its last rank's; before it the step cannot be "
-        "judged) to the decision (DESIGN §13; calm records: detectors and engine done; opening "
+        "judged) to the decision (calm records: detectors and engine done; opening "
         "records: the engine's decision to open the incident, formed and about to be written), "
         "and for the opening records also to the incident's \"opened\" event durable and "
         "published (the decision plus its group's commit), exact, from the daemon's latency "
@@ -836,7 +836,7 @@ int main(int argc, char** argv) {
     }
     md += "\nGrowth of catalog.db plus its -wal and -shm files across a clean shutdown "
           "(so the WAL is checkpointed), divided by the steps streamed: the run-level record per "
-          "step, per-layer stats included. DESIGN §4's budget is a few KB per step, independent "
+          "step, per-layer stats included. The target is a few KB per step, independent "
           "of world size.\n";
     json.push_back(absl::StrCat("\"catalog\": {\"layers\": 64, \"rows\": [",
                                 absl::StrJoin(rows, ", "), "]}"));

@@ -1,5 +1,5 @@
 // scale_bench: many ranks held for minutes against a real spikeguardd
-// process (issue 11 §4).
+// process.
 //
 //   scale_bench --daemon PATH/spikeguardd --out DIR [--ranks 10000]
 //               [--minutes 10] [--step-seconds 3] [--layers 8] [--channels 16]
@@ -603,7 +603,7 @@ int main(int argc, char** argv) {
   if (mkdtemp(tmpl.data()) == nullptr) Die("mkdtemp failed");
   const std::string scratch = tmpl;
 
-  std::string md = "# Scale run (issue 11 §4)\n\n";
+  std::string md = "# Scale run\n\n";
   const PhaseResult big =
       RunPhase(opt, scratch + "/big", opt.ranks, opt.minutes * 60, opt.step_seconds, true, &md);
   // The same number of steps at few ranks, quickly.

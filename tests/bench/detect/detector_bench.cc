@@ -1,14 +1,15 @@
 // detector_bench: spikeguard's detector against the five framework baselines
 // (llm.c, OLMo-core, LLM Foundry, Megatron-LM, W&B z-score) on the same
-// labeled synthetic traces (issue 5 §1–2).
+// labeled synthetic traces.
 //
 //   detector_bench --out DIR [--seed N] [--scale X] [--lead-window N]
 //                  [--post-peak N] [--write-traces DIR]
 //                  [--split all|both|tuning|held-out|workers]
 //                  [--worker-traces DIR | --no-worker-traces] [--extra-traces DIR]
-//                  [--ablate]   (spikeguard again with issue 12's rules switched off)
+//                  [--ablate]   (spikeguard again with its tail, blip,
+//                                level-shift and slow-build rules switched off)
 //
-// Three splits (issue 12): "tuning" (the original families and the wild
+// Three splits: "tuning" (the original families and the wild
 // families' tuning seeds, wild_corpus.h), "held-out" (seeds nothing was
 // tuned on) and "workers": real trainers' telemetry with real spikes — the
 // C++ reference worker and the PyTorch trainer (worker/examples/torch_gpt)
@@ -209,7 +210,8 @@ absl::StatusOr<SplitResult> EvaluateSplit(const std::string& name,
 }
 
 
-// spikeguard with parts of issue 12's rules switched off, on one split:
+// spikeguard with parts of its tail, blip, level-shift and slow-build rules
+// switched off, on one split:
 // which rule moves which figure.
 std::string Ablation(const std::string& name, const std::vector<LabeledTrace>& corpus,
                      const MatchRule& rule) {
@@ -228,7 +230,8 @@ std::string Ablation(const std::string& name, const std::vector<LabeledTrace>& c
     return o;
   };
   std::vector<Variant> variants;
-  variants.push_back({"all rules off (the detector before issue 12)", off()});
+  variants.push_back(
+      {"all rules off (the detector without tails, blips, level shifts, slow builds)", off()});
   {
     RunMonitor::Options o = off();
     o.loss.tail_factor = o.grad_norm.tail_factor = 2.0;

@@ -1,5 +1,5 @@
 // precursor_bench: CPU per sample (thread CPU time) of the precursor detector and of the whole
-// RunMonitor over the detector benchmark corpus (issue 11 §2), plus a
+// RunMonitor over the detector benchmark corpus, plus a
 // fingerprint of every warning raised, so two builds can be compared for
 // identical decisions.
 //

@@ -1,4 +1,4 @@
-// diagnosis_bench: what a diagnosis costs (issue 5 §4, DESIGN §11).
+// diagnosis_bench: what a diagnosis costs.
 //
 //   diagnosis_bench --out DIR [--timeout-s N] [--only NAME]
 //

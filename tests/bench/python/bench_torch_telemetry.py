@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Step time of the torch_gpt example with spikeguard.torch telemetry on vs
-off (issue 9: target <= 3 % on CPU). Prints figures; fails only when it
+off (target: <= 3 % on CPU). Prints figures; fails only when it
 cannot run.
 
     PYTHONPATH=build/python /usr/bin/python3 tests/bench/python/bench_torch_telemetry.py \

@@ -7,8 +7,8 @@
 #include <tuple>
 #include <vector>
 
+#include "base/splitmix64.h"
 #include "gtest/gtest.h"
-#include "storage/corpus/rng.h"
 #include "tests/storage/corpus/test_dir.h"
 
 namespace spikeguard::storage {

@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/splitmix64.h"
 #include "gtest/gtest.h"
 #include "storage/corpus/corpus_tools.h"
-#include "storage/corpus/rng.h"
 #include "tests/storage/corpus/test_dir.h"
 
 namespace spikeguard::storage {

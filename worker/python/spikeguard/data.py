@@ -1,4 +1,4 @@
-"""The data order of a run, for PyTorch trainers (DESIGN §5).
+"""The data order of a run, for PyTorch trainers.
 
 A run's data order is a pure function of its manifest: corpus, seed, global
 batch size, sequence length, domain blend and data plan. Step ``s`` consumes
