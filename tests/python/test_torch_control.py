@@ -248,6 +248,34 @@ def test_pause_stop_unknown_and_linger():
     assert len(c.ended) == 1
 
 
+def test_no_linger_ends_without_waiting_a_poll_interval():
+    """linger_s=0: at the end of the schedule rank 0 takes the commands that
+    already came and does not wait poll_interval_s for more."""
+    class WaitingClient(FakeClient):
+        def __init__(self):
+            super().__init__()
+            self.timeouts = []
+
+        def poll_command(self, timeout=0.0):
+            self.timeouts.append(timeout)
+            return super().poll_command(timeout)
+
+    c = WaitingClient()
+    tr = FakeTrainer()
+    ctl = Controller(c, total_steps=2, get_step=lambda: tr.step, rewind=tr.rewind,
+                     poll_interval_s=5.0, linger_s=0.0)
+    drive(tr, ctl)
+    assert [s for _, s in tr.trained] == [0, 1] and len(c.ended) == 1
+    assert max(c.timeouts) == 0.0
+    # A command already there at the end is still executed.
+    c = WaitingClient()
+    tr = FakeTrainer()
+    ctl = Controller(c, total_steps=2, get_step=lambda: tr.step, rewind=tr.rewind,
+                     poll_interval_s=5.0, linger_s=0.0)
+    drive(tr, ctl, lambda step: step == 1 and c.push(id="s", kind=K.STOP))
+    assert c.results == [("s", True, "ok", 2)] and max(c.timeouts) == 0.0
+
+
 def test_set_hparams_and_absolute_rewind_hparams():
     hp = HParamState()
     hp.apply(worker_pb2.HParams(lr_scale=0.7, extra_warmup_steps=4, clip_norm=1.0, beta2=0.95,

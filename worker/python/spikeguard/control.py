@@ -512,8 +512,14 @@ class Controller:
             deadline = time.monotonic() + self.linger_s
             handled = False
             while not handled:
-                expired = self.rank == 0 and time.monotonic() >= deadline
-                commands, expired = self._exchange(self.poll_interval_s, flag=expired)
+                left = deadline - time.monotonic()
+                expired = self.rank == 0 and left <= 0
+                # Rank 0 waits for a command no longer than the linger time
+                # left (none: it only takes what already came), so a loop
+                # with linger_s=0 ends without a poll interval's wait.
+                wait = min(self.poll_interval_s, max(0.0, left)) if self.rank == 0 \
+                    else self.poll_interval_s
+                commands, expired = self._exchange(wait, flag=expired)
                 for c in commands:
                     self.handle(c)
                     handled = True
