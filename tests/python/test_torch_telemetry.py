@@ -263,3 +263,22 @@ def test_domain_ids_without_domain_names_are_not_dropped_silently(caplog):
     warnings = [rec for rec in caplog.records if "domain_names" in rec.getMessage()]
     assert len(warnings) == 1  # once, not at every step
     tel.close()
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
+def test_each_kind_of_nonfinite_logit_is_counted(bad):
+    torch.manual_seed(5)
+    m = small_model()
+    tel = Telemetry(m)
+    x, y = batch(5)
+    tel.before_step()
+    with torch.no_grad():
+        logits = m(x).clone()
+    logits[1, 2, 3] = bad
+    logits[0, 0, 7] = bad
+    tel.logits(logits)
+    r = tel.report(0, 0, lr=0.0, loss=1.0)
+    assert r.nonfinite_count == 2
+    tel.before_step()
+    tel.logits(logits.nan_to_num(0.0, 0.0, 0.0))
+    assert tel.report(0, 0, lr=0.0, loss=1.0).nonfinite_count == 0

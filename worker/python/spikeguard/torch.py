@@ -311,14 +311,26 @@ class Telemetry:
             lse = torch.logsumexp(x, dim=-1)
             s = lse.double().sum()
             m = lse.amax()
-            # Counted in full only when the sum says there is something to
-            # count (-inf logits leave the log-sum-exp finite, not the sum).
-            # Counted on the logits' device, without a host round trip.
-            bad = (~torch.isfinite(x)).sum()
+            if x.device.type == "cpu":
+                # Reading a value costs no device round trip here, and a
+                # temporary as large as the logits costs more than the
+                # statistics themselves: count in full only when there is
+                # something to count. A NaN or +inf logit makes its row's
+                # log-sum-exp non-finite; a -inf logit leaves it finite but
+                # is the minimum (a NaN minimum fails the test too).
+                if bool(torch.isfinite(lse).all()) and bool(x.amin() > float("-inf")):
+                    bad = None
+                else:
+                    bad = (~torch.isfinite(x)).sum()
+            else:
+                # Counted on the logits' device, without a host round trip.
+                bad = (~torch.isfinite(x)).sum()
         self._lse_sum = s if self._lse_sum is None else self._lse_sum + s
         self._lse_max = m if self._lse_max is None else torch.maximum(self._lse_max, m)
         self._lse_n += lse.numel()
-        self._logit_nonfinite = bad if self._logit_nonfinite is None else self._logit_nonfinite + bad
+        if bad is not None:
+            self._logit_nonfinite = (bad if self._logit_nonfinite is None
+                                     else self._logit_nonfinite + bad)
 
     def losses(self, token_losses: torch.Tensor, domains: Optional[torch.Tensor] = None) -> None:
         """This rank's per-token losses [rows, T] (cross-entropy, not the
