@@ -265,6 +265,67 @@ def test_domain_ids_without_domain_names_are_not_dropped_silently(caplog):
     tel.close()
 
 
+def test_update_statistics_on_a_cadence_repeat_the_last_measurement():
+    """update_every=3: the update-to-weight ratio and the parameter norm are
+    measured at steps 0, 3, 6 (the same values as measuring every step) and
+    repeated in between; forget_updates() makes the next step measure."""
+    from google.protobuf import json_format
+
+    def run(every, forget_at=None):
+        torch.manual_seed(3)
+        m = small_model()
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+        tel = Telemetry(m, update_every=every)
+        pending, measured = [], []
+        for s in range(8):
+            if s == forget_at:
+                tel.forget_updates()
+            x, y = batch(20 + s)
+            tel.before_step()
+            logits = m(x)
+            ce, obj = token_losses(logits, y)
+            tel.logits(logits)
+            tel.losses(ce)
+            opt.zero_grad()
+            obj.mean().backward()
+            tel.after_backward(None, sync=False)
+            measured.append(tel.measures_updates(s))
+            tel.before_optimizer_step(s)
+            opt.step()
+            tel.after_optimizer_step()
+            pending.append(tel.stage(s, s, 1e-2))
+        tel.close()
+        return tel.resolve(pending), measured
+
+    def layers(r, k):
+        return [getattr(ls, k) for ls in r.layers]
+
+    every, _ = run(1)
+    cadence, measured = run(3)
+    assert measured == [True, False, False, True, False, False, True, False]
+    for s, (a, b) in enumerate(zip(every, cadence)):
+        src = every[s - s % 3]  # the step whose measurement this report holds
+        assert layers(b, "update_ratio") == pytest.approx(layers(src, "update_ratio"), rel=1e-9)
+        assert layers(b, "param_norm") == pytest.approx(layers(src, "param_norm"), rel=1e-9)
+        assert all(v > 0 for v in layers(b, "update_ratio"))
+        # Everything else is the same as measuring every step.
+        da = json_format.MessageToDict(a, preserving_proto_field_name=True)
+        db = json_format.MessageToDict(b, preserving_proto_field_name=True)
+        for d in (da, db):
+            d.pop("step_time_s", None)
+            d.pop("unix_ms", None)
+            for ls in d.pop("layers"):
+                assert set(ls) >= {"grad_norm", "act_rms", "max_attn_logit"}
+        assert da == db
+        for k in ("grad_norm", "act_rms", "max_attn_logit"):
+            assert layers(a, k) == pytest.approx(layers(b, k), rel=1e-9)
+    # After forget_updates (a rewind) the next step measures, then the cadence.
+    forgot, measured = run(3, forget_at=4)
+    assert measured == [True, False, False, True, True, False, True, False]
+    assert layers(forgot[5], "update_ratio") == pytest.approx(layers(every[4], "update_ratio"),
+                                                              rel=1e-9)
+
+
 @pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
 def test_each_kind_of_nonfinite_logit_is_counted(bad):
     torch.manual_seed(5)

@@ -30,7 +30,10 @@ What it does around the user's lines:
 - ``opt.step`` is wrapped: gradient statistics and clipping (``clip_norm``;
   the daemon's override wins), the daemon's lr scale / extra warmup / β2 /
   ε applied for this step only (the user's own lr schedule stays the base),
-  update statistics.
+  update statistics (update-to-weight ratio and parameter norm per layer:
+  measured every ``update_every`` steps, at the steps that are multiples of
+  it and at the first step after a start or a rewind; the reports between
+  repeat the last measurement, see ``spikeguard.torch.Telemetry``).
 - The model's output (a tensor, or the first of a tuple) is taken as the
   logits for the log-sum-exp statistics; ``logits=False`` turns that off.
 
@@ -114,7 +117,7 @@ class Supervisor:
                  plan: Optional[str] = None, telemetry: bool = True, logits: bool = True,
                  domain_names=None, document_of: Optional[Callable] = None,
                  document_domain: str = "data", exchange_every: int = 10,
-                 linger_s: float = 0.0, config_fingerprint: str = "",
+                 update_every: int = 10, linger_s: float = 0.0, config_fingerprint: str = "",
                  make_loader: Optional[Callable] = None, client=None):
         from spikeguard.torch import Telemetry, _unwrap
 
@@ -141,7 +144,8 @@ class Supervisor:
         self.sampler = PlanSampler(dataset, global_batch_size, rank=self.rank,
                                    world_size=self.world_size, seed=seed, shuffle=shuffle,
                                    plan=_env(plan, "SPIKEGUARD_PLAN", ""))
-        self.telemetry = (Telemetry(model, domain_names=domain_names) if telemetry else None)
+        self.telemetry = (Telemetry(model, domain_names=domain_names, update_every=update_every)
+                          if telemetry else None)
         self._lr = 0.0
         # Seconds spent in spikeguard per component (see timings()).
         self._seconds = {"commands": 0.0, "telemetry_forward": 0.0, "telemetry_optimizer": 0.0,
@@ -346,7 +350,7 @@ class Supervisor:
             self._lr = float(opt.param_groups[0]["lr"]) if opt.param_groups else 0.0
             try:
                 if tel is not None:
-                    tel.before_optimizer_step()
+                    tel.before_optimizer_step(s)
                 t1 = time.perf_counter()
                 out = inner(*args, **kwargs)
                 t2 = time.perf_counter()
@@ -385,6 +389,8 @@ class Supervisor:
         self.step = int(state["step"])
         self.sampler.set_step(self.step)
         self.hparams = HParamState.from_dict(extra.get("hparams"))
+        if self.telemetry is not None:
+            self.telemetry.forget_updates()
         if hasattr(self, "controller"):
             self.controller.hparams = self.hparams
         self._restart = True
