@@ -248,6 +248,21 @@ def test_pause_stop_unknown_and_linger():
     assert len(c.ended) == 1
 
 
+def test_settle_runs_before_each_command_and_each_flush():
+    """Controller.settle (the Supervisor: finish a checkpoint being written
+    in the background) runs before a command executes and before the
+    client is flushed, so the daemon hears of the checkpoint first."""
+    c = FakeClient()
+    tr, ctl = make(c, total=3)
+    log = []
+    ctl.settle = lambda: log.append(("settle", len(c.results), c.flushes))
+    drive(tr, ctl, lambda step: step == 0 and c.push(id="p", kind=K.SET_HPARAMS))
+    # Before the command's result, and before the end-of-schedule flushes.
+    assert log[0] == ("settle", 0, 0)
+    assert c.results[0][:2] == ("p", True)
+    assert c.flushes >= 1 and len(log) >= 1 + c.flushes
+
+
 def test_no_linger_ends_without_waiting_a_poll_interval():
     """linger_s=0: at the end of the schedule rank 0 takes the commands that
     already came and does not wait poll_interval_s for more."""

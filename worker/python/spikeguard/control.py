@@ -250,6 +250,11 @@ class Controller:
         # tensor (the same length on every rank) or None, and put(rows), rows
         # being every rank's tensors as [world, n] in rank order.
         self.piggyback = None
+        # Called before a command runs and before the client is flushed (a
+        # horizon, the end of the schedule): the trainer finishes what it
+        # does in the background (a checkpoint's write and registration), so
+        # the daemon hears of it first.
+        self.settle: Optional[Callable[[], None]] = None
 
     # ---- the exchange -------------------------------------------------------
     def _distributed(self) -> bool:
@@ -378,6 +383,8 @@ class Controller:
 
     def handle(self, command) -> None:
         """Executes one command (at most once per id) and answers it."""
+        if self.settle is not None:
+            self.settle()
         cid = command.id
         if cid and cid in self.executed:
             self._result(cid, True, "already executed")
@@ -468,6 +475,8 @@ class Controller:
         return self.stop_after >= 0 and self.get_step() > self.stop_after
 
     def _flush(self) -> None:
+        if self.settle is not None:
+            self.settle()
         if self.client is not None:
             self.client.flush(timeout=self.flush_timeout_s)
 

@@ -65,6 +65,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from typing import Callable, Optional
 
@@ -98,6 +99,37 @@ def _no_rows(data):
     return data
 
 
+class _BackgroundWriter:
+    """Runs one job at a time on a thread (rank 0's checkpoint writes and
+    registrations, in order); wait() finishes the running one and raises
+    what it raised."""
+
+    def __init__(self):
+        self._thread: Optional[threading.Thread] = None
+        self._error: Optional[BaseException] = None
+
+    def submit(self, job: Callable[[], None]) -> None:
+        self.wait()
+
+        def run():
+            try:
+                job()
+            except BaseException as e:  # noqa: BLE001 - raised again by wait()
+                log.error("spikeguard: checkpoint written in the background failed: %s", e)
+                self._error = e
+
+        self._thread = threading.Thread(target=run, name="spikeguard-checkpoint", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> None:
+        t, self._thread = self._thread, None
+        if t is not None:
+            t.join()
+        if self._error is not None:
+            e, self._error = self._error, None
+            raise e
+
+
 class Supervisor:
     """One rank's training loop under spikeguard (see the module doc).
 
@@ -117,7 +149,8 @@ class Supervisor:
                  plan: Optional[str] = None, telemetry: bool = True, logits: bool = True,
                  domain_names=None, document_of: Optional[Callable] = None,
                  document_domain: str = "data", exchange_every: int = 10,
-                 update_every: int = 10, linger_s: float = 0.0, config_fingerprint: str = "",
+                 update_every: int = 10, background_checkpoints: bool = True,
+                 linger_s: float = 0.0, config_fingerprint: str = "",
                  make_loader: Optional[Callable] = None, client=None):
         from spikeguard.torch import Telemetry, _unwrap
 
@@ -157,6 +190,9 @@ class Supervisor:
         self._restart = True
         self._batch = None
         self._hooks = []
+        self.background_checkpoints = bool(background_checkpoints)
+        self._writer = _BackgroundWriter()
+        self._checkpoint_buffers: dict = {}
         if self.telemetry is not None and logits:
             self._hooks.append(self.module.register_forward_hook(self._logits_hook))
         self._wrap_optimizer()
@@ -189,6 +225,7 @@ class Supervisor:
             generation=self.generation, linger_s=float(_env(None, "SPIKEGUARD_LINGER_S", linger_s)),
             exchange_every=exchange_every, on_hparams=self._set_hparams)
         self.controller.hparams = self.hparams
+        self.controller.settle = self.wait_checkpoints
         self.exchange_every = max(1, int(exchange_every))
         self._pending = []
         if self.telemetry is not None:
@@ -228,6 +265,7 @@ class Supervisor:
             self._flush_reports()
             raise
         finally:
+            self.wait_checkpoints()
             if self.client is not None:
                 self.client.flush(timeout=60.0)
 
@@ -381,6 +419,7 @@ class Supervisor:
         self.hparams = hp
 
     def _load(self, path: str, plan_override: str = "") -> None:
+        self.wait_checkpoints()
         state = sgckpt.load_checkpoint(path, model=self.module, optimizer=self.optimizer,
                                        map_location=self.device)
         extra = state.get("extra") or {}
@@ -404,27 +443,54 @@ class Supervisor:
 
     def save(self) -> None:
         """Rank 0 saves the checkpoint of self.step (steps 0..step-1 done),
-        applies retention (never a pinned checkpoint) and registers both."""
+        applies retention (never a pinned checkpoint) and registers both.
+
+        With background_checkpoints (the default) only the state is copied
+        here (into host buffers kept from one checkpoint to the next); the
+        file (serialized, hashed, fsynced), the retention and the
+        registration follow on a thread while training goes on, one
+        checkpoint at a time and in order. ``wait_checkpoints()`` waits for
+        them; the Supervisor does before the next checkpoint, before a
+        command runs, before the client is flushed (a horizon, the end of
+        the schedule, the loop's end) and before loading a checkpoint."""
         if self.rank != 0 or not self.checkpoint_dir:
             return
+        self.wait_checkpoints()
         plan: Plan = self.sampler.plan
         position = plan.checkpoint_position(self.step)
         extra = {"generation": self.generation, "plan": plan.text,
                  "hparams": self.hparams.to_dict(), "sampler": self.sampler.state_dict()}
-        info = sgckpt.save_checkpoint(self.checkpoint_dir, self.step, generation=self.generation,
-                                      model=self.module, optimizer=self.optimizer,
-                                      data_position=position, extra=extra, data_plan=plan.text)
-        deleted = sgckpt.retain(self.checkpoint_dir, self.keep_checkpoints,
-                                pinned_uris=self.controller.pinned_uris,
-                                generation=self.generation)
-        if self.client is not None:
-            for gone in deleted:
-                self.client.checkpoint_deleted(gone["step"], gone["uri"])
-            self.client.checkpoint_saved(info["step"], info["uri"], data_position=position,
-                                         size_bytes=info["bytes"], checksum=info["checksum"],
-                                         complete=True)
+        background = self.background_checkpoints
+        captured = sgckpt.capture_checkpoint(
+            self.step, generation=self.generation, model=self.module, optimizer=self.optimizer,
+            data_position=position, extra=extra, data_plan=plan.text, copy=background,
+            buffers=self._checkpoint_buffers)
+        directory, generation, keep = self.checkpoint_dir, self.generation, self.keep_checkpoints
+
+        def finish():
+            info = sgckpt.write_checkpoint(directory, captured)
+            deleted = sgckpt.retain(directory, keep, pinned_uris=self.controller.pinned_uris,
+                                    generation=generation)
+            client = self.client
+            if client is not None:
+                for gone in deleted:
+                    client.checkpoint_deleted(gone["step"], gone["uri"])
+                client.checkpoint_saved(info["step"], info["uri"], data_position=position,
+                                        size_bytes=info["bytes"], checksum=info["checksum"],
+                                        complete=True)
+
+        if background:
+            self._writer.submit(finish)
+        else:
+            finish()
+
+    def wait_checkpoints(self) -> None:
+        """Returns once the checkpoints saved so far are written, retained
+        and registered (raises what a background write raised)."""
+        self._writer.wait()
 
     def close(self) -> None:
+        self.wait_checkpoints()
         out = os.environ.get("SPIKEGUARD_TIMINGS_OUT", "")
         if out:  # for benchmarks: this rank's timings() as JSON
             with open(f"{out}.rank{self.rank}.json", "w") as f:
