@@ -53,12 +53,16 @@ documents on any dataset.
 Cost per step: no collective and no host transfer of its own. Each step's
 statistics stay on the device; every ``exchange_every`` steps one all-gather
 carries both the look for commands (three numbers) and the pending steps'
-statistics, which then reach the host in one transfer and go to the client
-(reports are up to exchange_every - 1 steps late; the daemon's commands take
-effect up to exchange_every - 1 steps late, on every rank at the same step).
-Before a checkpoint is saved the pending reports are sent first (one more
-all-gather), so the daemon gets a checkpoint after the reports of the steps
-before it.
+statistics, which then reach the host in one transfer and go to the client.
+The all-gather starts at its boundary and is finished at the next one, so
+no rank waits for it (Controller's ``async_looks``): reports are up to
+exchange_every steps late, and the daemon's commands take effect up to
+exchange_every steps late, on every rank at the same step (at once while a
+probe's horizon is set). Before a checkpoint is saved the pending reports
+are sent first (one more all-gather), so the daemon gets a checkpoint after
+the reports of the steps before it; the checkpoint itself is written,
+retained and registered on a thread (``background_checkpoints``). The
+update statistics are measured every ``update_every`` steps.
 """
 from __future__ import annotations
 
@@ -228,6 +232,7 @@ class Supervisor:
         self.controller.settle = self.wait_checkpoints
         self.exchange_every = max(1, int(exchange_every))
         self._pending = []
+        self._taken = []
         if self.telemetry is not None:
             self.controller.piggyback = self
         log.info("rank %d/%d: steps %d..%d, generation %d, plan %s", self.rank, self.world_size,
@@ -317,16 +322,18 @@ class Supervisor:
 
     # ---- staged reports ------------------------------------------------------------
     def take(self):
-        """For the Controller (piggyback): the pending steps' values to reduce."""
+        """For the Controller (piggyback): the pending steps' values to
+        reduce; the steps are reported by the next ``put``."""
         if not self._pending:
             return None
-        return self.telemetry.reduced_of(self._pending)
+        self._taken, self._pending = self._pending, []
+        return self.telemetry.reduced_of(self._taken)
 
     def put(self, rows) -> None:
-        """For the Controller: every rank's values ([world, n]); reports the
-        pending steps."""
+        """For the Controller: every rank's values ([world, n]) of the steps
+        the last ``take`` took; reports them."""
         t = time.perf_counter()
-        pending, self._pending = self._pending, []
+        pending, self._taken = self._taken, []
         reports = self.telemetry.resolve(pending, gathered=rows)
         if self._jsonl is not None:
             from spikeguard.torch import report_json
@@ -342,6 +349,7 @@ class Supervisor:
     def _flush_reports(self) -> None:
         """Reports every pending step now (a collective with several ranks:
         every rank calls it at the same point)."""
+        self.controller.finish_look()  # a look in flight reports its steps first
         vec = self.take()
         if vec is None:
             return
