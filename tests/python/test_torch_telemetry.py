@@ -343,3 +343,38 @@ def test_each_kind_of_nonfinite_logit_is_counted(bad):
     tel.before_step()
     tel.logits(logits.nan_to_num(0.0, 0.0, 0.0))
     assert tel.report(0, 0, lr=0.0, loss=1.0).nonfinite_count == 0
+
+
+def test_nonfinite_values_are_counted_in_staged_reports_too():
+    """The staged path (after_backward(sync=False), stage, resolve) counts
+    the non-finite logits and losses as report() does, and the gradient
+    tensors holding one; a non-finite norm is not clipped."""
+    def run(staged):
+        torch.manual_seed(2)
+        m = small_model()
+        tel = Telemetry(m)
+        x, y = batch(2)
+        tel.before_step()
+        logits = m(x).clone()
+        logits[0, 0, 0] = float("inf")
+        ce, _ = token_losses(logits, y)
+        tel.logits(logits)
+        tel.losses(ce)
+        ce.mean().backward()
+        gn = tel.after_backward(1.0, sync=not staged)
+        want = (int((~torch.isfinite(logits)).sum()) + int((~torch.isfinite(ce)).sum()),
+                sum(1 for p in m.parameters() if p.grad is not None
+                    and not bool(torch.isfinite(p.grad).all())),
+                sum(int((~torch.isfinite(p.grad)).sum()) for p in m.parameters()
+                    if p.grad is not None))
+        if staged:
+            return tel.resolve([tel.stage(0, 0, 0.0)])[0], gn, want
+        return tel.report(0, 0, lr=0.0), gn, want
+
+    r, _, (fwd, _, grad_entries) = run(False)
+    rs, gn, (fwd_s, grad_tensors, _) = run(True)
+    assert fwd == fwd_s and fwd >= 2 and grad_tensors >= 1
+    assert not math.isfinite(float(gn)) and not rs.clipped and not r.clipped
+    assert not math.isfinite(rs.loss) and not math.isfinite(rs.grad_norm)
+    assert r.nonfinite_count == fwd + grad_entries
+    assert rs.nonfinite_count == fwd + grad_tensors

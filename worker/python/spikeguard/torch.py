@@ -354,16 +354,17 @@ class Telemetry:
         with torch.no_grad():
             x = logits.detach().reshape(-1, logits.size(-1)).float()
             lse = torch.logsumexp(x, dim=-1)
-            s = lse.double().sum()
+            s = lse.sum(dtype=torch.float64)
             m = lse.amax()
             if x.device.type == "cpu":
                 # Reading a value costs no device round trip here, and a
                 # temporary as large as the logits costs more than the
                 # statistics themselves: count in full only when there is
                 # something to count. A NaN or +inf logit makes its row's
-                # log-sum-exp non-finite; a -inf logit leaves it finite but
-                # is the minimum (a NaN minimum fails the test too).
-                if bool(torch.isfinite(lse).all()) and bool(x.amin() > float("-inf")):
+                # log-sum-exp, and so their (float64) sum, non-finite; a -inf
+                # logit leaves it finite but is the minimum (a NaN minimum
+                # fails the test too).
+                if math.isfinite(s.item()) and x.amin().item() > float("-inf"):
                     bad = None
                 else:
                     bad = (~torch.isfinite(x)).sum()
@@ -384,15 +385,20 @@ class Telemetry:
         with torch.no_grad():
             tl = token_losses.detach()
             if tl.dim() > 1:
-                rows = tl.flatten(1).double().sum(dim=1)
+                rows = tl.flatten(1).sum(dim=1, dtype=torch.float64)
                 per_row = tl[0].numel() if tl.size(0) else 0
             else:
                 rows, per_row = tl.double(), 1
             s = rows.sum()
             self._loss_sum = s if self._loss_sum is None else self._loss_sum + s
             self._loss_tokens += tl.numel()
-            bad = (~torch.isfinite(tl)).sum()
-            self._loss_nonfinite = bad if self._loss_nonfinite is None else self._loss_nonfinite + bad
+            # On the CPU (no round trip to read a value) the non-finite
+            # losses are counted only when their float64 sum is not finite,
+            # which it is exactly when one of them is not.
+            if tl.device.type != "cpu" or not math.isfinite(s.item()):
+                bad = (~torch.isfinite(tl)).sum()
+                self._loss_nonfinite = (bad if self._loss_nonfinite is None
+                                        else self._loss_nonfinite + bad)
             if domains is not None and not self.domain_names and not self._warned_domains:
                 self._warned_domains = True
                 log.warning("spikeguard: per-domain losses are not reported: the batch has "
@@ -439,9 +445,19 @@ class Telemetry:
             if not sync:
                 self._grad_norm = total_t
                 # Gradient tensors holding a non-finite entry (their norm is
-                # not finite): the staged report's count, without a host trip.
-                self._grad_bad_t = (~torch.isfinite(norms)).sum()
-                if clip_norm is not None and clip_norm > 0:
+                # not finite): the staged report's count, without a host trip
+                # (on the CPU, where reading costs none, only when the total
+                # says there is one).
+                cpu_total = total_t.item() if dev.type == "cpu" else None
+                if cpu_total is None or not math.isfinite(cpu_total):
+                    self._grad_bad_t = (~torch.isfinite(norms)).sum()
+                if clip_norm is not None and clip_norm > 0 and cpu_total is not None:
+                    # On the CPU: decided on the value read, one scaling of
+                    # every gradient only when they are clipped.
+                    self._clipped = math.isfinite(cpu_total) and cpu_total > clip_norm
+                    if self._clipped:
+                        torch._foreach_mul_(grads, clip_norm / cpu_total)
+                elif clip_norm is not None and clip_norm > 0:
                     # clip/total where finite and above the limit, else 1.
                     ok = torch.isfinite(total_t) & (total_t > clip_norm)
                     coef = torch.where(ok, clip_norm / total_t.clamp_min(1e-30),
