@@ -195,7 +195,7 @@ def test_micro_batches_accumulate_and_hooks_go_on_close():
     assert m.blocks[0].attn.score_observer is None
     tel.before_step()
     m(x)
-    assert tel._act_sq[0] is None
+    assert tel._act_norms[0] == []
 
 
 def test_staged_steps_resolve_to_the_same_reports_in_one_transfer():
@@ -378,3 +378,29 @@ def test_nonfinite_values_are_counted_in_staged_reports_too():
     assert not math.isfinite(rs.loss) and not math.isfinite(rs.grad_norm)
     assert r.nonfinite_count == fwd + grad_entries
     assert rs.nonfinite_count == fwd + grad_tensors
+
+
+def test_staged_activation_rms_with_and_without_micro_batches():
+    """Steps fed in one call and in micro-batches, staged together, give
+    the activation RMS report() gives."""
+    def run(staged):
+        torch.manual_seed(6)
+        m = small_model()
+        tel = Telemetry(m)
+        out, pending = [], []
+        for s, parts in enumerate([[slice(0, 4)], [slice(0, 2), slice(2, 4)], [slice(0, 4)]]):
+            x, y = batch(30 + s)
+            tel.before_step()
+            for part in parts:
+                logits = m(x[part])
+                tel.losses(token_losses(logits, y[part])[0])
+            if staged:
+                pending.append(tel.stage(s, s, 0.0))
+            else:
+                out.append(tel.report(s, s, lr=0.0))
+        return tel.resolve(pending) if staged else out
+
+    for a, b in zip(run(False), run(True)):
+        assert [l.act_rms for l in a.layers] == pytest.approx([l.act_rms for l in b.layers],
+                                                               rel=1e-12)
+        assert all(l.act_rms > 0 for l in b.layers) and a.loss == b.loss

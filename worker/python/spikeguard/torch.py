@@ -97,6 +97,10 @@ class StagedStep:
     counts: list
     mine: list
     vectors: list
+    # The layers' activation norms (act_sq False: to be squared) or sums of
+    # squares (act_sq True), summed over the ranks after `sums`.
+    act: list = dataclasses.field(default_factory=list)
+    act_sq: bool = True
 
     @property
     def reduced(self) -> "torch.Tensor":
@@ -118,6 +122,13 @@ def _stack_steps(staged, scalars: str, rest: str) -> "torch.Tensor":
     if rest == "counts":
         tail = torch.tensor([c for st in staged for c in st.counts], dtype=f64,
                             device=first[0].device).view(k, -1)
+        if staged[0].act:
+            if not any(st.act_sq for st in staged):  # the usual case: one operation
+                act = torch.stack([x for st in staged for x in st.act]).to(f64).square()
+            else:
+                act = torch.cat([torch.stack(st.act).to(f64) if st.act_sq
+                                 else torch.stack(st.act).to(f64).square() for st in staged])
+            head = torch.cat([head, act.view(k, -1)], dim=1)
     else:
         parts = [x for st in staged for x in st.vectors]
         if not parts:
@@ -264,7 +275,7 @@ class Telemetry:
         L = len(self.layer_modules)
         self._t0 = None
         self._attn_max = [None] * L        # 0-d tensors
-        self._act_sq = [None] * L          # float64 sums of squares
+        self._act_norms = [[] for _ in range(L)]  # L2 norm of each output (0-d)
         self._act_n = [0] * L
         self._loss_sum = None              # float64 0-d
         self._loss_tokens = 0
@@ -298,11 +309,17 @@ class Telemetry:
             if not torch.is_tensor(out) or out.numel() == 0:
                 return
             with torch.no_grad():
-                # One fp32 pass (a float64 copy costs 5x as much).
-                sq = torch.linalg.vector_norm(out.detach()).double().square()
-            self._act_sq[li] = sq if self._act_sq[li] is None else self._act_sq[li] + sq
+                # One fp32 pass (a float64 copy costs 5x as much); squared
+                # in float64 with the other steps' when they are reported.
+                self._act_norms[li].append(torch.linalg.vector_norm(out))
             self._act_n[li] += out.numel()
         return hook
+
+    def _act_sq(self) -> list:
+        """Per layer: the float64 sum of squares of this step's outputs
+        (None: no output)."""
+        return [None if not ns else ns[0].double().square() if len(ns) == 1
+                else torch.stack(ns).double().square().sum() for ns in self._act_norms]
 
     def _make_score_observer(self, li: int):
         return lambda scores: self.record_attention_logits(self.layer_indices[li], scores)
@@ -587,7 +604,7 @@ class Telemetry:
         local = torch.stack(
             [t(self._loss_sum, 0.0), t(float(self._loss_tokens), 0.0), t(self._lse_sum, 0.0),
              t(float(self._lse_n), 0.0), t(self._lse_max, ninf)]
-            + [t(a, ninf) for a in self._attn_max] + [t(a, 0.0) for a in self._act_sq]
+            + [t(a, ninf) for a in self._attn_max] + [t(a, 0.0) for a in self._act_sq()]
             + [t(float(n), 0.0) for n in self._act_n])
         world = self._world() if reduce else 1
         if world > 1:
@@ -703,7 +720,15 @@ class Telemetry:
         # The part summed or maxed over the ranks: tensors (the first one
         # float64, so the stack is), then counts.
         sums = ([v(self._loss_sum, zero), v(self._lse_sum, zero), v(self._lse_max, ninf)]
-                + [v(a, ninf) for a in self._attn_max] + [v(a, zero) for a in self._act_sq])
+                + [v(a, ninf) for a in self._attn_max])
+        # The activations' norms, squared (float64) when the steps are put
+        # together; a layer called several times (micro-batches), or not
+        # at all, gives its sum of squares now.
+        norms = self._act_norms
+        if all(len(ns) == 1 for ns in norms):
+            act, act_sq = [ns[0] for ns in norms], False
+        else:
+            act, act_sq = [v(a, zero) for a in self._act_sq()], True
         counts = [float(self._loss_tokens), float(self._lse_n)] + [float(n) for n in self._act_n]
         grad_norm = self._grad_norm
         mine = [grad_norm if torch.is_tensor(grad_norm) else torch.tensor(
@@ -724,7 +749,8 @@ class Telemetry:
                           tokens=int(tokens if tokens is not None else self._loss_tokens),
                           step_time_s=(time.perf_counter() - self._t0) if self._t0 else 0.0,
                           unix_ms=int(time.time() * 1000), documents=documents,
-                          sums=sums, counts=counts, mine=mine, vectors=vectors)
+                          sums=sums, counts=counts, mine=mine, vectors=vectors, act=act,
+                          act_sq=act_sq)
 
     def resolve(self, staged: Sequence["StagedStep"], gathered: Optional[torch.Tensor] = None,
                 host: Optional[list] = None) -> list:
@@ -744,7 +770,7 @@ class Telemetry:
                 host = torch.cat([gathered[0], gathered[0], mine]).tolist()
             else:
                 host = torch.cat([gathered.sum(dim=0), gathered.amax(dim=0), mine]).tolist()
-        n = len(staged[0].sums) + len(staged[0].counts)
+        n = len(staged[0].sums) + len(staged[0].act) + len(staged[0].counts)
         m = (len(host) - 2 * k * n) // k
         sums, maxs, loc = host[:k * n], host[k * n:2 * k * n], host[2 * k * n:]
         return [self._build(st, sums[i * n:(i + 1) * n], maxs[i * n:(i + 1) * n],
