@@ -366,8 +366,11 @@ class Supervisor:
         statistics), telemetry_optimizer (gradient/update statistics and
         clipping), report (staging each step's statistics, and for the
         pending steps the reduction, the host transfer, the StepReports and
-        their hand-over to the client), checkpoints (saving, retention,
-        registration)."""
+        their hand-over to the client), checkpoints (on the training thread:
+        copying the state, and waiting for the previous checkpoint's write;
+        with background_checkpoints=False the write, retention and
+        registration too). Time on other threads (the checkpoint writer,
+        the client's connection) is not counted here."""
         n = max(1, self._steps_done)
         return {k: 1000.0 * v / n for k, v in self._seconds.items()}
 
