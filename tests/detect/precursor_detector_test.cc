@@ -271,6 +271,49 @@ TEST(PrecursorDetectorTest, ClipRateRiseWarns) {
   EXPECT_NEAR(static_cast<double>(got[0].start_step), 2000, 40);
 }
 
+// The Python Supervisor measures update-to-weight ratios every 10 steps and
+// repeats the last measurement in the reports between
+// (spikeguard.torch.Telemetry's update_every). On such a series the update
+// ratio's precursor still warns, dated within one cadence of its start,
+// and healthy noise stays silent.
+TEST(PrecursorDetectorTest, UpdateRatioMeasuredEveryTenStepsStillWarnsNearItsStart) {
+  constexpr int kEvery = 10;
+  for (uint64_t seed = 1; seed <= 3; ++seed) {
+    PrecursorDetector quiet(PrecursorDetector::Options{});
+    PrecursorDetector p(PrecursorDetector::Options{});
+    std::mt19937_64 rng(seed), rng2(seed + 100);
+    const int64_t start = 1500;
+    // ×20 over 300 steps.
+    const double rho = std::log(20.0) / 300;
+    std::vector<double> held(4), held_quiet(4);
+    std::vector<PrecursorWarning> got;
+    int quiet_warnings = 0;
+    for (int s = 0; s < 6000; ++s) {
+      StepSample q = Healthy(s, 4, rng2);
+      StepSample x = Healthy(s, 4, rng);
+      if (s > start) x.layers[1].update_ratio *= std::exp(rho * std::min<int64_t>(s - start, 300));
+      for (int l = 0; l < 4; ++l) {
+        if (s % kEvery == 0) {
+          held[l] = x.layers[l].update_ratio;
+          held_quiet[l] = q.layers[l].update_ratio;
+        }
+        x.layers[l].update_ratio = held[l];
+        q.layers[l].update_ratio = held_quiet[l];
+      }
+      quiet_warnings += static_cast<int>(quiet.Observe(q).size());
+      if (s < 2000) {
+        for (auto& w : p.Observe(x)) got.push_back(w);
+      }
+    }
+    EXPECT_EQ(quiet_warnings, 0) << seed;
+    ASSERT_FALSE(got.empty()) << seed;
+    EXPECT_EQ(got[0].signal, "update_ratio");
+    EXPECT_EQ(got[0].layer, 1);
+    EXPECT_NEAR(static_cast<double>(got[0].start_step), start, kEvery + 5) << seed;
+    EXPECT_LT(got[0].step, start + 300) << seed;
+  }
+}
+
 TEST(PrecursorDetectorTest, MemoryIsBoundedRegardlessOfRunLength) {
   PrecursorDetector::Options o;
   PrecursorDetector p(o);

@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from spikeguard import checkpoint as ck
-from spikeguard.checkpoint import (CheckpointError, clean_temporaries, latest_checkpoint,
-                                   list_checkpoints, load_checkpoint, read_header, retain,
-                                   save_checkpoint, verify_checkpoint)
+from spikeguard.checkpoint import (CheckpointError, capture_checkpoint, clean_temporaries,
+                                   latest_checkpoint, list_checkpoints, load_checkpoint,
+                                   read_header, retain, save_checkpoint, verify_checkpoint,
+                                   write_checkpoint)
 
 
 class Net(torch.nn.Module):
@@ -399,3 +400,56 @@ def test_legacy_names_still_list_resume_and_retain(tmp_path):
     assert [(d["generation"], d["step"]) for d in deleted] == [(None, 10)]
     assert sorted(os.listdir(tmp_path)) == ["g000000-step-000000006.pt", "new",
                                             "step-000000020-rank1.pt", "step-000000020.pt"]
+
+
+def test_a_captured_checkpoint_holds_the_state_of_its_step_while_training_goes_on(tmp_path):
+    """capture_checkpoint(copy=True) copies the state (into the caller's
+    buffers, reused by the next capture); write_checkpoint writes it later,
+    whatever the training did in between, with the checksum of what it
+    wrote."""
+    model, opt, sched = make(seed=7)
+    train(model, opt, sched, 2)
+    want = snapshot(model, opt, sched)
+    buffers = {}
+    captured = capture_checkpoint(2, generation=1, model=model, optimizer=opt, scheduler=sched,
+                                  data_position=2, extra={"plan": "0-"}, buffers=buffers)
+    copies = {id(t) for t in buffers.values()}
+    assert copies and all(t.data_ptr() != p.data_ptr() for t in buffers.values()
+                          for p in model.parameters())
+    train(model, opt, sched, 3)  # training goes on before the write
+    info = write_checkpoint(tmp_path, captured)
+    assert info["bytes"] == os.path.getsize(info["path"])
+    assert verify_checkpoint(info["uri"])["sha256"] == info["checksum"]
+    model2, opt2, sched2 = make(seed=8)
+    got = load_checkpoint(info["path"], model=model2, optimizer=opt2, scheduler=sched2)
+    assert got["step"] == 2 and got["generation"] == 1 and got["extra"] == {"plan": "0-"}
+    same_state(snapshot(model2, opt2, sched2), want)
+    # The next capture reuses the buffers: no new tensors.
+    capture_checkpoint(5, generation=1, model=model, optimizer=opt, scheduler=sched,
+                       data_position=5, buffers=buffers)
+    assert {id(t) for t in buffers.values()} == copies
+
+
+def test_a_captured_checkpoint_keeps_tied_weights_tied(tmp_path):
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(10, 4)
+            self.head = torch.nn.Linear(4, 10, bias=False)
+            self.head.weight = self.embed.weight
+
+    torch.manual_seed(0)
+    m = Tied()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    info = write_checkpoint(tmp_path, capture_checkpoint(0, generation=0, model=m, optimizer=opt,
+                                                         data_position=0))
+    state = torch.load(read_payload(info["path"]))
+    assert state["model"]["embed.weight"].data_ptr() == state["model"]["head.weight"].data_ptr()
+
+
+def read_payload(path):
+    import io
+    header = read_header(path)
+    with open(path, "rb") as f:
+        f.seek(header["payload_offset"])
+        return io.BytesIO(f.read())

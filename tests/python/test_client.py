@@ -41,6 +41,25 @@ def client(daemon, run: str, **kw) -> Client:
     return Client(daemon.address, run, **kw)
 
 
+def test_report_wakes_the_sender_only_for_a_new_or_sealed_batch():
+    """report() into the open batch does not wake the connection thread (it
+    waits for nothing a report changes); a report that opens or seals a
+    batch does."""
+    c = Client("127.0.0.1:1", "r", max_batch_reports=3)
+    wakes = []
+    real = c._cond.notify_all
+    c._cond.notify_all = lambda: (wakes.append(c._open_count), real())
+    try:
+        for s in range(5):
+            c.report(step_report(s))
+        # Step 0 opens a batch, step 2 seals it (3 reports), step 3 opens one.
+        assert wakes == [1, 0, 1]
+        c.report(step_report(2))  # an earlier step: sealed, and a new batch opens
+        assert wakes == [1, 0, 1, 1]
+    finally:
+        c.close()
+
+
 def test_reports_are_batched_acknowledged_and_stored(daemon):
     daemon.create_run("basic")
     with client(daemon, "basic", max_batch_reports=64, host="trainer-0", device_id=3) as c:

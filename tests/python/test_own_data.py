@@ -148,3 +148,121 @@ def test_supervisor_runs_two_ranks_saves_and_resumes_under_a_plan(tmp_path):
     newest = sgckpt.latest_checkpoint(tmp_path / "ckpt", rank=0)
     assert newest["step"] == 100
     assert sgckpt.read_header(newest["path"])["data_position"] == 110
+
+
+# ---- Supervisor: checkpoints written in the background ------------------------------------
+
+class RecordingClient:
+    """The parts of spikeguard.Client the Supervisor uses, recording what it is told."""
+
+    def __init__(self, pins=()):
+        import collections
+        self.events = []
+        self.commands = collections.deque()
+        self.rejection = None
+        self.pins = list(pins)
+
+    def report(self, r):
+        self.events.append(("report", r.step))
+
+    def set_current_step(self, step):
+        pass
+
+    def flush(self, timeout=None):
+        self.events.append(("flush",))
+
+    def close(self):
+        pass
+
+    def poll_command(self, timeout=0.0):
+        return self.commands.popleft() if self.commands else None
+
+    def generation_ended(self, generation, last_step, reason):
+        self.events.append(("ended", last_step))
+
+    def checkpoint_saved(self, step, uri, **kw):
+        self.events.append(("saved", step, uri, kw["checksum"]))
+
+    def checkpoint_deleted(self, step, uri):
+        self.events.append(("deleted", step, uri))
+
+    def await_checkpoint_answers(self, timeout):
+        return True
+
+    def take_pins(self):
+        return list(self.pins)
+
+    def command_result(self, command_id, ok, message="", step=0):
+        self.events.append(("result", command_id, ok, step))
+
+    def set_generation(self, generation):
+        pass
+
+
+def test_supervisor_writes_checkpoints_in_the_background_in_order(tmp_path, monkeypatch):
+    """Training goes on while a checkpoint is written; the file holds the
+    state of its step; registrations come in order, each after the reports
+    of the steps before it, retention keeps the daemon's pins, and the last
+    one is registered before the generation ends."""
+    import sys
+    import threading
+    import time
+
+    import torch
+    from spikeguard.supervise import Supervisor
+    sys.path.insert(0, str(EXAMPLE))
+    from common import ByteDocuments, TinyLM
+
+    ckdir = tmp_path / "ck"
+    pinned = sgckpt.checkpoint_path(ckdir, 2, generation=0)
+    client = RecordingClient(pins=["file://" + pinned])
+    torch.manual_seed(0)
+    model = TinyLM(layers=2, width=32, heads=2, context=16)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sg = Supervisor(model, opt, ByteDocuments(200, 16), global_batch_size=4, steps=7,
+                    checkpoint_dir=str(ckdir), checkpoint_every=2, keep_checkpoints=1,
+                    client=client)
+    real_write = sgckpt.write_checkpoint
+    written = []  # (checkpoint step, trainer step when its write ended, thread)
+
+    def slow_write(directory, captured):
+        time.sleep(0.3)
+        info = real_write(directory, captured)
+        written.append((captured.step, sg.step, threading.current_thread().name))
+        return info
+
+    monkeypatch.setattr(sgckpt, "write_checkpoint", slow_write)
+    at_6 = None
+    for step, (x, y) in sg.steps():
+        if step == 6:
+            at_6 = {k: v.clone() for k, v in model.state_dict().items()}
+        loss = sg.loss(torch.nn.functional.cross_entropy(
+            model(x).flatten(0, 1), y.flatten(), reduction="none"))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    sg.close()
+
+    assert [w[0] for w in written] == [2, 4, 6]
+    assert all(name == "spikeguard-checkpoint" for _, _, name in written)
+    # The trainer went on while checkpoints 2 and 4 were written.
+    assert written[0][1] > 2 and written[1][1] > 4
+    ev = client.events
+    kinds = [e[:2] for e in ev if e[0] in ("saved", "deleted", "ended")]
+    assert kinds == [("saved", 2), ("saved", 4), ("deleted", 4), ("saved", 6), ("ended", 6)]
+    for e in ev:
+        if e[0] == "saved":
+            # Each after the reports of the steps before it.
+            assert ev.index(("report", e[1] - 1)) < ev.index(e)
+    saved = {e[1]: e for e in ev if e[0] == "saved"}
+    assert [c["step"] for c in sgckpt.list_checkpoints(ckdir)] == [2, 6]  # 2 is pinned
+    for step in (2, 6):
+        assert sgckpt.verify_checkpoint(saved[step][2])["sha256"] == saved[step][3]
+    # Checkpoint 6 holds the weights before step 6 trained, though step 6
+    # trained while it was written.
+    fresh = TinyLM(layers=2, width=32, heads=2, context=16)
+    sgckpt.load_checkpoint(saved[6][2], model=fresh,
+                           optimizer=torch.optim.AdamW(fresh.parameters(), lr=1e-3))
+    for k, v in fresh.state_dict().items():
+        assert torch.equal(v, at_6[k]), k
+    assert not torch.equal(model.state_dict()["head.weight"], at_6["head.weight"])

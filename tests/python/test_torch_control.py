@@ -248,6 +248,49 @@ def test_pause_stop_unknown_and_linger():
     assert len(c.ended) == 1
 
 
+def test_settle_runs_before_each_command_and_each_flush():
+    """Controller.settle (the Supervisor: finish a checkpoint being written
+    in the background) runs before a command executes and before the
+    client is flushed, so the daemon hears of the checkpoint first."""
+    c = FakeClient()
+    tr, ctl = make(c, total=3)
+    log = []
+    ctl.settle = lambda: log.append(("settle", len(c.results), c.flushes))
+    drive(tr, ctl, lambda step: step == 0 and c.push(id="p", kind=K.SET_HPARAMS))
+    # Before the command's result, and before the end-of-schedule flushes.
+    assert log[0] == ("settle", 0, 0)
+    assert c.results[0][:2] == ("p", True)
+    assert c.flushes >= 1 and len(log) >= 1 + c.flushes
+
+
+def test_no_linger_ends_without_waiting_a_poll_interval():
+    """linger_s=0: at the end of the schedule rank 0 takes the commands that
+    already came and does not wait poll_interval_s for more."""
+    class WaitingClient(FakeClient):
+        def __init__(self):
+            super().__init__()
+            self.timeouts = []
+
+        def poll_command(self, timeout=0.0):
+            self.timeouts.append(timeout)
+            return super().poll_command(timeout)
+
+    c = WaitingClient()
+    tr = FakeTrainer()
+    ctl = Controller(c, total_steps=2, get_step=lambda: tr.step, rewind=tr.rewind,
+                     poll_interval_s=5.0, linger_s=0.0)
+    drive(tr, ctl)
+    assert [s for _, s in tr.trained] == [0, 1] and len(c.ended) == 1
+    assert max(c.timeouts) == 0.0
+    # A command already there at the end is still executed.
+    c = WaitingClient()
+    tr = FakeTrainer()
+    ctl = Controller(c, total_steps=2, get_step=lambda: tr.step, rewind=tr.rewind,
+                     poll_interval_s=5.0, linger_s=0.0)
+    drive(tr, ctl, lambda step: step == 1 and c.push(id="s", kind=K.STOP))
+    assert c.results == [("s", True, "ok", 2)] and max(c.timeouts) == 0.0
+
+
 def test_set_hparams_and_absolute_rewind_hparams():
     hp = HParamState()
     hp.apply(worker_pb2.HParams(lr_scale=0.7, extra_warmup_steps=4, clip_norm=1.0, beta2=0.95,
@@ -350,3 +393,89 @@ def test_two_ranks_act_on_rank0s_commands_at_the_same_step():
     assert res1 == res0
     assert end0 == end1 == [(1, 11, "end of training schedule (steps=12)")]
     assert lr0 == lr1 == 1.0
+
+
+def _rank_main_looks(rank, port, out, async_looks):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    c = FakeClient()
+    tr = FakeTrainer()
+    ctl = Controller(c, total_steps=14, get_step=lambda: tr.step, rewind=tr.rewind, rank=rank,
+                     world_size=2, poll_interval_s=0.01, exchange_every=3,
+                     async_looks=async_looks)
+
+    class Values:
+        """Piggybacked values: each rank's step numbers, reported in order."""
+        def __init__(self):
+            self.pending, self.taken, self.got = [], [], []
+
+        def take(self):
+            if not self.pending:
+                return None
+            self.taken, self.pending = self.pending, []
+            return torch.tensor(self.taken, dtype=torch.float64) + 100 * rank
+
+        def put(self, rows):
+            assert rows.shape == (2, len(self.taken))
+            self.got.append([tuple(int(v) for v in col) for col in rows.t()])
+            self.taken = []
+
+    vals = Values()
+    ctl.piggyback = vals
+
+    def daemon(step):
+        if rank == 0 and step == 1:
+            c.push(id="p", kind=K.SET_HPARAMS, hparams=worker_pb2.HParams(lr_scale=0.5))
+        if rank == 0 and step == 5:
+            c.push(id="r", kind=K.REWIND, new_generation=1, stop_after_step=4,
+                   checkpoint=worker_pb2.CheckpointRef(uri="file:///ck/3"))
+        if rank == 0 and ctl.generation == 1 and step == 4:
+            c.push(id="c", kind=K.CONTINUE)
+
+    while ctl.step_boundary():
+        tr.trained.append((ctl.generation, tr.step))
+        daemon(tr.step)
+        vals.pending.append(tr.step)
+        tr.step += 1
+    out.put((rank, tr.trained, c.results, vals.got))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("async_looks", [True, False])
+def test_two_ranks_looking_every_few_steps_agree_with_looks_in_flight(async_looks):
+    """exchange_every=3: looks at every third boundary; with async_looks a
+    look's collective finishes at the next boundary, so its commands run one
+    step later, on both ranks at the same step; a horizon makes every
+    boundary look at once. The piggybacked values of every step arrive, in
+    order, gathered from both ranks."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_rank_main_looks, args=(r, port, out, async_looks))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    got = dict((r[0], r[1:]) for r in (out.get(timeout=120) for _ in range(2)))
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    t0, res0, vals0 = got[0]
+    t1, res1, vals1 = got[1]
+    assert t0 == t1 and res1 == res0 and vals0 == vals1
+    # Looks at boundaries 3, 6, 9, ... (before steps 2, 5, 8, ...): p (pushed
+    # at step 1) runs before step 2, or step 3 with the look in flight; r
+    # (pushed at step 5) before step 8 or 9.
+    late = 1 if async_looks else 0
+    p_step, r_step = 2 + late, 8 + late
+    assert res0[0] == ("p", True, "ok", p_step)
+    assert res0[1] == ("r", True, "ok", 3)  # answered at the step it rewound to
+    # After the rewind to step 3 with a horizon at 4: every boundary looks.
+    assert [s for _, s in t0] == list(range(r_step)) + [3, 4] + list(range(5, 14))
+    assert res0[2] == ("c", True, "ok", 5)
+    steps = [s for batch in vals0 for s, _ in batch]
+    assert steps == [s for _, s in t0][:len(steps)] and len(steps) >= len(t0) - 3
+    assert all(b == a + 100 for batch in vals0 for a, b in batch)

@@ -195,7 +195,7 @@ def test_micro_batches_accumulate_and_hooks_go_on_close():
     assert m.blocks[0].attn.score_observer is None
     tel.before_step()
     m(x)
-    assert tel._act_sq[0] is None
+    assert tel._act_norms[0] == []
 
 
 def test_staged_steps_resolve_to_the_same_reports_in_one_transfer():
@@ -263,3 +263,144 @@ def test_domain_ids_without_domain_names_are_not_dropped_silently(caplog):
     warnings = [rec for rec in caplog.records if "domain_names" in rec.getMessage()]
     assert len(warnings) == 1  # once, not at every step
     tel.close()
+
+
+def test_update_statistics_on_a_cadence_repeat_the_last_measurement():
+    """update_every=3: the update-to-weight ratio and the parameter norm are
+    measured at steps 0, 3, 6 (the same values as measuring every step) and
+    repeated in between; forget_updates() makes the next step measure."""
+    from google.protobuf import json_format
+
+    def run(every, forget_at=None):
+        torch.manual_seed(3)
+        m = small_model()
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+        tel = Telemetry(m, update_every=every)
+        pending, measured = [], []
+        for s in range(8):
+            if s == forget_at:
+                tel.forget_updates()
+            x, y = batch(20 + s)
+            tel.before_step()
+            logits = m(x)
+            ce, obj = token_losses(logits, y)
+            tel.logits(logits)
+            tel.losses(ce)
+            opt.zero_grad()
+            obj.mean().backward()
+            tel.after_backward(None, sync=False)
+            measured.append(tel.measures_updates(s))
+            tel.before_optimizer_step(s)
+            opt.step()
+            tel.after_optimizer_step()
+            pending.append(tel.stage(s, s, 1e-2))
+        tel.close()
+        return tel.resolve(pending), measured
+
+    def layers(r, k):
+        return [getattr(ls, k) for ls in r.layers]
+
+    every, _ = run(1)
+    cadence, measured = run(3)
+    assert measured == [True, False, False, True, False, False, True, False]
+    for s, (a, b) in enumerate(zip(every, cadence)):
+        src = every[s - s % 3]  # the step whose measurement this report holds
+        assert layers(b, "update_ratio") == pytest.approx(layers(src, "update_ratio"), rel=1e-9)
+        assert layers(b, "param_norm") == pytest.approx(layers(src, "param_norm"), rel=1e-9)
+        assert all(v > 0 for v in layers(b, "update_ratio"))
+        # Everything else is the same as measuring every step.
+        da = json_format.MessageToDict(a, preserving_proto_field_name=True)
+        db = json_format.MessageToDict(b, preserving_proto_field_name=True)
+        for d in (da, db):
+            d.pop("step_time_s", None)
+            d.pop("unix_ms", None)
+            for ls in d.pop("layers"):
+                assert set(ls) >= {"grad_norm", "act_rms", "max_attn_logit"}
+        assert da == db
+        for k in ("grad_norm", "act_rms", "max_attn_logit"):
+            assert layers(a, k) == pytest.approx(layers(b, k), rel=1e-9)
+    # After forget_updates (a rewind) the next step measures, then the cadence.
+    forgot, measured = run(3, forget_at=4)
+    assert measured == [True, False, False, True, True, False, True, False]
+    assert layers(forgot[5], "update_ratio") == pytest.approx(layers(every[4], "update_ratio"),
+                                                              rel=1e-9)
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
+def test_each_kind_of_nonfinite_logit_is_counted(bad):
+    torch.manual_seed(5)
+    m = small_model()
+    tel = Telemetry(m)
+    x, y = batch(5)
+    tel.before_step()
+    with torch.no_grad():
+        logits = m(x).clone()
+    logits[1, 2, 3] = bad
+    logits[0, 0, 7] = bad
+    tel.logits(logits)
+    r = tel.report(0, 0, lr=0.0, loss=1.0)
+    assert r.nonfinite_count == 2
+    tel.before_step()
+    tel.logits(logits.nan_to_num(0.0, 0.0, 0.0))
+    assert tel.report(0, 0, lr=0.0, loss=1.0).nonfinite_count == 0
+
+
+def test_nonfinite_values_are_counted_in_staged_reports_too():
+    """The staged path (after_backward(sync=False), stage, resolve) counts
+    the non-finite logits and losses as report() does, and the gradient
+    tensors holding one; a non-finite norm is not clipped."""
+    def run(staged):
+        torch.manual_seed(2)
+        m = small_model()
+        tel = Telemetry(m)
+        x, y = batch(2)
+        tel.before_step()
+        logits = m(x).clone()
+        logits[0, 0, 0] = float("inf")
+        ce, _ = token_losses(logits, y)
+        tel.logits(logits)
+        tel.losses(ce)
+        ce.mean().backward()
+        gn = tel.after_backward(1.0, sync=not staged)
+        want = (int((~torch.isfinite(logits)).sum()) + int((~torch.isfinite(ce)).sum()),
+                sum(1 for p in m.parameters() if p.grad is not None
+                    and not bool(torch.isfinite(p.grad).all())),
+                sum(int((~torch.isfinite(p.grad)).sum()) for p in m.parameters()
+                    if p.grad is not None))
+        if staged:
+            return tel.resolve([tel.stage(0, 0, 0.0)])[0], gn, want
+        return tel.report(0, 0, lr=0.0), gn, want
+
+    r, _, (fwd, _, grad_entries) = run(False)
+    rs, gn, (fwd_s, grad_tensors, _) = run(True)
+    assert fwd == fwd_s and fwd >= 2 and grad_tensors >= 1
+    assert not math.isfinite(float(gn)) and not rs.clipped and not r.clipped
+    assert not math.isfinite(rs.loss) and not math.isfinite(rs.grad_norm)
+    assert r.nonfinite_count == fwd + grad_entries
+    assert rs.nonfinite_count == fwd + grad_tensors
+
+
+def test_staged_activation_rms_with_and_without_micro_batches():
+    """Steps fed in one call and in micro-batches, staged together, give
+    the activation RMS report() gives."""
+    def run(staged):
+        torch.manual_seed(6)
+        m = small_model()
+        tel = Telemetry(m)
+        out, pending = [], []
+        for s, parts in enumerate([[slice(0, 4)], [slice(0, 2), slice(2, 4)], [slice(0, 4)]]):
+            x, y = batch(30 + s)
+            tel.before_step()
+            for part in parts:
+                logits = m(x[part])
+                tel.losses(token_losses(logits, y[part])[0])
+            if staged:
+                pending.append(tel.stage(s, s, 0.0))
+            else:
+                out.append(tel.report(s, s, lr=0.0))
+        return tel.resolve(pending) if staged else out
+
+    for a, b in zip(run(False), run(True)):
+        assert [l.act_rms for l in a.layers] == pytest.approx([l.act_rms for l in b.layers],
+                                                               rel=1e-12)
+        assert all(l.act_rms > 0 for l in b.layers) and a.loss == b.loss

@@ -63,6 +63,8 @@ generation; the daemon decides which of them it still needs (pins).
 
 from __future__ import annotations
 
+import collections
+import copy as copy_module
 import hashlib
 import io
 import json
@@ -82,6 +84,9 @@ from spikeguard.checkpoint_uri import (CheckpointUriError, checkpoint_path_of_ur
 __all__ = [
     "CheckpointError",
     "save_checkpoint",
+    "capture_checkpoint",
+    "write_checkpoint",
+    "CapturedCheckpoint",
     "load_checkpoint",
     "verify_checkpoint",
     "read_header",
@@ -200,7 +205,49 @@ def save_checkpoint(directory, step: int, *, generation: int, model, optimizer,
     wrapper (its .module's state is saved, so a plain model loads it).
     `data_plan` (the DataOrder's plan text) is kept as the reference worker
     keeps it: a REWIND whose command carries no plan resumes under the plan
-    the checkpoint was saved with (load_checkpoint returns it)."""
+    the checkpoint was saved with (load_checkpoint returns it).
+
+    The same as ``write_checkpoint(directory, capture_checkpoint(...,
+    copy=False))``; a trainer that writes in the background captures with a
+    copy and writes on another thread."""
+    return write_checkpoint(directory, capture_checkpoint(
+        step, generation=generation, model=model, optimizer=optimizer, scheduler=scheduler,
+        data_position=data_position, extra=extra, rank=rank, data_plan=data_plan, copy=False))
+
+
+class CapturedCheckpoint:
+    """A checkpoint's state as of one step (``capture_checkpoint``), ready
+    for ``write_checkpoint``."""
+
+    def __init__(self, step, generation, data_position, rank, data_plan, state, event=None):
+        self.step = step
+        self.generation = generation
+        self.data_position = data_position
+        self.rank = rank
+        self.data_plan = data_plan
+        self.state = state
+        # A CUDA event the copies to host memory complete at.
+        self._event = event
+
+    def wait_copied(self) -> None:
+        if self._event is not None:
+            self._event.synchronize()
+            self._event = None
+
+
+def capture_checkpoint(step: int, *, generation: int, model, optimizer, scheduler=None,
+                       data_position: int, extra: Optional[dict] = None, rank: int = 0,
+                       data_plan: Optional[str] = None, copy: bool = True,
+                       buffers: Optional[dict] = None) -> CapturedCheckpoint:
+    """What ``save_checkpoint`` saves, as of now (arguments as there).
+
+    copy=True: the tensors are copied (CUDA tensors into pinned host memory,
+    asynchronously), so training may go on while ``write_checkpoint`` runs on
+    another thread. `buffers`: a dict kept by the caller from one capture to
+    the next, whose tensors the copies reuse (no new allocation per
+    checkpoint); the previous capture's write must be done before the next
+    capture. copy=False: the state refers to the live tensors (write it
+    before they change)."""
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"step must be an int >= 0, got {step!r}")
     if isinstance(data_position, bool) or not isinstance(data_position, int):
@@ -210,8 +257,6 @@ def save_checkpoint(directory, step: int, *, generation: int, model, optimizer,
     _check_generation(generation)
     if data_plan is not None and not isinstance(data_plan, str):
         raise ValueError(f"data_plan must be a plan's text form, got {data_plan!r}")
-    directory = os.path.abspath(os.fspath(directory))
-    os.makedirs(directory, exist_ok=True)
     state = {
         "spikeguard_checkpoint": FORMAT,
         "step": step,
@@ -223,23 +268,117 @@ def save_checkpoint(directory, step: int, *, generation: int, model, optimizer,
         "rng": _rng_state(),
         "extra": extra,
     }
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    payload = buf.getbuffer()
-    checksum = hashlib.sha256(payload).hexdigest()
-    header = json.dumps({
-        "format": FORMAT, "step": step, "generation": generation,
-        "data_position": data_position, "rank": rank, "data_plan": data_plan,
-        "payload_bytes": len(payload), "sha256": checksum, "saved_unix": time.time(),
-    }, sort_keys=True).encode()
+    event = None
+    if copy:
+        pool = buffers if buffers is not None else {}
+        cuda = []
+        state = _copied(state, pool, (), {}, cuda)
+        if cuda:
+            event = torch.cuda.Event()
+            event.record()
+    return CapturedCheckpoint(step, generation, data_position, rank, data_plan, state, event)
+
+
+def _copied(obj, pool: dict, key: tuple, memo: dict, cuda: list):
+    """`obj` with every tensor copied into `pool`'s buffer for its place
+    (CUDA tensors into pinned host memory; tensors sharing memory stay
+    shared) and the rest deep-copied."""
+    if torch.is_tensor(obj):
+        t = obj.detach()
+        ident = (t.device, t.data_ptr(), t.dtype, tuple(t.shape), t.stride())
+        if ident in memo:
+            return memo[ident]
+        buf = pool.get(key)
+        if (buf is None or buf.shape != t.shape or buf.dtype != t.dtype
+                or (t.is_cuda and not buf.is_pinned())):
+            buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
+            pool[key] = buf
+        buf.copy_(t, non_blocking=t.is_cuda)
+        if t.is_cuda:
+            cuda.append(t)
+        memo[ident] = buf
+        return buf
+    if isinstance(obj, dict):
+        out = type(obj)() if type(obj) in (dict, collections.OrderedDict) else {}
+        for k, v in obj.items():
+            out[k] = _copied(v, pool, key + (k,), memo, cuda)
+        meta = getattr(obj, "_metadata", None)
+        if meta is not None:  # a module's state_dict: the versions load_state_dict reads
+            out._metadata = copy_module.deepcopy(meta)
+        return out
+    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+        items = [_copied(v, pool, key + (i,), memo, cuda) for i, v in enumerate(obj)]
+        return items if isinstance(obj, list) else tuple(items)
+    return copy_module.deepcopy(obj)
+
+
+class _HashingWriter:
+    """A file's writer that hashes (sha256) and counts what goes through.
+    A write that fails is kept in ``error`` and the rest is dropped: an
+    exception raised into torch.save's C++ writer would make it throw again
+    from its destructor, which aborts the process."""
+
+    def __init__(self, f):
+        self.f = f
+        self.sha = hashlib.sha256()
+        self.n = 0
+        self.error: Optional[BaseException] = None
+
+    def write(self, data) -> int:
+        if self.error is None:
+            try:
+                self.sha.update(data)
+                self.n += self.f.write(data)
+            except BaseException as e:  # noqa: BLE001 - raised again after torch.save
+                self.error = e
+        return len(data) if not isinstance(data, memoryview) else data.nbytes
+
+    def flush(self) -> None:
+        if self.error is None:
+            try:
+                self.f.flush()
+            except BaseException as e:  # noqa: BLE001
+                self.error = e
+
+
+def write_checkpoint(directory, captured: CapturedCheckpoint) -> dict:
+    """Writes a captured checkpoint atomically (see ``save_checkpoint``);
+    returns its info. Safe on another thread than the training loop's."""
+    directory = os.path.abspath(os.fspath(directory))
+    os.makedirs(directory, exist_ok=True)
+    captured.wait_copied()
+    c = captured
+    step, generation, rank = c.step, c.generation, c.rank
+
+    def header_of(payload_bytes: int, checksum: str) -> bytes:
+        return json.dumps({
+            "format": FORMAT, "step": step, "generation": generation,
+            "data_position": c.data_position, "rank": rank, "data_plan": c.data_plan,
+            "payload_bytes": payload_bytes, "sha256": checksum, "saved_unix": time.time(),
+        }, sort_keys=True).encode()
+
+    # The payload streams to the file through the hash; the header before
+    # it has a reserved length (the longest it can be, padded with spaces,
+    # which JSON ignores) and is written last.
+    reserved = len(header_of(10 ** 18, "0" * 64)) + 16
     final = checkpoint_path(directory, step, rank, generation)
     tmp = os.path.join(directory, f".{os.path.basename(final)}.tmp-{os.getpid()}-{os.urandom(4).hex()}")
     try:
         with open(tmp, "xb") as f:
             f.write(MAGIC)
-            f.write(_HEADER_LEN.pack(len(header)))
-            f.write(header)
-            f.write(payload)
+            f.write(_HEADER_LEN.pack(reserved))
+            f.write(b" " * reserved)
+            w = _HashingWriter(f)
+            torch.save(c.state, w)
+            if w.error is not None:
+                raise w.error
+            checksum = w.sha.hexdigest()
+            payload_bytes = w.n
+            header = header_of(payload_bytes, checksum)
+            if len(header) > reserved:  # cannot happen: the reservation is the longest
+                raise RuntimeError(f"checkpoint header of {len(header)} bytes > {reserved}")
+            f.seek(len(MAGIC) + _HEADER_LEN.size)
+            f.write(header.ljust(reserved))
             f.flush()
             os.fsync(f.fileno())
         os.rename(tmp, final)
@@ -255,9 +394,9 @@ def save_checkpoint(directory, step: int, *, generation: int, model, optimizer,
         "uri": _uri_of(final),
         "step": step,
         "generation": generation,
-        "data_position": data_position,
-        "data_plan": data_plan,
-        "bytes": len(MAGIC) + _HEADER_LEN.size + len(header) + len(payload),
+        "data_position": c.data_position,
+        "data_plan": c.data_plan,
+        "bytes": len(MAGIC) + _HEADER_LEN.size + reserved + payload_bytes,
         "checksum": checksum,
         "rank": rank,
     }

@@ -474,19 +474,27 @@ class Client:
                     raise self._rejected_error()
                 if self._stopping:
                     return
+            wake = False
             if self._open_count > 0 and report.step <= self._open_last_step:
                 # The daemon refuses a batch whose steps do not increase; a
                 # repeated or earlier step goes in a batch of its own (and is
                 # counted as a duplicate there).
                 self._seal_locked()
+                wake = True
             if self._open_count == 0:
                 self._open_since = time.monotonic()
+                wake = True  # the sender's flush timer starts
             self._open.reports.add().CopyFrom(report)
             self._open_count += 1
             self._open_last_step = report.step
             if self._open_count >= self._max_batch_reports:
                 self._seal_locked()
-            self._cond.notify_all()
+                wake = True
+            # The sender wakes for a sealed batch or a new open one only: a
+            # report added to the open batch changes nothing it waits for
+            # (waking it for each costs the trainer's thread the GIL).
+            if wake:
+                self._cond.notify_all()
 
     def checkpoint_saved(self, step: int, uri: str, *, data_position: int = 0,
                          size_bytes: int = 0, checksum: str = "", has_rng_state: bool = True,

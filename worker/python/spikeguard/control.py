@@ -8,7 +8,8 @@ The same behaviour towards spikeguardd as the C++ reference worker
   got commands or some rank was rejected, and only then are the commands
   broadcast over the process group (all_gather_object, which also carries
   every rank's rejection state), so every rank acts on the same commands at
-  the same step. The other ranks drain their own streams and
+  the same step (a periodic look's collective may finish at the next
+  boundary, see ``async_looks``). The other ranks drain their own streams and
   ignore those copies. Every rank reports its own CommandResult on its own
   stream; a command id is executed at most once per rank (a re-sent one is
   answered "already executed").
@@ -205,6 +206,12 @@ class Controller:
         exchange_every - 1 steps later, on every rank at the same step.
         While a horizon is set every boundary looks, so a probe's commands
         are not late.
+    async_looks: with exchange_every > 1 and several ranks, a periodic look
+        starts its collective at its boundary and finishes it at the next
+        one (``finish_look``), so no rank waits for it; its commands then
+        take effect one step later (up to exchange_every steps after they
+        came), still on every rank at the same step. Looks while paused,
+        under a horizon or at the end of the schedule finish at once.
     """
 
     def __init__(self, client, *, total_steps: int, get_step: Callable[[], int],
@@ -213,7 +220,8 @@ class Controller:
                  linger_s: float = 0.0, poll_interval_s: float = 0.2,
                  base_hparams: Optional[HParamState] = None,
                  on_hparams: Optional[Callable[[HParamState], None]] = None,
-                 flush_timeout_s: float = 60.0, exchange_every: int = 1):
+                 flush_timeout_s: float = 60.0, exchange_every: int = 1,
+                 async_looks: bool = True):
         self.client = client
         self.total_steps = int(total_steps)
         self.get_step = get_step
@@ -251,6 +259,18 @@ class Controller:
         # tensor (the same length on every rank) or None, and put(rows), rows
         # being every rank's tensors as [world, n] in rank order.
         self.piggyback = None
+        # Periodic looks (exchange_every > 1, several ranks, no horizon)
+        # start their collective at a boundary and finish it at the next
+        # one, so no rank waits for it: their commands run one boundary
+        # later. The look in flight, and the commands it brought.
+        self.async_looks = bool(async_looks)
+        self._inflight = None
+        self._ready: list = []
+        # Called before a command runs and before the client is flushed (a
+        # horizon, the end of the schedule): the trainer finishes what it
+        # does in the background (a checkpoint's write and registration), so
+        # the daemon hears of it first.
+        self.settle: Optional[Callable[[], None]] = None
 
     # ---- the exchange -------------------------------------------------------
     def _distributed(self) -> bool:
@@ -261,6 +281,12 @@ class Controller:
 
     def _exchange(self, timeout: float, flag: bool = False):
         """One round: rank 0's commands (and its `flag`) as every rank sees them."""
+        self.finish_look()
+        return self._end_exchange(self._begin_exchange(timeout, flag))
+
+    def _begin_exchange(self, timeout: float, flag: bool = False, async_op: bool = False):
+        """Polls, and starts the round's collective (async_op: without
+        waiting for it; ``_end_exchange`` waits)."""
         mine: list = []
         rejection = None
         if self.client is not None:
@@ -278,30 +304,54 @@ class Controller:
             rej = getattr(self.client, "rejection", None)
             if rej is not None:
                 rejection = str(getattr(rej, "message", "") or rej)
-        if self._distributed():
+        x = {"mine": mine, "rejection": rejection, "flag": bool(flag), "work": None}
+        if not self._distributed():
+            if self.piggyback is not None:
+                extra = self.piggyback.take()
+                if extra is not None and extra.numel():
+                    self.piggyback.put(extra.unsqueeze(0))
+            return x
+        import torch
+        import torch.distributed as dist
+        # A three-number all-reduce says whether there is anything to
+        # exchange (rank 0's commands, a rejection, rank 0's flag); the
+        # objects themselves travel only when there is.
+        dev = self._collective_device()
+        extra = self.piggyback.take() if self.piggyback is not None else None
+        if extra is not None and extra.numel():
+            # The trainer's pending values ride along: one all_gather
+            # of [head, values] instead of two collectives.
+            vec = torch.cat([torch.tensor([len(mine), int(rejection is not None),
+                                           int(bool(flag))], dtype=torch.float64,
+                                          device=dev), extra.to(dev, torch.float64)])
+            rows = [torch.empty_like(vec) for _ in range(self.world_size)]
+            x["work"] = dist.all_gather(rows, vec, group=self.group, async_op=async_op)
+            x["rows"] = rows
+        else:
+            head = torch.tensor([len(mine), int(rejection is not None), int(bool(flag))],
+                                dtype=torch.int64, device=dev)
+            x["work"] = dist.all_reduce(head, op=dist.ReduceOp.MAX, group=self.group,
+                                        async_op=async_op)
+            x["head"] = head
+        x["distributed"] = True
+        return x
+
+    def _end_exchange(self, x):
+        """The round's (commands, flag) on every rank, once its collective
+        is done (raises RejectedError when some rank was rejected)."""
+        mine, rejection, flag = x["mine"], x["rejection"], x["flag"]
+        if x.get("distributed"):
             import torch
             import torch.distributed as dist
-            # A three-number all-reduce says whether there is anything to
-            # exchange (rank 0's commands, a rejection, rank 0's flag); the
-            # objects themselves travel only when there is.
-            dev = self._collective_device()
-            extra = self.piggyback.take() if self.piggyback is not None else None
-            if extra is not None and extra.numel():
-                # The trainer's pending values ride along: one all_gather
-                # of [head, values] instead of two collectives.
-                vec = torch.cat([torch.tensor([len(mine), int(rejection is not None),
-                                               int(bool(flag))], dtype=torch.float64,
-                                              device=dev), extra.to(dev, torch.float64)])
-                rows = [torch.empty_like(vec) for _ in range(self.world_size)]
-                dist.all_gather(rows, vec, group=self.group)
-                allv = torch.stack(rows)
+            if x["work"] is not None:
+                x["work"].wait()
+            if "rows" in x:
+                allv = torch.stack(x["rows"])
                 self.piggyback.put(allv[:, 3:])
-                n_commands, any_rejected, flag_set = (int(x) for x in allv[:, :3].amax(0).tolist())
+                n_commands, any_rejected, flag_set = (int(v) for v in
+                                                      allv[:, :3].amax(0).tolist())
             else:
-                head = torch.tensor([len(mine), int(rejection is not None), int(bool(flag))],
-                                    dtype=torch.int64, device=dev)
-                dist.all_reduce(head, op=dist.ReduceOp.MAX, group=self.group)
-                n_commands, any_rejected, flag_set = head.tolist()
+                n_commands, any_rejected, flag_set = x["head"].tolist()
             if n_commands == 0 and any_rejected == 0:
                 commands, flag = [], bool(flag_set)
             else:
@@ -312,10 +362,6 @@ class Controller:
                     if rej is not None:
                         raise RejectedError(f"rejected by spikeguardd (rank {r}): {rej}")
         else:
-            if self.piggyback is not None:
-                extra = self.piggyback.take()
-                if extra is not None and extra.numel():
-                    self.piggyback.put(extra.unsqueeze(0))
             commands = mine
             if rejection is not None:
                 raise RejectedError(f"rejected by spikeguardd: {rejection}")
@@ -325,6 +371,18 @@ class Controller:
             c.ParseFromString(blob)
             out.append(c)
         return out, flag
+
+    def finish_look(self) -> None:
+        """Completes a look for commands started at the last boundary
+        without waiting for its collective (see ``async_looks``): the
+        piggybacked values are delivered now, its commands run at the next
+        boundary. A collective on every rank, at the same point; the
+        trainer calls it before a collective of its own between two
+        boundaries."""
+        x, self._inflight = self._inflight, None
+        if x is not None:
+            commands, _ = self._end_exchange(x)
+            self._ready.extend(commands)
 
     def _collective_device(self):
         """Where the process group's tensors live: the current CUDA device
@@ -379,6 +437,8 @@ class Controller:
 
     def handle(self, command) -> None:
         """Executes one command (at most once per id) and answers it."""
+        if self.settle is not None:
+            self.settle()
         cid = command.id
         if cid and cid in self.executed:
             self._result(cid, True, "already executed")
@@ -469,6 +529,8 @@ class Controller:
         return self.stop_after >= 0 and self.get_step() > self.stop_after
 
     def _flush(self) -> None:
+        if self.settle is not None:
+            self.settle()
         if self.client is not None:
             self.client.flush(timeout=self.flush_timeout_s)
 
@@ -482,12 +544,22 @@ class Controller:
                 return not (self.stopped or self._past_horizon()
                             or self.get_step() >= self.total_steps)
             self._boundaries += 1
+            # The look started at the last boundary: its commands run now.
+            self.finish_look()
+            ready, self._ready = self._ready, []
+            for c in ready:
+                self.handle(c)
             if (self.exchange_every <= 1 or not self._distributed()
                     or self._boundaries % self.exchange_every == 0 or self.stop_after >= 0
                     or self.get_step() >= self.total_steps):
-                commands, _ = self._exchange(0.0)
-                for c in commands:
-                    self.handle(c)
+                if (self.async_looks and self.exchange_every > 1 and self._distributed()
+                        and self.stop_after < 0 and not self.paused and not self.stopped
+                        and self.get_step() < self.total_steps):
+                    self._inflight = self._begin_exchange(0.0, async_op=True)
+                else:
+                    commands, _ = self._exchange(0.0)
+                    for c in commands:
+                        self.handle(c)
             if not self.stopped and self._past_horizon():
                 self._flush()
             while not self.stopped and (self.paused or self._past_horizon()):
@@ -513,8 +585,14 @@ class Controller:
             deadline = time.monotonic() + self.linger_s
             handled = False
             while not handled:
-                expired = self.rank == 0 and time.monotonic() >= deadline
-                commands, expired = self._exchange(self.poll_interval_s, flag=expired)
+                left = deadline - time.monotonic()
+                expired = self.rank == 0 and left <= 0
+                # Rank 0 waits for a command no longer than the linger time
+                # left (none: it only takes what already came), so a loop
+                # with linger_s=0 ends without a poll interval's wait.
+                wait = min(self.poll_interval_s, max(0.0, left)) if self.rank == 0 \
+                    else self.poll_interval_s
+                commands, expired = self._exchange(wait, flag=expired)
                 for c in commands:
                     self.handle(c)
                     handled = True

@@ -560,6 +560,7 @@ class PlanSampler:
         self.last: Optional[SampleBatch] = None
         self._perm_epoch = -1
         self._perm = None
+        self._memo = None
 
     # --- resolving ------------------------------------------------------------
     def _permutation(self, epoch: int):
@@ -587,13 +588,20 @@ class PlanSampler:
                 for j in self.plan.kept_slots(position, self.global_batch_size)]
 
     def batch_for_step(self, step: int) -> SampleBatch:
+        # The last answer is kept: a loop asks for the step the loader is
+        # about to feed, and the loader's iteration asks again.
+        memo = self._memo
+        if memo is not None and memo[0] == step and memo[1] is self.plan:
+            return memo[2]
         position = self.plan.position_for_step(step)
         kept = self.global_indices(position)
         b, e = shard_bounds(len(kept), self.rank, self.world_size)
         mine = kept[b:e]
-        return SampleBatch(step=int(step), position=position, slots=[j for j, _ in mine],
-                           indices=[i for _, i in mine], rows=len(kept),
-                           global_rows=self.global_batch_size)
+        batch = SampleBatch(step=int(step), position=position, slots=[j for j, _ in mine],
+                            indices=[i for _, i in mine], rows=len(kept),
+                            global_rows=self.global_batch_size)
+        self._memo = (step, self.plan, batch)
+        return batch
 
     # --- iterating --------------------------------------------------------------
     def _end(self) -> Optional[int]:

@@ -30,7 +30,10 @@ What it does around the user's lines:
 - ``opt.step`` is wrapped: gradient statistics and clipping (``clip_norm``;
   the daemon's override wins), the daemon's lr scale / extra warmup / β2 /
   ε applied for this step only (the user's own lr schedule stays the base),
-  update statistics.
+  update statistics (update-to-weight ratio and parameter norm per layer:
+  measured every ``update_every`` steps, at the steps that are multiples of
+  it and at the first step after a start or a rewind; the reports between
+  repeat the last measurement, see ``spikeguard.torch.Telemetry``).
 - The model's output (a tensor, or the first of a tuple) is taken as the
   logits for the log-sum-exp statistics; ``logits=False`` turns that off.
 
@@ -50,18 +53,23 @@ documents on any dataset.
 Cost per step: no collective and no host transfer of its own. Each step's
 statistics stay on the device; every ``exchange_every`` steps one all-gather
 carries both the look for commands (three numbers) and the pending steps'
-statistics, which then reach the host in one transfer and go to the client
-(reports are up to exchange_every - 1 steps late; the daemon's commands take
-effect up to exchange_every - 1 steps late, on every rank at the same step).
-Before a checkpoint is saved the pending reports are sent first (one more
-all-gather), so the daemon gets a checkpoint after the reports of the steps
-before it.
+statistics, which then reach the host in one transfer and go to the client.
+The all-gather starts at its boundary and is finished at the next one, so
+no rank waits for it (Controller's ``async_looks``): reports are up to
+exchange_every steps late, and the daemon's commands take effect up to
+exchange_every steps late, on every rank at the same step (at once while a
+probe's horizon is set). Before a checkpoint is saved the pending reports
+are sent first (one more all-gather), so the daemon gets a checkpoint after
+the reports of the steps before it; the checkpoint itself is written,
+retained and registered on a thread (``background_checkpoints``). The
+update statistics are measured every ``update_every`` steps.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
+import threading
 import time
 from typing import Callable, Optional
 
@@ -95,6 +103,37 @@ def _no_rows(data):
     return data
 
 
+class _BackgroundWriter:
+    """Runs one job at a time on a thread (rank 0's checkpoint writes and
+    registrations, in order); wait() finishes the running one and raises
+    what it raised."""
+
+    def __init__(self):
+        self._thread: Optional[threading.Thread] = None
+        self._error: Optional[BaseException] = None
+
+    def submit(self, job: Callable[[], None]) -> None:
+        self.wait()
+
+        def run():
+            try:
+                job()
+            except BaseException as e:  # noqa: BLE001 - raised again by wait()
+                log.error("spikeguard: checkpoint written in the background failed: %s", e)
+                self._error = e
+
+        self._thread = threading.Thread(target=run, name="spikeguard-checkpoint", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> None:
+        t, self._thread = self._thread, None
+        if t is not None:
+            t.join()
+        if self._error is not None:
+            e, self._error = self._error, None
+            raise e
+
+
 class Supervisor:
     """One rank's training loop under spikeguard (see the module doc).
 
@@ -114,6 +153,7 @@ class Supervisor:
                  plan: Optional[str] = None, telemetry: bool = True, logits: bool = True,
                  domain_names=None, document_of: Optional[Callable] = None,
                  document_domain: str = "data", exchange_every: int = 10,
+                 update_every: int = 10, background_checkpoints: bool = True,
                  linger_s: float = 0.0, config_fingerprint: str = "",
                  make_loader: Optional[Callable] = None, client=None):
         from spikeguard.torch import Telemetry, _unwrap
@@ -141,7 +181,8 @@ class Supervisor:
         self.sampler = PlanSampler(dataset, global_batch_size, rank=self.rank,
                                    world_size=self.world_size, seed=seed, shuffle=shuffle,
                                    plan=_env(plan, "SPIKEGUARD_PLAN", ""))
-        self.telemetry = (Telemetry(model, domain_names=domain_names) if telemetry else None)
+        self.telemetry = (Telemetry(model, domain_names=domain_names, update_every=update_every)
+                          if telemetry else None)
         self._lr = 0.0
         # Seconds spent in spikeguard per component (see timings()).
         self._seconds = {"commands": 0.0, "telemetry_forward": 0.0, "telemetry_optimizer": 0.0,
@@ -153,6 +194,9 @@ class Supervisor:
         self._restart = True
         self._batch = None
         self._hooks = []
+        self.background_checkpoints = bool(background_checkpoints)
+        self._writer = _BackgroundWriter()
+        self._checkpoint_buffers: dict = {}
         if self.telemetry is not None and logits:
             self._hooks.append(self.module.register_forward_hook(self._logits_hook))
         self._wrap_optimizer()
@@ -185,8 +229,10 @@ class Supervisor:
             generation=self.generation, linger_s=float(_env(None, "SPIKEGUARD_LINGER_S", linger_s)),
             exchange_every=exchange_every, on_hparams=self._set_hparams)
         self.controller.hparams = self.hparams
+        self.controller.settle = self.wait_checkpoints
         self.exchange_every = max(1, int(exchange_every))
         self._pending = []
+        self._taken = []
         if self.telemetry is not None:
             self.controller.piggyback = self
         log.info("rank %d/%d: steps %d..%d, generation %d, plan %s", self.rank, self.world_size,
@@ -224,6 +270,7 @@ class Supervisor:
             self._flush_reports()
             raise
         finally:
+            self.wait_checkpoints()
             if self.client is not None:
                 self.client.flush(timeout=60.0)
 
@@ -275,16 +322,18 @@ class Supervisor:
 
     # ---- staged reports ------------------------------------------------------------
     def take(self):
-        """For the Controller (piggyback): the pending steps' values to reduce."""
+        """For the Controller (piggyback): the pending steps' values to
+        reduce; the steps are reported by the next ``put``."""
         if not self._pending:
             return None
-        return self.telemetry.reduced_of(self._pending)
+        self._taken, self._pending = self._pending, []
+        return self.telemetry.reduced_of(self._taken)
 
     def put(self, rows) -> None:
-        """For the Controller: every rank's values ([world, n]); reports the
-        pending steps."""
+        """For the Controller: every rank's values ([world, n]) of the steps
+        the last ``take`` took; reports them."""
         t = time.perf_counter()
-        pending, self._pending = self._pending, []
+        pending, self._taken = self._taken, []
         reports = self.telemetry.resolve(pending, gathered=rows)
         if self._jsonl is not None:
             from spikeguard.torch import report_json
@@ -300,6 +349,7 @@ class Supervisor:
     def _flush_reports(self) -> None:
         """Reports every pending step now (a collective with several ranks:
         every rank calls it at the same point)."""
+        self.controller.finish_look()  # a look in flight reports its steps first
         vec = self.take()
         if vec is None:
             return
@@ -316,8 +366,11 @@ class Supervisor:
         statistics), telemetry_optimizer (gradient/update statistics and
         clipping), report (staging each step's statistics, and for the
         pending steps the reduction, the host transfer, the StepReports and
-        their hand-over to the client), checkpoints (saving, retention,
-        registration)."""
+        their hand-over to the client), checkpoints (on the training thread:
+        copying the state, and waiting for the previous checkpoint's write;
+        with background_checkpoints=False the write, retention and
+        registration too). Time on other threads (the checkpoint writer,
+        the client's connection) is not counted here."""
         n = max(1, self._steps_done)
         return {k: 1000.0 * v / n for k, v in self._seconds.items()}
 
@@ -346,7 +399,7 @@ class Supervisor:
             self._lr = float(opt.param_groups[0]["lr"]) if opt.param_groups else 0.0
             try:
                 if tel is not None:
-                    tel.before_optimizer_step()
+                    tel.before_optimizer_step(s)
                 t1 = time.perf_counter()
                 out = inner(*args, **kwargs)
                 t2 = time.perf_counter()
@@ -377,6 +430,7 @@ class Supervisor:
         self.hparams = hp
 
     def _load(self, path: str, plan_override: str = "", checksum: str = "") -> None:
+        self.wait_checkpoints()
         state = sgckpt.load_checkpoint(path, model=self.module, optimizer=self.optimizer,
                                        map_location=self.device, checksum=checksum or None)
         extra = state.get("extra") or {}
@@ -385,6 +439,8 @@ class Supervisor:
         self.step = int(state["step"])
         self.sampler.set_step(self.step)
         self.hparams = HParamState.from_dict(extra.get("hparams"))
+        if self.telemetry is not None:
+            self.telemetry.forget_updates()
         if hasattr(self, "controller"):
             self.controller.hparams = self.hparams
         self._restart = True
@@ -398,27 +454,54 @@ class Supervisor:
 
     def save(self) -> None:
         """Rank 0 saves the checkpoint of self.step (steps 0..step-1 done),
-        applies retention (never a pinned checkpoint) and registers both."""
+        applies retention (never a pinned checkpoint) and registers both.
+
+        With background_checkpoints (the default) only the state is copied
+        here (into host buffers kept from one checkpoint to the next); the
+        file (serialized, hashed, fsynced), the retention and the
+        registration follow on a thread while training goes on, one
+        checkpoint at a time and in order. ``wait_checkpoints()`` waits for
+        them; the Supervisor does before the next checkpoint, before a
+        command runs, before the client is flushed (a horizon, the end of
+        the schedule, the loop's end) and before loading a checkpoint."""
         if self.rank != 0 or not self.checkpoint_dir:
             return
+        self.wait_checkpoints()
         plan: Plan = self.sampler.plan
         position = plan.checkpoint_position(self.step)
         extra = {"generation": self.generation, "plan": plan.text,
                  "hparams": self.hparams.to_dict(), "sampler": self.sampler.state_dict()}
-        info = sgckpt.save_checkpoint(self.checkpoint_dir, self.step, generation=self.generation,
-                                      model=self.module, optimizer=self.optimizer,
-                                      data_position=position, extra=extra, data_plan=plan.text)
-        deleted = sgckpt.retain(self.checkpoint_dir, self.keep_checkpoints,
-                                pinned_uris=self.controller.pinned_uris,
-                                generation=self.generation)
-        if self.client is not None:
-            for gone in deleted:
-                self.client.checkpoint_deleted(gone["step"], gone["uri"])
-            self.client.checkpoint_saved(info["step"], info["uri"], data_position=position,
-                                         size_bytes=info["bytes"], checksum=info["checksum"],
-                                         complete=True)
+        background = self.background_checkpoints
+        captured = sgckpt.capture_checkpoint(
+            self.step, generation=self.generation, model=self.module, optimizer=self.optimizer,
+            data_position=position, extra=extra, data_plan=plan.text, copy=background,
+            buffers=self._checkpoint_buffers)
+        directory, generation, keep = self.checkpoint_dir, self.generation, self.keep_checkpoints
+
+        def finish():
+            info = sgckpt.write_checkpoint(directory, captured)
+            deleted = sgckpt.retain(directory, keep, pinned_uris=self.controller.pinned_uris,
+                                    generation=generation)
+            client = self.client
+            if client is not None:
+                for gone in deleted:
+                    client.checkpoint_deleted(gone["step"], gone["uri"])
+                client.checkpoint_saved(info["step"], info["uri"], data_position=position,
+                                        size_bytes=info["bytes"], checksum=info["checksum"],
+                                        complete=True)
+
+        if background:
+            self._writer.submit(finish)
+        else:
+            finish()
+
+    def wait_checkpoints(self) -> None:
+        """Returns once the checkpoints saved so far are written, retained
+        and registered (raises what a background write raised)."""
+        self._writer.wait()
 
     def close(self) -> None:
+        self.wait_checkpoints()
         out = os.environ.get("SPIKEGUARD_TIMINGS_OUT", "")
         if out:  # for benchmarks: this rank's timings() as JSON
             with open(f"{out}.rank{self.rank}.json", "w") as f:

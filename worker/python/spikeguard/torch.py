@@ -77,8 +77,14 @@ ATTENTION_KINDS = {
 
 @dataclasses.dataclass
 class StagedStep:
-    """One step's statistics kept on the device until ``Telemetry.resolve``
-    (``reduced``: summed/maxed over the ranks; ``local``: this rank's own)."""
+    """One step's statistics kept on the device until ``Telemetry.resolve``.
+
+    The step's tensors are kept as they are and put together only when the
+    pending steps are reduced and resolved (a few operations for all of
+    them instead of a few dozen per step): ``sums`` (0-d tensors) and
+    ``counts`` (numbers) are summed/maxed over the ranks (``reduced``),
+    ``mine`` (0-d tensors) and ``vectors`` (1-d tensors) are this rank's own
+    (``local``)."""
 
     step: int
     position: int
@@ -87,8 +93,48 @@ class StagedStep:
     step_time_s: float
     unix_ms: int
     documents: object
-    reduced: "torch.Tensor"
-    local: "torch.Tensor"
+    sums: list
+    counts: list
+    mine: list
+    vectors: list
+    # The layers' activation norms (act_sq False: to be squared) or sums of
+    # squares (act_sq True), summed over the ranks after `sums`.
+    act: list = dataclasses.field(default_factory=list)
+    act_sq: bool = True
+
+    @property
+    def reduced(self) -> "torch.Tensor":
+        return _stack_steps([self], "sums", "counts")
+
+    @property
+    def local(self) -> "torch.Tensor":
+        return _stack_steps([self], "mine", "vectors")
+
+
+def _stack_steps(staged, scalars: str, rest: str) -> "torch.Tensor":
+    """The staged steps' values as one float64 vector, step after step: each
+    step's `scalars` (0-d tensors), then its `rest` (1-d tensors, or numbers
+    for "counts")."""
+    k = len(staged)
+    f64 = torch.float64
+    first = getattr(staged[0], scalars)
+    head = torch.stack([x for st in staged for x in getattr(st, scalars)]).to(f64).view(k, -1)
+    if rest == "counts":
+        tail = torch.tensor([c for st in staged for c in st.counts], dtype=f64,
+                            device=first[0].device).view(k, -1)
+        if staged[0].act:
+            if not any(st.act_sq for st in staged):  # the usual case: one operation
+                act = torch.stack([x for st in staged for x in st.act]).to(f64).square()
+            else:
+                act = torch.cat([torch.stack(st.act).to(f64) if st.act_sq
+                                 else torch.stack(st.act).to(f64).square() for st in staged])
+            head = torch.cat([head, act.view(k, -1)], dim=1)
+    else:
+        parts = [x for st in staged for x in st.vectors]
+        if not parts:
+            return head.reshape(-1)
+        tail = torch.cat(parts).to(f64).view(k, -1)
+    return torch.cat([head, tail], dim=1).reshape(-1)
 
 
 def splitmix64(x: int) -> int:
@@ -150,12 +196,18 @@ class Telemetry:
     domain_names: names of the domain ids the batches carry (per-domain loss).
     group: the process group to reduce over (default: the world, when
         torch.distributed is initialized).
+    update_every: the cadence of the update statistics (update-to-weight
+        ratio and parameter norm of each layer), in steps: they are measured
+        at the steps ``before_optimizer_step(step)`` is given a multiple of
+        it (and at the first step after a start or ``forget_updates``), and
+        the reports of the steps between repeat the last measurement.
+        1 (the default): every step.
     """
 
     def __init__(self, model: torch.nn.Module, layers: Optional[Sequence] = None,
                  optimizer: Optional[torch.optim.Optimizer] = None, attention: str = "explicit",
                  *, first_layer: int = 0, domain_names: Optional[Sequence[str]] = None,
-                 group=None):
+                 group=None, update_every: int = 1):
         if attention not in ATTENTION_KINDS:
             raise ValueError(f"attention={attention!r}: one of {sorted(ATTENTION_KINDS)}")
         self.model = _unwrap(model)
@@ -180,6 +232,10 @@ class Telemetry:
         self.layer_indices = [first_layer + i for i in range(len(pairs))]
         self.domain_names = list(domain_names) if domain_names else []
         self._warned_domains = False
+        self.update_every = max(1, int(update_every))
+        # The last measured update statistics, repeated between measurements.
+        self._held_ratio = None
+        self._held_pnorm = None
         L = len(pairs)
 
         # Parameters: all of the model's (global grad norm) and each layer's.
@@ -219,7 +275,7 @@ class Telemetry:
         L = len(self.layer_modules)
         self._t0 = None
         self._attn_max = [None] * L        # 0-d tensors
-        self._act_sq = [None] * L          # float64 sums of squares
+        self._act_norms = [[] for _ in range(L)]  # L2 norm of each output (0-d)
         self._act_n = [0] * L
         self._loss_sum = None              # float64 0-d
         self._loss_tokens = 0
@@ -253,11 +309,17 @@ class Telemetry:
             if not torch.is_tensor(out) or out.numel() == 0:
                 return
             with torch.no_grad():
-                # One fp32 pass (a float64 copy costs 5x as much).
-                sq = torch.linalg.vector_norm(out.detach()).double().square()
-            self._act_sq[li] = sq if self._act_sq[li] is None else self._act_sq[li] + sq
+                # One fp32 pass (a float64 copy costs 5x as much); squared
+                # in float64 with the other steps' when they are reported.
+                self._act_norms[li].append(torch.linalg.vector_norm(out))
             self._act_n[li] += out.numel()
         return hook
+
+    def _act_sq(self) -> list:
+        """Per layer: the float64 sum of squares of this step's outputs
+        (None: no output)."""
+        return [None if not ns else ns[0].double().square() if len(ns) == 1
+                else torch.stack(ns).double().square().sum() for ns in self._act_norms]
 
     def _make_score_observer(self, li: int):
         return lambda scores: self.record_attention_logits(self.layer_indices[li], scores)
@@ -309,16 +371,29 @@ class Telemetry:
         with torch.no_grad():
             x = logits.detach().reshape(-1, logits.size(-1)).float()
             lse = torch.logsumexp(x, dim=-1)
-            s = lse.double().sum()
+            s = lse.sum(dtype=torch.float64)
             m = lse.amax()
-            # Counted in full only when the sum says there is something to
-            # count (-inf logits leave the log-sum-exp finite, not the sum).
-            # Counted on the logits' device, without a host round trip.
-            bad = (~torch.isfinite(x)).sum()
+            if x.device.type == "cpu":
+                # Reading a value costs no device round trip here, and a
+                # temporary as large as the logits costs more than the
+                # statistics themselves: count in full only when there is
+                # something to count. A NaN or +inf logit makes its row's
+                # log-sum-exp, and so their (float64) sum, non-finite; a -inf
+                # logit leaves it finite but is the minimum (a NaN minimum
+                # fails the test too).
+                if math.isfinite(s.item()) and x.amin().item() > float("-inf"):
+                    bad = None
+                else:
+                    bad = (~torch.isfinite(x)).sum()
+            else:
+                # Counted on the logits' device, without a host round trip.
+                bad = (~torch.isfinite(x)).sum()
         self._lse_sum = s if self._lse_sum is None else self._lse_sum + s
         self._lse_max = m if self._lse_max is None else torch.maximum(self._lse_max, m)
         self._lse_n += lse.numel()
-        self._logit_nonfinite = bad if self._logit_nonfinite is None else self._logit_nonfinite + bad
+        if bad is not None:
+            self._logit_nonfinite = (bad if self._logit_nonfinite is None
+                                     else self._logit_nonfinite + bad)
 
     def losses(self, token_losses: torch.Tensor, domains: Optional[torch.Tensor] = None) -> None:
         """This rank's per-token losses [rows, T] (cross-entropy, not the
@@ -327,15 +402,20 @@ class Telemetry:
         with torch.no_grad():
             tl = token_losses.detach()
             if tl.dim() > 1:
-                rows = tl.flatten(1).double().sum(dim=1)
+                rows = tl.flatten(1).sum(dim=1, dtype=torch.float64)
                 per_row = tl[0].numel() if tl.size(0) else 0
             else:
                 rows, per_row = tl.double(), 1
             s = rows.sum()
             self._loss_sum = s if self._loss_sum is None else self._loss_sum + s
             self._loss_tokens += tl.numel()
-            bad = (~torch.isfinite(tl)).sum()
-            self._loss_nonfinite = bad if self._loss_nonfinite is None else self._loss_nonfinite + bad
+            # On the CPU (no round trip to read a value) the non-finite
+            # losses are counted only when their float64 sum is not finite,
+            # which it is exactly when one of them is not.
+            if tl.device.type != "cpu" or not math.isfinite(s.item()):
+                bad = (~torch.isfinite(tl)).sum()
+                self._loss_nonfinite = (bad if self._loss_nonfinite is None
+                                        else self._loss_nonfinite + bad)
             if domains is not None and not self.domain_names and not self._warned_domains:
                 self._warned_domains = True
                 log.warning("spikeguard: per-domain losses are not reported: the batch has "
@@ -382,9 +462,19 @@ class Telemetry:
             if not sync:
                 self._grad_norm = total_t
                 # Gradient tensors holding a non-finite entry (their norm is
-                # not finite): the staged report's count, without a host trip.
-                self._grad_bad_t = (~torch.isfinite(norms)).sum()
-                if clip_norm is not None and clip_norm > 0:
+                # not finite): the staged report's count, without a host trip
+                # (on the CPU, where reading costs none, only when the total
+                # says there is one).
+                cpu_total = total_t.item() if dev.type == "cpu" else None
+                if cpu_total is None or not math.isfinite(cpu_total):
+                    self._grad_bad_t = (~torch.isfinite(norms)).sum()
+                if clip_norm is not None and clip_norm > 0 and cpu_total is not None:
+                    # On the CPU: decided on the value read, one scaling of
+                    # every gradient only when they are clipped.
+                    self._clipped = math.isfinite(cpu_total) and cpu_total > clip_norm
+                    if self._clipped:
+                        torch._foreach_mul_(grads, clip_norm / cpu_total)
+                elif clip_norm is not None and clip_norm > 0:
                     # clip/total where finite and above the limit, else 1.
                     ok = torch.isfinite(total_t) & (total_t > clip_norm)
                     coef = torch.where(ok, clip_norm / total_t.clamp_min(1e-30),
@@ -403,9 +493,11 @@ class Telemetry:
                 self._clipped = True
         return total
 
-    def before_optimizer_step(self) -> None:
-        """Snapshot the layers' weights (for the update-to-weight ratio)."""
-        if not self._layer_params:
+    def before_optimizer_step(self, step: Optional[int] = None) -> None:
+        """Snapshot the layers' weights (for the update-to-weight ratio), at
+        the steps the cadence measures (``update_every``; `step`: the step
+        the optimizer is about to take, None: measure)."""
+        if not self._layer_params or not self.measures_updates(step):
             return
         with torch.no_grad():
             # One flat buffer, allocated once: the step path allocates no
@@ -427,7 +519,8 @@ class Telemetry:
             self._before_sq = self._layer_sums(n.square())
 
     def after_optimizer_step(self) -> None:
-        """Update-to-weight ratio and parameter norm of each layer."""
+        """Update-to-weight ratio and parameter norm of each layer (at the
+        steps ``before_optimizer_step`` took a snapshot)."""
         if self._snap is None:
             return
         with torch.no_grad():
@@ -437,7 +530,33 @@ class Telemetry:
             self._update_ratio = torch.where(self._before_sq > 0, (dsq / self._before_sq).sqrt(),
                                              torch.zeros_like(dsq))
             self._param_norm = psq.sqrt()
+        self._held_ratio, self._held_pnorm = self._update_ratio, self._param_norm
         self._snap = None
+
+    def measures_updates(self, step: Optional[int]) -> bool:
+        """Whether the update statistics are measured at `step` (None: yes)."""
+        return (step is None or self.update_every <= 1 or self._held_ratio is None
+                or int(step) % self.update_every == 0)
+
+    def forget_updates(self) -> None:
+        """Drops the held update statistics (after a rewind or a load: they
+        belong to another timeline); the next step measures them again."""
+        self._held_ratio = self._held_pnorm = None
+
+    def _update_stats(self):
+        """(ratio, param norm) for this step's report: measured this step,
+        else the last measurement (update_every > 1), else (None, the
+        parameter norm now)."""
+        if self._update_ratio is not None:
+            return self._update_ratio, self._param_norm
+        if self._held_ratio is not None and self.update_every > 1:
+            return self._held_ratio, self._held_pnorm
+        pnorm = self._param_norm
+        if pnorm is None and self._layer_params:
+            with torch.no_grad():
+                pnorm = self._layer_sums(torch.stack(
+                    torch._foreach_norm(self._layer_params)).double().square()).sqrt()
+        return None, pnorm
 
     def _layer_sums(self, values: torch.Tensor) -> torch.Tensor:
         dev = values.device
@@ -485,7 +604,7 @@ class Telemetry:
         local = torch.stack(
             [t(self._loss_sum, 0.0), t(float(self._loss_tokens), 0.0), t(self._lse_sum, 0.0),
              t(float(self._lse_n), 0.0), t(self._lse_max, ninf)]
-            + [t(a, ninf) for a in self._attn_max] + [t(a, 0.0) for a in self._act_sq]
+            + [t(a, ninf) for a in self._attn_max] + [t(a, 0.0) for a in self._act_sq()]
             + [t(float(n), 0.0) for n in self._act_n])
         world = self._world() if reduce else 1
         if world > 1:
@@ -496,18 +615,15 @@ class Telemetry:
         else:
             reduced = [local, local]
         n = local.numel()
-        if self._param_norm is None and self._layer_params:
-            with torch.no_grad():
-                self._param_norm = self._layer_sums(torch.stack(
-                    torch._foreach_norm(self._layer_params)).double().square()).sqrt()
+        ratio_t, pnorm_t = self._update_stats()
         zeros_l = torch.zeros(L, dtype=f64, device=dev)
         per_rank = [
             t(self._grad_norm, 0.0), t(self._clipped, 0.0),
             t(self._loss_nonfinite, 0.0), t(self._logit_nonfinite, 0.0)]
         tail = [
             self._layer_grad_sq.to(dev) if self._layer_grad_sq is not None else zeros_l,
-            self._update_ratio.to(dev) if self._update_ratio is not None else zeros_l,
-            self._param_norm.to(dev) if self._param_norm is not None else zeros_l]
+            ratio_t.to(dev) if ratio_t is not None else zeros_l,
+            pnorm_t.to(dev) if pnorm_t is not None else zeros_l]
         if self._dom_sum is not None:
             tail += [self._dom_sum.to(dev), self._dom_tok.to(dev)]
         host = torch.cat(reduced + [torch.stack(per_rank)] + tail).tolist()
@@ -578,53 +694,63 @@ class Telemetry:
     def stage(self, step: int, data_position: int, lr: float, *, documents=None,
               tokens: Optional[int] = None) -> "StagedStep":
         """This step's statistics, still on the device, for ``resolve``:
-        no host transfer and no collective here (unlike ``report``). Call
-        after the optimizer step (with ``after_backward(sync=False)``)."""
+        no host transfer and no collective here (unlike ``report``), and no
+        computation either: the tensors are kept as they are. Call after the
+        optimizer step (with ``after_backward(sync=False)``)."""
         dev = self._device()
         consts = getattr(self, "_consts", None)
         if consts is None or consts[0].device != dev:
             consts = (torch.zeros((), dtype=torch.float64, device=dev),
-                      torch.full((), float("-inf"), dtype=torch.float64, device=dev))
+                      torch.full((), float("-inf"), dtype=torch.float64, device=dev),
+                      torch.ones((), dtype=torch.float64, device=dev))
             self._consts = consts
-        zero, ninf = consts
+            self._zeros_l = {}
+        zero, ninf, one = consts
         L = len(self.layer_modules)
         D = len(self.domain_names)
 
         def v(x, default):
             return default if x is None else x
-        # The part summed or maxed over the ranks: tensors, then counts.
-        parts = ([v(self._loss_sum, zero), v(self._lse_sum, zero), v(self._lse_max, ninf)]
-                 + [v(a, ninf) for a in self._attn_max] + [v(a, zero) for a in self._act_sq])
+
+        def zeros(n):
+            z = self._zeros_l.get(n)
+            if z is None:
+                z = self._zeros_l[n] = torch.zeros(n, dtype=torch.float64, device=dev)
+            return z
+        # The part summed or maxed over the ranks: tensors (the first one
+        # float64, so the stack is), then counts.
+        sums = ([v(self._loss_sum, zero), v(self._lse_sum, zero), v(self._lse_max, ninf)]
+                + [v(a, ninf) for a in self._attn_max])
+        # The activations' norms, squared (float64) when the steps are put
+        # together; a layer called several times (micro-batches), or not
+        # at all, gives its sum of squares now.
+        norms = self._act_norms
+        if all(len(ns) == 1 for ns in norms):
+            act, act_sq = [ns[0] for ns in norms], False
+        else:
+            act, act_sq = [v(a, zero) for a in self._act_sq()], True
         counts = [float(self._loss_tokens), float(self._lse_n)] + [float(n) for n in self._act_n]
         grad_norm = self._grad_norm
         mine = [grad_norm if torch.is_tensor(grad_norm) else torch.tensor(
                     float(grad_norm), dtype=torch.float64, device=dev),
                 self._clipped if torch.is_tensor(self._clipped) else
-                (torch.ones((), dtype=torch.float64, device=dev) if self._clipped else zero),
+                (one if self._clipped else zero),
                 v(self._loss_nonfinite, zero), v(self._logit_nonfinite, zero),
                 v(self._grad_bad_t, zero)]
-        if self._param_norm is None and self._layer_params:
-            with torch.no_grad():
-                self._param_norm = self._layer_sums(torch.stack(
-                    torch._foreach_norm(self._layer_params)).double().square()).sqrt()
-        with torch.no_grad():
-            f64 = torch.float64
-            reduced = torch.cat([torch.stack([x.to(f64) for x in parts]),
-                                 torch.tensor(counts, dtype=f64, device=dev)])
-            zeros_l = zero.expand(L)
-            tail = [self._layer_grad_sq if self._layer_grad_sq is not None else zeros_l,
-                    self._update_ratio if self._update_ratio is not None else zeros_l,
-                    self._param_norm if self._param_norm is not None else zeros_l]
-            if D:
-                tail += [self._dom_sum if self._dom_sum is not None else zero.expand(D),
-                         self._dom_tok if self._dom_tok is not None else zero.expand(D)]
-            local = torch.cat([torch.stack([x.to(f64) for x in mine])] + [x.to(f64) for x in tail])
+        ratio, pnorm = self._update_stats()
+        vectors = [self._layer_grad_sq if self._layer_grad_sq is not None else zeros(L),
+                   ratio if ratio is not None else zeros(L),
+                   pnorm if pnorm is not None else zeros(L)]
+        if D:
+            vectors += [self._dom_sum if self._dom_sum is not None else zeros(D),
+                        self._dom_tok if self._dom_tok is not None else zeros(D)]
         self._grads = None
         return StagedStep(step=int(step), position=int(data_position), lr=float(lr),
                           tokens=int(tokens if tokens is not None else self._loss_tokens),
                           step_time_s=(time.perf_counter() - self._t0) if self._t0 else 0.0,
                           unix_ms=int(time.time() * 1000), documents=documents,
-                          reduced=reduced, local=local)
+                          sums=sums, counts=counts, mine=mine, vectors=vectors, act=act,
+                          act_sq=act_sq)
 
     def resolve(self, staged: Sequence["StagedStep"], gathered: Optional[torch.Tensor] = None,
                 host: Optional[list] = None) -> list:
@@ -636,13 +762,16 @@ class Telemetry:
             return []
         k = len(staged)
         if host is None:
-            mine = torch.cat([st.local for st in staged])
+            mine = _stack_steps(staged, "mine", "vectors")
             if gathered is None:
                 gathered = self.reduced_of(staged).unsqueeze(0)
             gathered = gathered.to(mine.device)
-            host = torch.cat([gathered.sum(dim=0), gathered.amax(dim=0), mine]).tolist()
-        n = staged[0].reduced.numel()
-        m = staged[0].local.numel()
+            if gathered.size(0) == 1:
+                host = torch.cat([gathered[0], gathered[0], mine]).tolist()
+            else:
+                host = torch.cat([gathered.sum(dim=0), gathered.amax(dim=0), mine]).tolist()
+        n = len(staged[0].sums) + len(staged[0].act) + len(staged[0].counts)
+        m = (len(host) - 2 * k * n) // k
         sums, maxs, loc = host[:k * n], host[k * n:2 * k * n], host[2 * k * n:]
         return [self._build(st, sums[i * n:(i + 1) * n], maxs[i * n:(i + 1) * n],
                             loc[i * m:(i + 1) * m]) for i, st in enumerate(staged)]
@@ -650,7 +779,7 @@ class Telemetry:
     @staticmethod
     def reduced_of(staged: Sequence["StagedStep"]) -> torch.Tensor:
         """The staged steps' values to reduce over the ranks, one vector."""
-        return torch.cat([st.reduced for st in staged])
+        return _stack_steps(staged, "sums", "counts")
 
     def _build(self, st: "StagedStep", sums, maxs, loc):
         L = len(self.layer_modules)
