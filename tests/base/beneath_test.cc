@@ -61,7 +61,9 @@ TEST_P(BeneathTest, OpensPlainPathsBeneathTheRoot) {
   struct stat st {};
   ASSERT_EQ(fstat(path->get(), &st), 0);
   EXPECT_TRUE(S_ISREG(st.st_mode));
-  if (GetParam() == BeneathResolver::kWalk) EXPECT_FALSE(OpenBeneathUsedOpenat2());
+  if (GetParam() == BeneathResolver::kWalk) {
+    EXPECT_FALSE(OpenBeneathUsedOpenat2());
+  }
 }
 
 TEST_P(BeneathTest, ASymbolicLinkFileIsRefusedWhereverItLeads) {
