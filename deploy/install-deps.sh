@@ -12,6 +12,8 @@ PACKAGES=(
   libbenchmark-dev libopenblas-dev libssl-dev openssl
   python3 python3-dev python3-pytest python3-numpy python3-protobuf python3-grpcio
   python3-torch python3-pybind11 pybind11-dev
+  # pip install ./worker/python into a venv (tests/python/test_pip_install.py)
+  python3-venv python3-pip python3-setuptools python3-wheel
   # make check-sanitize / make fuzz: clang++, its sanitizer and libFuzzer
   # runtimes (only recommended by clang, hence named), llvm-symbolizer
   clang libclang-rt-14-dev llvm
