@@ -10,6 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
+#include "daemon/detect/nonfinite_detector.h"
+#include "daemon/detect/step_message.h"
 #include "daemon/incident/plan_proto.h"
 #include "daemon/incident/policy.h"
 #include "daemon/ingest/group_commit.h"
@@ -55,12 +57,18 @@ incident::StepObservation ToObservation(const v1::StepRecord& r) {
   o.loss_hash = r.loss_hash();
   o.step_time_s = r.step_time_s();
   o.max_loss_rank = r.max_loss().rank();
-  for (const auto& l : r.layers()) {
-    if (!std::isfinite(l.max_attn_logit()) || !std::isfinite(l.act_rms()) ||
-        !std::isfinite(l.grad_norm())) {
-      o.first_nonfinite_layer = static_cast<int>(l.layer());
-      break;
-    }
+  // The layer is named by the detectors' one rule (forward values from the
+  // lowest layer, then gradients from the last), so an incident's detection
+  // and its verdict name the same layer. Converted only for a record that has
+  // a non-finite layer value at all.
+  const bool any_layer_nonfinite = std::any_of(
+      r.layers().begin(), r.layers().end(), [](const v1::LayerStats& l) {
+        return !std::isfinite(l.max_attn_logit()) || !std::isfinite(l.act_rms()) ||
+               !std::isfinite(l.param_norm()) || !std::isfinite(l.grad_norm()) ||
+               !std::isfinite(l.update_ratio());
+      });
+  if (any_layer_nonfinite) {
+    o.first_nonfinite_layer = detect::FirstNonFiniteLayer(detect::FromStepMessage(r), nullptr);
   }
   return o;
 }
