@@ -15,6 +15,8 @@ namespace {
 
 namespace v1 = spikeguard::v1;
 constexpr size_t kRecentCheckpoints = 16;
+// The daemon's limit on reports in one batch (daemon/ingest/limits.h).
+constexpr int kMaxBatchReports = 4096;
 
 }  // namespace
 
@@ -24,7 +26,7 @@ absl::StatusOr<std::unique_ptr<WorkerClient>> WorkerClient::Start(Options option
     return absl::InvalidArgumentError(absl::StrFormat("rank %d is not below world size %d",
                                                       options.rank, options.world_size));
   }
-  if (options.max_batch_reports <= 0) options.max_batch_reports = 1;
+  options.max_batch_reports = std::clamp(options.max_batch_reports, 1, kMaxBatchReports);
   absl::StatusOr<ResolvedSecurity> security = options.security.Resolve();
   if (!security.ok()) return security.status();
   std::unique_ptr<WorkerClient> client(
@@ -115,6 +117,10 @@ void WorkerClient::Report(const v1::StepReport& report) {
     cv_.Wait(&mu_);
   }
   if (stopping_) return;
+  // The daemon refuses a batch whose steps do not increase, every report in
+  // it: a repeated or earlier step goes in a batch of its own (where the
+  // daemon counts it as a duplicate).
+  if (!open_.empty() && report.step() <= open_.back().step()) SealLocked();
   if (open_.empty()) open_since_ = absl::Now();
   open_.push_back(report);
   if (static_cast<int>(open_.size()) >= options_.max_batch_reports) SealLocked();

@@ -77,7 +77,10 @@ class WorkerClient {
     std::optional<spikeguard::v1::DataOrder> data_order;
     // Steps the trainer's schedule runs (steps [0, total_steps)); 0 = unknown.
     int64_t total_steps = 0;
-    // A batch is sealed at this many reports or after flush_interval.
+    // A batch is sealed at this many reports or after flush_interval, and
+    // before a report whose step does not follow the open batch's last (the
+    // daemon refuses a batch whose steps do not increase). At most the
+    // daemon's limit of reports per batch (4096): more is cut to it.
     int max_batch_reports = 64;
     absl::Duration flush_interval = absl::Milliseconds(50);
     absl::Duration heartbeat_interval = absl::Seconds(1);
