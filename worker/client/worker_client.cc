@@ -15,6 +15,8 @@ namespace {
 
 namespace v1 = spikeguard::v1;
 constexpr size_t kRecentCheckpoints = 16;
+// The daemon's limit on reports in one batch (daemon/ingest/limits.h).
+constexpr int kMaxBatchReports = 4096;
 
 }  // namespace
 
@@ -24,7 +26,10 @@ absl::StatusOr<std::unique_ptr<WorkerClient>> WorkerClient::Start(Options option
     return absl::InvalidArgumentError(absl::StrFormat("rank %d is not below world size %d",
                                                       options.rank, options.world_size));
   }
-  if (options.max_batch_reports <= 0) options.max_batch_reports = 1;
+  options.max_batch_reports = std::clamp(options.max_batch_reports, 1, kMaxBatchReports);
+  if (options.max_unacked_reports != 0) options.max_queued_reports = options.max_unacked_reports;
+  options.max_queued_reports = std::max<size_t>(options.max_queued_reports, 1);
+  options.max_backoff = std::max(options.max_backoff, options.initial_backoff);
   absl::StatusOr<ResolvedSecurity> security = options.security.Resolve();
   if (!security.ok()) return security.status();
   std::unique_ptr<WorkerClient> client(
@@ -39,9 +44,12 @@ WorkerClient::WorkerClient(Options options, ResolvedSecurity security)
   if (channel_ == nullptr) {
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, 64 << 20);
-    // Reconnect quickly after a daemon restart; the loop adds its own backoff.
-    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    // Reconnect quickly after a daemon restart: gRPC's own backoff is kept
+    // within the loop's (as the Python client's).
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
+                std::max<int64_t>(1, absl::ToInt64Milliseconds(options_.initial_backoff)));
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
+                std::max<int64_t>(1, absl::ToInt64Milliseconds(options_.max_backoff)));
     channel_ = CreateClientChannel(options_.address, security_, args);
   }
   stub_ = v1::WorkerService::NewStub(channel_);
@@ -111,10 +119,14 @@ absl::Status WorkerClient::RejectionStatusLocked() const {
 
 void WorkerClient::Report(const v1::StepReport& report) {
   absl::MutexLock lock(&mu_);
-  while (!stopping_ && unacked_reports_ + open_.size() >= options_.max_unacked_reports) {
+  while (!stopping_ && unacked_reports_ + open_.size() >= options_.max_queued_reports) {
     cv_.Wait(&mu_);
   }
   if (stopping_) return;
+  // The daemon refuses a batch whose steps do not increase, every report in
+  // it: a repeated or earlier step goes in a batch of its own (where the
+  // daemon counts it as a duplicate).
+  if (!open_.empty() && report.step() <= open_.back().step()) SealLocked();
   if (open_.empty()) open_since_ = absl::Now();
   open_.push_back(report);
   if (static_cast<int>(open_.size()) >= options_.max_batch_reports) SealLocked();
