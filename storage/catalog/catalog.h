@@ -99,43 +99,6 @@ struct CatalogOptions {
   Clock* clock = Clock::Real();
 };
 
-// One rank's report batch for `Catalog::IngestGroup`.
-struct IngestBatch {
-  std::string run;
-  int64_t generation = 0;
-  uint32_t rank = 0;
-  // A step's record is complete once this many ranks reported it; it is
-  // then handed back in `IngestGroupResult::completed` (0: never complete).
-  uint32_t world_size = 0;
-  // Refuse the batch unless `generation` is the run's current generation
-  // (FAILED_PRECONDITION; `BatchOutcome::run_generation` says which it is).
-  bool require_current = false;
-  std::vector<v1::StepReport> reports;
-};
-
-struct BatchOutcome {
-  // Not OK: nothing of this batch was stored (unknown run or generation,
-  // stale generation); the other batches of the group are unaffected.
-  absl::Status status;
-  IngestResult result;
-  // The run's current generation when the group was committed (-1 unknown).
-  int64_t run_generation = -1;
-};
-
-// A run-level record that became complete in a committed group.
-struct CompletedStep {
-  std::string run;
-  uint32_t world_size = 0;
-  v1::StepRecord record;
-};
-
-struct IngestGroupResult {
-  std::vector<BatchOutcome> batches;  // one per batch, in order
-  // By (run, generation, step); each record is handed back once, in the
-  // group that completed it.
-  std::vector<CompletedStep> completed;
-};
-
 class Catalog {
  public:
   static constexpr int kSchemaVersion = ::spikeguard::storage::kSchemaVersion;
@@ -229,52 +192,30 @@ class Catalog {
   absl::StatusOr<IngestResult> IngestReports(std::string_view run, int64_t generation,
                                              uint32_t rank,
                                              std::span<const v1::StepReport> reports);
-  // Group commit: the batches of many ranks and runs in one transaction.
-  // Each (run, generation, step) record is merged in memory (a bounded cache
-  // of open steps; a miss reads the stored record) and written once per
-  // group, each rank's high-water mark once per group. Deduplication is the
-  // same as IngestReports'. An error status means the transaction failed and
-  // nothing of the group is stored.
-  //
-  // `before_commit`, when given, receives the records the group completes
-  // as soon as they are merged in memory, before the group's writes and its
-  // commit, on the calling thread and with the catalog's lock held:
-  // detection then runs beside the writes and the commit's fsync instead of
-  // after them (acknowledgements still wait for durability). It must only enqueue: any call into the
-  // catalog waits for the commit, and it must not wait for anything that
-  // does. The result's `completed` is then empty. If the commit then fails,
-  // those records were handed over but not stored; the ranks resend them
-  // (their batches were not acknowledged) and they complete again, so a
-  // consumer skips steps it has seen.
-  using CompletedSink = std::function<void(std::vector<CompletedStep>)>;
-  // A group's transaction with its own writes done and its COMMIT not yet
-  // started: writes that join it (IngestGroup's `at_commit`) are committed
-  // with the group, one fsync for all. Each runs under a savepoint: its
-  // failure undoes only its own writes, and the group commits anyway. Valid
-  // only inside `at_commit`, on its thread (the catalog's lock is held).
-  class OpenGroup {
+  // A write transaction over the stores, for a writer whose writes span
+  // several of them in one commit (the ingest stage's group commit,
+  // daemon/ingest/group_commit.h). It holds the catalog's lock from
+  // BeginWrite until it is destroyed: BEGIN IMMEDIATE, COMMIT in Commit, a
+  // rollback if it was not committed. Every other catalog call waits
+  // meanwhile, so a writer keeps it short and waits for nothing while it
+  // holds it. The catalog calls nothing of the writer's.
+  class Writer {
    public:
-    // As the catalog's methods of the same names, inside the group.
-    absl::StatusOr<int64_t> CreateIncidentWithEvent(
-        std::string_view run, const v1::Incident& inc, std::string_view kind,
-        std::string_view payload,
-        const std::function<const v1::Incident&(int64_t id, int64_t seq)>& updated);
-    absl::StatusOr<int64_t> AppendIncidentEventAndUpdate(
-        int64_t incident_id, std::string_view kind, std::string_view payload,
-        const std::function<const v1::Incident&(int64_t seq)>& updated);
+    ~Writer();
+    Writer(const Writer&) = delete;
+    Writer& operator=(const Writer&) = delete;
+
+    RunStore& runs();
+    StepStore& steps();
+    absl::Status Commit();
 
    private:
     friend class Catalog;
-    explicit OpenGroup(Catalog* catalog) : catalog_(catalog) {}
+    explicit Writer(Catalog* catalog) : catalog_(catalog) {}
     Catalog* const catalog_;
+    std::optional<Transaction> txn_;
   };
-  // Called once the group's writes are done, before its COMMIT, on the
-  // calling thread with the catalog's lock held (not called when the
-  // group failed before).
-  using AtCommit = std::function<void(OpenGroup&)>;
-  absl::StatusOr<IngestGroupResult> IngestGroup(std::span<const IngestBatch> batches,
-                                                const CompletedSink& before_commit = nullptr,
-                                                const AtCommit& at_commit = nullptr);
+  absl::StatusOr<std::unique_ptr<Writer>> BeginWrite();
   // Counts the writes that change a run's configuration as the daemon reads
   // it (CreateRun, PutPolicy, SetRunSpec), bumped after each commits; read
   // without the catalog's lock, so a cache of policies and world sizes
@@ -286,16 +227,6 @@ class Catalog {
   absl::StatusOr<bool> CheckpointIfDue();
   // Pages in the write-ahead log as of the last commit (Database::wal_pages).
   int64_t wal_pages();
-  // Threads waiting for the catalog's lock right now. A writer that holds
-  // the lock open on purpose (a group waiting for writes to join it) stops
-  // holding it when someone waits.
-  int64_t lock_waiters() const { return lock_waiters_.load(std::memory_order_acquire); }
-  // Called, with none of the catalog's locks held, by each thread that is
-  // about to wait for the catalog's lock (after lock_waiters counts it).
-  // One at a time; null: none. Set and cleared by the owner of the wait.
-  void SetContentionObserver(std::function<void()> observer);
-  // The most open (incomplete) step records kept per (run, generation).
-  static constexpr size_t kMaxOpenStepsPerGeneration = 4096;
   // The rank's high-water mark in the generation, -1 if none.
   absl::StatusOr<int64_t> CommittedStep(std::string_view run, int64_t generation, uint32_t rank);
   // Records with from_step <= step <= to_step, by step; limit <= 0 or above
@@ -408,39 +339,9 @@ class Catalog {
   absl::StatusOr<v1::Run> GetRunLocked(std::string_view name, bool with_ranks = true)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Open steps and high-water marks mirror what is committed: both are
-  // cleared when a group's transaction fails.
-  using TimelineKey = std::pair<int64_t, int64_t>;  // (run id, generation)
-  absl::StatusOr<IngestGroupResult> IngestGroupLocked(std::span<const IngestBatch> batches,
-                                                      const CompletedSink& before_commit,
-                                                      const AtCommit& at_commit)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // `write` in the open transaction under a savepoint, rolled back to it
-  // when it fails.
-  absl::StatusOr<int64_t> InSavepointLocked(const std::function<absl::StatusOr<int64_t>()>& write)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ForgetOlderTimelinesLocked(int64_t run_id, int64_t generation)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  // mu_ for a scope (every public method takes it so); a thread that must
-  // wait for it is counted in lock_waiters_ and tells the observer first.
-  class ABSL_SCOPED_LOCKABLE Held {
-   public:
-    explicit Held(Catalog* catalog) ABSL_EXCLUSIVE_LOCK_FUNCTION(catalog->mu_);
-    ~Held() ABSL_UNLOCK_FUNCTION();
-    Held(const Held&) = delete;
-    Held& operator=(const Held&) = delete;
-
-   private:
-    Catalog* const catalog_;
-  };
-
   const std::string path_;
   Clock* const clock_;
   absl::Mutex mu_;
-  std::atomic<int64_t> lock_waiters_{0};
-  absl::Mutex observer_mu_;
-  std::function<void()> contention_observer_ ABSL_GUARDED_BY(observer_mu_);
   std::unique_ptr<Database> db_ ABSL_GUARDED_BY(mu_);
   // One store per concern, each over db_ (their SQL; the lock and the
   // transactions are the catalog's).
@@ -455,8 +356,6 @@ class Catalog {
   AuditStore audit_ ABSL_GUARDED_BY(mu_);
   PolicyStore policies_ ABSL_GUARDED_BY(mu_);
   LaunchStore launches_ ABSL_GUARDED_BY(mu_);
-  std::map<TimelineKey, std::map<int64_t, v1::StepRecord>> open_steps_ ABSL_GUARDED_BY(mu_);
-  std::map<std::tuple<int64_t, int64_t, uint32_t>, int64_t> committed_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> config_version_{0};
 };
 
