@@ -18,6 +18,7 @@
 #include "daemon/server/audit_interceptor.h"
 #include "daemon/server/parse_errors.h"
 #include "daemon/control/supervisor.h"
+#include "daemon/ingest/group_commit.h"
 #include "daemon/launch/checkpoint_guard.h"
 #include "daemon/launch/launch_profiles.h"
 #include "daemon/launch/launcher.h"
@@ -201,7 +202,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options) {
   d->state_ = std::make_unique<DaemonState>(d->catalog_.get(), options.clock, options.limits,
                                             d->catalog_path_);
   if (absl::Status s = d->StartLaunchProfiles(options); !s.ok()) return s;
-  d->supervisor_ = std::make_unique<Supervisor>(d->catalog_.get(), &d->state_->hub, options.clock);
+  GroupCommitter::Options ingest;
+  ingest.metrics = &d->state_->metrics;
+  ingest.after_commit = options.after_group_commit;
+  d->ingest_ = std::make_unique<GroupCommitter>(d->catalog_.get(), ingest);
+  d->supervisor_ = std::make_unique<Supervisor>(d->catalog_.get(), &d->state_->hub, options.clock,
+                                                d->ingest_->completed());
   d->supervisor_->view()->set_checkpoint_guard(d->checkpoints_.get());
   d->supervisor_->view()->set_launch_profiles(d->profiles_.get());
   d->supervisor_->SetMetrics(&d->state_->metrics);
@@ -211,10 +217,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options) {
   if (absl::Status s = d->supervisor_->Start(); !s.ok()) return s;
   d->state_->supervisor = d->supervisor_.get();
   d->state_->authorizer = d->authorizer_.get();
-  d->state_->group_join_window = options.group_join_window;
-  d->state_->after_group_commit = options.after_group_commit;
   metrics::RegisterStateCollector(d->state_.get());
-  d->worker_service_ = std::make_unique<WorkerServiceImpl>(d->state_.get());
+  d->worker_service_ = std::make_unique<WorkerServiceImpl>(d->state_.get(), d->ingest_.get());
   d->operator_handler_ = std::make_unique<DaemonOperatorHandler>(d->state_.get());
   d->supervisor_service_ =
       std::make_unique<SupervisorServiceImpl>(d->state_.get(), d->operator_handler_.get());
@@ -413,9 +417,10 @@ void Daemon::Shutdown(absl::Duration grace) {
   }
   server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(grace));
   server_->Wait();
+  // Detection processes what ingest queued and stops taking; the ingest
+  // stage commits what is left, then lets go of the catalog before it closes.
   supervisor_->Stop();
-  // The ingest stage lets go of the catalog before it closes.
-  worker_service_->StopIngest();
+  ingest_.reset();
   state_->supervisor = nullptr;
   supervisor_.reset();
   catalog_.reset();

@@ -61,6 +61,7 @@ class SlurmLauncher;
 class ProfileLauncher;
 class LaunchProfiles;
 class CheckpointGuard;
+class GroupCommitter;
 
 class Daemon {
  public:
@@ -113,10 +114,6 @@ class Daemon {
     // Benchmarks: each step record's exact detection latency (see
     // Supervisor::SetLatencyObserver); called on the runs' pipelines.
     std::function<void(const metrics::DetectionLatency&)> detection_latency_observer;
-    // How long a group commit holds its COMMIT for an incident opened from
-    // its records to join it (GroupCommitter::Options::join_window); 0: an
-    // incident commits on its own, after the group (benchmarks compare).
-    absl::Duration group_join_window = absl::Milliseconds(3);
     // Crash tests: called on the commit thread after each telemetry group is
     // durable and before its acks (GroupCommitter::Options::after_commit).
     // spikeguardd sets none; tests/e2e/spikeguardd_crash_point.cc does.
@@ -163,6 +160,9 @@ class Daemon {
   std::unique_ptr<LaunchProfiles> profiles_;
   std::unique_ptr<CheckpointGuard> checkpoints_;
   std::unique_ptr<DaemonState> state_;
+  // The ingest stage's group commit (declared before the supervisor, which
+  // takes from its queue, and the worker service, which feeds it).
+  std::unique_ptr<GroupCommitter> ingest_;
   std::unique_ptr<Supervisor> supervisor_;
   std::unique_ptr<LocalLauncher> local_launcher_;
   std::unique_ptr<SlurmLauncher> slurm_launcher_;

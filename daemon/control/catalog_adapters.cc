@@ -14,7 +14,6 @@
 #include "daemon/detect/step_message.h"
 #include "daemon/incident/plan_proto.h"
 #include "daemon/incident/policy.h"
-#include "daemon/ingest/group_commit.h"
 #include "storage/corpus/corpus_tools.h"
 #include "storage/corpus/data_plan.h"
 
@@ -425,48 +424,16 @@ absl::StatusOr<int64_t> CatalogIncidentStore::AppendEvent(int64_t incident_id,
   return catalog_->AppendIncidentEvent(incident_id, kind, payload);
 }
 
-namespace {
-
-// `in_group` in the open group `ingest` holds, durable with it (`durable`
-// then runs on the commit thread, right after the commit); else `alone`, a
-// transaction of its own (then `durable` runs here).
-absl::StatusOr<int64_t> JoinedOrAlone(
-    GroupCommitter* ingest,
-    const std::function<absl::StatusOr<int64_t>(storage::Catalog::OpenGroup&)>& in_group,
-    const std::function<absl::StatusOr<int64_t>()>& alone,
-    const incident::IncidentStore::DurableFn& durable) {
-  if (ingest != nullptr) {
-    absl::StatusOr<int64_t> written = absl::UnknownError("not written");
-    std::optional<absl::Status> joined = ingest->Join(
-        [&](storage::Catalog::OpenGroup& group) {
-          written = in_group(group);
-          return written.status();
-        },
-        durable);
-    if (joined.has_value()) {
-      if (!joined->ok()) return *joined;
-      return written;
-    }
-  }
-  absl::StatusOr<int64_t> written = alone();
-  if (written.ok() && durable) durable();
-  return written;
-}
-
-}  // namespace
-
+// Each in one transaction of its own; `durable` runs once it committed.
 absl::StatusOr<int64_t> CatalogIncidentStore::AppendAndSave(int64_t incident_id,
                                                             const std::string& kind,
                                                             const std::string& payload,
                                                             const ApplyFn& apply,
                                                             const DurableFn& durable) {
-  return JoinedOrAlone(
-      ingest_.load(),
-      [&](storage::Catalog::OpenGroup& group) {
-        return group.AppendIncidentEventAndUpdate(incident_id, kind, payload, apply);
-      },
-      [&] { return catalog_->AppendIncidentEventAndUpdate(incident_id, kind, payload, apply); },
-      durable);
+  absl::StatusOr<int64_t> seq =
+      catalog_->AppendIncidentEventAndUpdate(incident_id, kind, payload, apply);
+  if (seq.ok() && durable) durable();
+  return seq;
 }
 
 absl::StatusOr<int64_t> CatalogIncidentStore::CreateWithEvent(const std::string& run,
@@ -475,13 +442,9 @@ absl::StatusOr<int64_t> CatalogIncidentStore::CreateWithEvent(const std::string&
                                                               const std::string& payload,
                                                               const OpenFn& apply,
                                                               const DurableFn& durable) {
-  return JoinedOrAlone(
-      ingest_.load(),
-      [&](storage::Catalog::OpenGroup& group) {
-        return group.CreateIncidentWithEvent(run, initial, kind, payload, apply);
-      },
-      [&] { return catalog_->CreateIncidentWithEvent(run, initial, kind, payload, apply); },
-      durable);
+  absl::StatusOr<int64_t> id = catalog_->CreateIncidentWithEvent(run, initial, kind, payload, apply);
+  if (id.ok() && durable) durable();
+  return id;
 }
 
 absl::StatusOr<std::vector<incident::IncidentStore::StoredEvent>> CatalogIncidentStore::Events(

@@ -22,8 +22,6 @@
 
 namespace spikeguard::daemon {
 
-class GroupCommitter;
-
 // The policy in force for a run: the run's own, else the daemon default,
 // else the built-in defaults.
 spikeguard::v1::Policy EffectivePolicy(storage::Catalog* catalog, const std::string& run);
@@ -113,12 +111,6 @@ class CatalogIncidentStore final : public incident::IncidentStore {
  public:
   explicit CatalogIncidentStore(storage::Catalog* catalog) : catalog_(catalog) {}
 
-  // The ingest stage's group commit: while a group that handed records over
-  // has not committed, the engine's writes (opening an incident, its next
-  // events) join that group's transaction, one fsync for both; else they
-  // commit on their own. Null: always on their own.
-  void set_ingest(GroupCommitter* ingest) { ingest_.store(ingest); }
-
   absl::StatusOr<int64_t> CreateIncident(const std::string& run,
                                          const spikeguard::v1::Incident& incident) override;
   absl::Status SaveIncident(const spikeguard::v1::Incident& incident) override;
@@ -139,7 +131,6 @@ class CatalogIncidentStore final : public incident::IncidentStore {
 
  private:
   storage::Catalog* const catalog_;
-  std::atomic<GroupCommitter*> ingest_{nullptr};
 };
 
 }  // namespace spikeguard::daemon

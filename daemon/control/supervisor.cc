@@ -8,7 +8,6 @@
 #include "daemon/ingest/limits.h"
 #include "daemon/detect/step_message.h"
 #include "daemon/incident/policy.h"
-#include "daemon/ingest/group_commit.h"
 
 namespace spikeguard::daemon {
 namespace {
@@ -52,13 +51,14 @@ detect::StepSample ToSample(const v1::StepRecord& r) { return detect::FromStepMe
 }  // namespace
 
 Supervisor::Supervisor(storage::Catalog* catalog, StreamHub* hub, Clock* clock,
-                       int pipeline_threads)
+                       CompletedQueue* completed, int pipeline_threads)
     : catalog_(catalog),
       clock_(clock),
       control_(catalog, hub, clock),
       view_(catalog),
       store_(catalog),
       warnings_(catalog),
+      completed_(completed),
       pipeline_threads_(std::max(1, pipeline_threads)) {}
 
 Supervisor::~Supervisor() { Stop(); }
@@ -94,6 +94,10 @@ absl::Status Supervisor::Start() {
   for (int i = 0; i < pipeline_threads_; ++i) {
     pipeline_workers_.emplace_back([this] { PipelineLoop(); });
   }
+  if (completed_ != nullptr) {
+    completed_->Open();
+    dispatcher_ = std::thread([this] { DispatchLoop(); });
+  }
   return absl::OkStatus();
 }
 
@@ -103,8 +107,14 @@ void Supervisor::Stop() {
     stopping_ = true;
   }
   if (tick_thread_.joinable()) tick_thread_.join();
-  // What was handed over is processed before the pipelines stop.
+  // What was handed over is processed before the pipelines stop; what the
+  // ingest stage queues after that is dropped.
+  if (dispatcher_.joinable()) DispatchPending();
   Drain();
+  if (dispatcher_.joinable()) {
+    completed_->Close();
+    dispatcher_.join();
+  }
   {
     absl::MutexLock lock(&exec_mu_);
     exec_stopping_ = true;
@@ -142,11 +152,6 @@ void Supervisor::AwaitRoomLocked() {
   exec_mu_.Await(absl::Condition(&room));
 }
 
-void Supervisor::WaitForRoom() {
-  absl::MutexLock lock(&exec_mu_);
-  AwaitRoomLocked();
-}
-
 bool Supervisor::Post(const std::string& run, int64_t records, std::function<void()> task,
                       bool wait) {
   absl::MutexLock lock(&exec_mu_);
@@ -168,14 +173,15 @@ bool Supervisor::Post(const std::string& run, int64_t records, std::function<voi
   return true;
 }
 
-void Supervisor::ConnectIngest(GroupCommitter* ingest) {
-  ingest_.store(ingest);
-  store_.set_ingest(ingest);
+void Supervisor::DispatchLoop() {
+  while (completed_->WaitForRecords()) DispatchPending();
 }
 
-void Supervisor::Judged(int64_t records) {
-  if (GroupCommitter* ingest = ingest_.load(); ingest != nullptr && records > 0) {
-    ingest->Judged(records);
+void Supervisor::DispatchPending() {
+  if (completed_ == nullptr) return;
+  absl::MutexLock lock(&dispatch_mu_);
+  for (CompletedSlice& slice : completed_->TakeAll()) {
+    OnCompleted(std::move(slice.records), slice.arrived);
   }
 }
 
@@ -397,55 +403,49 @@ std::vector<incident::Detection> Supervisor::Detect(Pipeline* p, const v1::StepR
   return {std::move(d)};
 }
 
-void Supervisor::OnCompleted(std::vector<storage::CompletedStep> completed, absl::Time arrived) {
+void Supervisor::OnCompleted(std::vector<CompletedStep> completed, absl::Time arrived) {
   // Split by run; each run's slice keeps the (generation, step) order.
   size_t begin = 0;
   while (begin < completed.size()) {
     size_t end = begin + 1;
     while (end < completed.size() && completed[end].run == completed[begin].run) ++end;
-    auto slice = std::make_shared<std::vector<storage::CompletedStep>>(
+    auto slice = std::make_shared<std::vector<CompletedStep>>(
         std::make_move_iterator(completed.begin() + begin),
         std::make_move_iterator(completed.begin() + end));
     const std::string run = slice->front().run;
     const int64_t records = static_cast<int64_t>(slice->size());
     const bool posted = Post(
         run, records,
-        [this, run, slice, arrived] {
+        [this, run, slice, arrived, records] {
           Pipeline* p = nullptr;
           {
             absl::MutexLock lock(&exec_mu_);
             p = pipelines_[run].get();
           }
           Deliver(p, std::move(*slice), arrived);
+          completed_->Done(records);
         },
         /*wait=*/false);
-    if (!posted) Judged(records);  // never delivered: nothing to wait for
+    if (!posted) completed_->Done(records);  // never delivered
     begin = end;
   }
 }
 
-void Supervisor::Deliver(Pipeline* p, std::vector<storage::CompletedStep> records,
+void Supervisor::Deliver(Pipeline* p, std::vector<CompletedStep> records,
                          absl::Time arrived) {
   Monitor& m = p->monitor;
   // Step by step: the detectors under no lock, then the engine under mu_;
   // the commands it issued go out after the last step (the outbox is
   // flushed when it goes out of scope, after mu_ is released).
   RunControl::Outbox outbox(&control_);
-  for (const storage::CompletedStep& c : records) {
+  for (const CompletedStep& c : records) {
     const v1::StepRecord& r = c.record;
     const bool stale = r.generation() < m.generation;
     const bool delivered = r.generation() == m.generation && r.step() < m.next_step;
-    if (stale || delivered) {
-      Judged(1);
-      continue;
-    }
+    if (stale || delivered) continue;
     if (r.generation() > m.generation) ResetMonitor(p->run, r.generation(), r.step(), &m);
     const std::vector<incident::Detection> detections = Detect(p, r);
     warnings_.OnStep(p->run, r, [this, p](int64_t a, int64_t d) { return OnLine(p, a, d); });
-    // A calm record is judged now: its group commits without waiting for
-    // the engine. One that fired is judged once the engine took it (an
-    // incident it opened joined the group, or was written on its own).
-    if (detections.empty()) Judged(1);
     const incident::StepObservation observation = ToObservation(r);
     m.next_step = r.step() + 1;
     int64_t decided_ns = 0, opened_ns = 0;
@@ -466,7 +466,6 @@ void Supervisor::Deliver(Pipeline* p, std::vector<storage::CompletedStep> record
       decided_ns = decided_at_ns_.load();
       opened_ns = opened_at_ns_.load();
     }
-    if (!detections.empty()) Judged(1);
     // An incident opened on this step: the run's active precursor warnings
     // preceded it.
     std::vector<std::tuple<std::string, int64_t, int64_t>> opened;
@@ -495,6 +494,8 @@ void Supervisor::Deliver(Pipeline* p, std::vector<storage::CompletedStep> record
 
 void Supervisor::OnGenerationEnded(const std::string& run, int64_t generation, uint32_t rank,
                                    int64_t last_step, const std::string& reason) {
+  // Behind the run's records already queued by the ingest stage.
+  DispatchPending();
   Post(run, 0, [this, run, generation, rank, last_step, reason] {
     RunControl::Outbox outbox(&control_);
     absl::MutexLock lock(&mu_);

@@ -1,11 +1,12 @@
 // supervisor.h
 // -----------------------------------------------------------------------------
 // Wires detection and the incident engine into the daemon. The ingest stage
-// hands over, in memory, the run-level records that became complete (every
-// rank reported) as each group commit is durable (OnCompleted); each run has
-// a pipeline, a serialized executor on a small thread pool, that delivers
-// them in step order to the run's detectors and to the engine, off the RPC
-// threads. Detector events open incidents; the engine acts through
+// pushes, in memory, the run-level records that became complete (every rank
+// reported) in each group commit to its queue (daemon/ingest/
+// completed_queue.h); the supervisor's dispatcher thread takes them from
+// there and hands each run's records to the run's pipeline, a serialized
+// executor on a small thread pool, that delivers them in step order to the
+// run's detectors and to the engine, off the RPC threads. Detector events open incidents; the engine acts through
 // RunControl and persists through the catalog. Operators' incident calls
 // (list, get, watch, approve, abort, manual rewinds) come through here too.
 //
@@ -37,6 +38,7 @@
 #include "daemon/control/stream_hub.h"
 #include "daemon/detect/run_monitor.h"
 #include "daemon/incident/engine.h"
+#include "daemon/ingest/completed_queue.h"
 #include "daemon/metrics/daemon_metrics.h"
 #include "storage/catalog/catalog.h"
 
@@ -44,29 +46,22 @@ namespace spikeguard::daemon {
 
 class Supervisor {
  public:
-  // `pipeline_threads`: threads running the runs' pipelines (a run uses one
-  // at a time).
-  Supervisor(storage::Catalog* catalog, StreamHub* hub, Clock* clock, int pipeline_threads = 2);
+  // `completed`: the ingest stage's queue of completed records (null: none
+  // arrive; operators' calls only). `pipeline_threads`: threads running the
+  // runs' pipelines (a run uses one at a time).
+  Supervisor(storage::Catalog* catalog, StreamHub* hub, Clock* clock,
+             CompletedQueue* completed = nullptr, int pipeline_threads = 2);
   ~Supervisor();
 
-  // Recovers open incidents from their event logs and starts the tick thread.
+  // Recovers open incidents from their event logs, starts the tick thread,
+  // the pipelines and the dispatcher (which opens the completed queue).
   absl::Status Start();
+  // Processes what the queue held, then closes it and stops.
   void Stop();
 
   RunControl* control() { return &control_; }
   CatalogRunView* view() { return &view_; }
 
-  // Records that became complete in a group (merged, its commit under
-  // way), by (run, generation, step): queued on their runs' pipelines.
-  // Never waits (the ingest stage calls it with the catalog's lock held);
-  // the ingest stage calls WaitForRoom between groups instead.
-  // `arrived`: when the reports that completed them arrived (detection
-  // latency is recorded from there, when SetMetrics gave a place).
-  void OnCompleted(std::vector<storage::CompletedStep> completed,
-                   absl::Time arrived = absl::Now());
-  // Waits while kMaxQueuedRecords or more are waiting for the pipelines:
-  // the ingest stage slows down rather than growing a queue without bound.
-  void WaitForRoom();
   // Before any record arrives.
   void SetMetrics(metrics::DaemonMetrics* metrics) { metrics_ = metrics; }
   // Before any record arrives. Called on a run's pipeline with each
@@ -79,13 +74,9 @@ class Supervisor {
   static constexpr int64_t kMaxQueuedRecords = 65536;
   // Waits until every pipeline has processed what it was handed.
   void Drain();
-  // Before any record arrives: the ingest stage's group commit. The
-  // pipelines tell it as each record handed over is judged (its detectors
-  // ran; a record that fired, once the engine took the detection), and
-  // the engine's writes join its open group (CatalogIncidentStore).
-  void ConnectIngest(GroupCommitter* ingest);
 
-  // Queued on the run's pipeline, behind the records handed over before it.
+  // Queued on the run's pipeline, behind the records the ingest stage
+  // queued before it.
   // A rank reports that its generation stopped training before any horizon
   // it was given (the end of its training schedule): a probe waiting for
   // steps past `last_step` is judged with what it has, at once.
@@ -146,26 +137,33 @@ class Supervisor {
     std::map<int64_t, int64_t> parents;
   };
 
-  // `wait`: first wait for room (WaitForRoom).
+  // `wait`: first wait for room (kMaxQueuedRecords).
   // False when dropped (stopping, or not started).
   bool Post(const std::string& run, int64_t records, std::function<void()> task,
             bool wait = true);
-  void Judged(int64_t records);
+  // The dispatcher thread: hands what the completed queue holds to the
+  // pipelines (DispatchPending) until the queue closes.
+  void DispatchLoop();
+  // Every slice queued now, each run's records to its pipeline, in order.
+  void DispatchPending() ABSL_LOCKS_EXCLUDED(dispatch_mu_);
+  // Records of one slice, by (run, generation, step): posted on their runs'
+  // pipelines (never waits); each told Done to the queue once delivered.
+  void OnCompleted(std::vector<CompletedStep> completed, absl::Time arrived)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(dispatch_mu_);
   void AwaitRoomLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_);
   void PipelineLoop();
   // On the run's pipeline.
   // Records each delivered record's latency from `arrived` (the others
   // were stale or delivered before).
-  void Deliver(Pipeline* p, std::vector<storage::CompletedStep> records, absl::Time arrived);
+  void Deliver(Pipeline* p, std::vector<CompletedStep> records, absl::Time arrived);
   void ResetMonitor(const std::string& run, int64_t generation, int64_t first_step, Monitor* m);
   std::vector<incident::Detection> Detect(Pipeline* p, const spikeguard::v1::StepRecord& record);
   // Whether generation `descendant` of the pipeline's run is `ancestor` or
   // descends from it (the tree is read again when a generation is new).
   bool OnLine(Pipeline* p, int64_t ancestor, int64_t descendant);
   // The engine's listener: queues the update for every watcher of its run.
-  // Runs as soon as the event is durable, on the thread that committed it
-  // (the ingest stage's, when it joined a group, while the engine's caller
-  // still holds mu_ and waits for it), so it only enqueues.
+  // Runs as soon as the event is durable, on the engine's caller's thread
+  // with mu_ held, so it only enqueues.
   void Publish(const spikeguard::v1::Incident& incident, const spikeguard::v1::IncidentEvent& event);
   // A precursor warning that opened, cleared or preceded an incident, to
   // every watcher of its run.
@@ -185,7 +183,12 @@ class Supervisor {
   // Set before any record arrives (SetMetrics); null: not recorded.
   metrics::DaemonMetrics* metrics_ = nullptr;
   LatencyObserver latency_observer_;
-  std::atomic<GroupCommitter*> ingest_{nullptr};
+  CompletedQueue* const completed_;
+  // Dispatching from the queue to the pipelines, one thread at a time, so
+  // slices reach a pipeline in queue order (the dispatcher, and
+  // OnGenerationEnded, which first dispatches what is queued before it).
+  absl::Mutex dispatch_mu_;
+  std::thread dispatcher_;
   // When the engine last decided to open an incident, and when the last
   // "opened" event was published (ns since the epoch; 0: none since
   // Deliver reset them): an opening record's latencies end there.

@@ -1,29 +1,26 @@
 #include "daemon/ingest/group_commit.h"
 
 #include <algorithm>
+#include <climits>
 #include <memory>
+#include <set>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "base/logging.h"
+#include "base/status_macros.h"
+#include "storage/catalog/merge.h"
 
 namespace spikeguard::daemon {
 
-GroupCommitter::GroupCommitter(storage::Catalog* catalog, Options options,
-                               CompletedFn on_completed, std::function<void()> wait_for_room)
-    : catalog_(catalog),
-      options_(options),
-      on_completed_(std::move(on_completed)),
-      wait_for_room_(std::move(wait_for_room)) {
-  if (options_.join_window > absl::ZeroDuration()) {
-    // A held group lets in whoever waits for the catalog (see AtCommit): the
-    // empty critical section has the held group's condition looked at again.
-    catalog_->SetContentionObserver([this] { absl::MutexLock lock(&mu_); });
-  }
+namespace v1 = spikeguard::v1;
+
+GroupCommitter::GroupCommitter(storage::Catalog* catalog, Options options)
+    : catalog_(catalog), options_(options), completed_(options.max_queued_records) {
   thread_ = std::thread([this] { Loop(); });
 }
 
 GroupCommitter::~GroupCommitter() {
-  if (options_.join_window > absl::ZeroDuration()) catalog_->SetContentionObserver(nullptr);
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
@@ -31,7 +28,7 @@ GroupCommitter::~GroupCommitter() {
   thread_.join();
 }
 
-storage::BatchOutcome GroupCommitter::Commit(storage::IngestBatch batch) {
+BatchOutcome GroupCommitter::Commit(IngestBatch batch) {
   Pending pending;
   pending.batch = std::move(batch);
   pending.queued = absl::Now();
@@ -45,7 +42,7 @@ storage::BatchOutcome GroupCommitter::Commit(storage::IngestBatch batch) {
   return std::move(pending.outcome);
 }
 
-void GroupCommitter::CommitAsync(storage::IngestBatch batch, DoneFn done) {
+void GroupCommitter::CommitAsync(IngestBatch batch, DoneFn done) {
   auto pending = std::make_unique<Pending>();
   pending->batch = std::move(batch);
   pending->callback = std::move(done);
@@ -71,84 +68,29 @@ int64_t GroupCommitter::batches() const {
   return batches_;
 }
 
-int64_t GroupCommitter::joined_groups() const {
-  absl::MutexLock lock(&mu_);
-  return joined_groups_;
-}
-
-std::optional<absl::Status> GroupCommitter::Join(const JoinedWork& work,
-                                                 const std::function<void()>& durable) {
-  Joiner joiner;
-  joiner.work = &work;
-  joiner.durable = &durable;
-  absl::MutexLock lock(&mu_);
-  if (!joinable_ || stopping_) return std::nullopt;
-  joiners_.push_back(&joiner);
-  mu_.Await(absl::Condition(&joiner.done));
-  if (!joiner.served) return std::nullopt;
-  return joiner.status;
-}
-
-void GroupCommitter::Judged(int64_t records) {
-  absl::MutexLock lock(&mu_);
-  judged_ += records;
-}
-
-void GroupCommitter::AtCommit(storage::Catalog::OpenGroup& group) {
-  std::vector<Joiner*> take;
-  {
-    absl::MutexLock lock(&mu_);
-    if (!joinable_) return;
-    // Held no longer than needed: until the records are judged or a joiner
-    // came, and not while anyone waits for the catalog. The consumer itself
-    // may be that one (a first read of something it needs to judge): it
-    // would otherwise wait out the whole window.
-    auto go = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return stopping_ || !joiners_.empty() || judged_ >= handed_ ||
-             catalog_->lock_waiters() > 0;
-    };
-    mu_.AwaitWithTimeout(absl::Condition(&go), options_.join_window);
-    // From here on a joiner writes on its own: this group's COMMIT starts.
-    joinable_ = false;
-    take.swap(joiners_);
-    if (!take.empty()) ++joined_groups_;
-  }
-  for (Joiner* j : take) {
-    j->status = (*j->work)(group);
-    j->served = true;
-  }
-  served_ = std::move(take);
-}
-
-void GroupCommitter::AnswerJoiners(const absl::Status& commit) {
-  // The joiners wait in Join until `done`: their work, status and
-  // `durable` are the commit thread's until then.
-  for (Joiner* j : served_) {
-    if (j->status.ok() && !commit.ok()) j->status = commit;
-    if (j->status.ok() && *j->durable) (*j->durable)();
-  }
-  absl::MutexLock lock(&mu_);
-  joinable_ = false;
-  for (Joiner* j : served_) j->done = true;
-  served_.clear();
-  // Queued but never served (the group failed before its COMMIT): they
-  // write on their own.
-  for (Joiner* j : joiners_) j->done = true;
-  joiners_.clear();
-}
-
 namespace {
 
 // One step of a run with several ranks, sent as it ended (a backlog or a
 // resend has several reports; a lone rank has no one to wait for).
-bool IsLiveStep(const storage::IngestBatch& b) {
-  return b.reports.size() == 1 && b.world_size > 1;
+bool IsLiveStep(const IngestBatch& b) { return b.reports.size() == 1 && b.world_size > 1; }
+
+// When the report that completed `c` was queued: the last batch of the group
+// (they are in queue order) that holds its step.
+absl::Time CompletedAt(const CompletedStep& c, const std::vector<IngestBatch>& batches,
+                       const std::vector<absl::Time>& queued) {
+  const int64_t step = c.record.step();
+  for (size_t i = batches.size(); i-- > 0;) {
+    const IngestBatch& b = batches[i];
+    if (b.reports.empty() || b.run != c.run || b.generation != c.record.generation()) continue;
+    if (b.reports.front().step() <= step && step <= b.reports.back().step()) return queued[i];
+  }
+  return queued.front();
 }
 
 }  // namespace
 
 void GroupCommitter::Note(const Pending& pending) {
-  const storage::IngestBatch& batch = pending.batch;
+  const IngestBatch& batch = pending.batch;
   if (!IsLiveStep(batch)) return;
   // Bounded: a run that stopped mid-step leaves its entry behind.
   if (live_steps_.size() > 4096) live_steps_.clear();
@@ -173,7 +115,7 @@ absl::Time GroupCommitter::RankDeadline(const std::vector<Pending*>& group) cons
   absl::Time until = absl::InfinitePast();
   if (options_.step_window <= absl::ZeroDuration()) return until;
   for (const Pending* p : group) {
-    const storage::IngestBatch& b = p->batch;
+    const IngestBatch& b = p->batch;
     if (!IsLiveStep(b)) continue;
     auto it = live_steps_.find({b.run, b.generation});
     if (it == live_steps_.end() || it->second.step != b.reports.front().step() ||
@@ -191,53 +133,162 @@ absl::Time GroupCommitter::RankDeadline(const std::vector<Pending*>& group) cons
   return until;
 }
 
-namespace {
-
-// When the report that completed `c` was queued: the last batch of the group
-// (they are in queue order) that holds its step.
-absl::Time CompletedAt(const storage::CompletedStep& c,
-                       const std::vector<storage::IngestBatch>& batches,
-                       const std::vector<absl::Time>& queued) {
-  const int64_t step = c.record.step();
-  for (size_t i = batches.size(); i-- > 0;) {
-    const storage::IngestBatch& b = batches[i];
-    if (b.reports.empty() || b.run != c.run || b.generation != c.record.generation()) continue;
-    if (b.reports.front().step() <= step && step <= b.reports.back().step()) return queued[i];
+void GroupCommitter::ForgetOlderTimelines(int64_t run_id, int64_t generation) {
+  for (auto it = open_steps_.lower_bound({run_id, INT64_MIN});
+       it != open_steps_.end() && it->first.first == run_id && it->first.second < generation;) {
+    it = open_steps_.erase(it);
   }
-  return queued.front();
+  for (auto it = committed_.lower_bound({run_id, INT64_MIN, 0});
+       it != committed_.end() && std::get<0>(it->first) == run_id &&
+       std::get<1>(it->first) < generation;) {
+    it = committed_.erase(it);
+  }
 }
 
-}  // namespace
-
-void GroupCommitter::HandOver(std::vector<storage::CompletedStep> done,
-                              const std::vector<storage::IngestBatch>& batches,
-                              const std::vector<absl::Time>& queued) {
-  if (options_.join_window > absl::ZeroDuration() && !done.empty()) {
-    absl::MutexLock lock(&mu_);
-    // Joinable when the consumer had judged everything handed over before
-    // (else it is behind and would not judge these within the window), and
-    // these are few enough to judge within it.
-    joinable_ = judged_ >= handed_ &&
-                static_cast<int64_t>(done.size()) <= options_.join_max_records;
-    handed_ += static_cast<int64_t>(done.size());
-  }
-  std::vector<absl::Time> at;
-  at.reserve(done.size());
-  for (const storage::CompletedStep& c : done) at.push_back(CompletedAt(c, batches, queued));
-  // In order, in slices that share their completing report's arrival.
-  size_t begin = 0;
-  while (begin < done.size()) {
-    size_t end = begin + 1;
-    while (end < done.size() && at[end] == at[begin]) ++end;
-    if (begin == 0 && end == done.size()) {
-      on_completed_(std::move(done), at[begin]);
-      return;
+absl::StatusOr<std::vector<BatchOutcome>> GroupCommitter::CommitGroup(
+    const std::vector<IngestBatch>& batches, const std::vector<absl::Time>& queued) {
+  std::vector<BatchOutcome> out(batches.size());
+  SG_ASSIGN_OR_RETURN(std::unique_ptr<storage::Catalog::Writer> write, catalog_->BeginWrite());
+  struct RunInfo {
+    absl::Status status;
+    int64_t id = 0;
+    int64_t current = -1;
+    std::set<int64_t> generations_checked;
+  };
+  std::map<std::string, RunInfo, std::less<>> runs;
+  // Records touched by this group, and the world size that completes each.
+  std::map<std::tuple<int64_t, int64_t, int64_t>, std::pair<std::string, uint32_t>> touched;
+  std::map<std::tuple<int64_t, int64_t, uint32_t>, int64_t> progress;
+  for (size_t i = 0; i < batches.size(); ++i) {
+    const IngestBatch& batch = batches[i];
+    BatchOutcome& outcome = out[i];
+    auto [it, fresh] = runs.try_emplace(batch.run);
+    RunInfo& info = it->second;
+    if (fresh) {
+      absl::StatusOr<storage::RunStore::Key> key = write->runs().Lookup(batch.run);
+      if (key.ok()) {
+        info.id = key->id;
+        info.current = key->current_generation;
+      } else if (absl::IsNotFound(key.status())) {
+        info.status = key.status();
+      } else {
+        return key.status();
+      }
     }
-    on_completed_(std::vector<storage::CompletedStep>(std::make_move_iterator(done.begin() + begin),
-                                                      std::make_move_iterator(done.begin() + end)),
-                  at[begin]);
+    outcome.run_generation = info.current;
+    if (!info.status.ok()) {
+      outcome.status = info.status;
+      continue;
+    }
+    if (batch.require_current && batch.generation != info.current) {
+      outcome.status = absl::FailedPreconditionError(
+          absl::StrCat("stale generation: reports of generation ", batch.generation,
+                       " refused; the run is at generation ", info.current));
+      continue;
+    }
+    if (batch.generation != info.current &&
+        !info.generations_checked.contains(batch.generation)) {
+      if (absl::Status s = write->runs().RequireGeneration(info.id, batch.run, batch.generation);
+          !s.ok()) {
+        if (!absl::IsNotFound(s)) return s;
+        outcome.status = s;
+        continue;
+      }
+      info.generations_checked.insert(batch.generation);
+    }
+    const auto rank_key = std::make_tuple(info.id, batch.generation, batch.rank);
+    auto committed = committed_.find(rank_key);
+    if (committed == committed_.end()) {
+      SG_ASSIGN_OR_RETURN(int64_t step,
+                          write->steps().CommittedStep(info.id, batch.generation, batch.rank));
+      committed = committed_.emplace(rank_key, step).first;
+    }
+    // Within a batch, take reports in step order so a reordered batch loses nothing.
+    std::vector<const v1::StepReport*> ordered;
+    ordered.reserve(batch.reports.size());
+    for (const v1::StepReport& r : batch.reports) ordered.push_back(&r);
+    std::stable_sort(ordered.begin(), ordered.end(),
+                     [](const v1::StepReport* a, const v1::StepReport* b) {
+                       return a->step() < b->step();
+                     });
+    storage::IngestResult& r = outcome.result;
+    r.committed_step = committed->second;
+    auto& open = open_steps_[{info.id, batch.generation}];
+    for (const v1::StepReport* report : ordered) {
+      if (report->step() <= r.committed_step) {
+        ++r.duplicates;
+        continue;
+      }
+      auto record = open.find(report->step());
+      if (record == open.end()) {
+        SG_ASSIGN_OR_RETURN(std::optional<v1::StepRecord> stored,
+                            write->steps().Read(info.id, batch.generation, report->step()));
+        record = open.emplace(report->step(), stored.value_or(v1::StepRecord())).first;
+      }
+      record->second.set_generation(batch.generation);
+      storage::MergeReport(&record->second, batch.rank, *report);
+      auto& t = touched[{info.id, batch.generation, report->step()}];
+      t.first = batch.run;
+      t.second = std::max(t.second, batch.world_size);
+      r.committed_step = report->step();
+      ++r.accepted;
+    }
+    committed->second = r.committed_step;
+    if (!batch.reports.empty()) progress[rank_key] = r.committed_step;
+  }
+  // Records the group completes go to the queue before anything is written:
+  // detection runs beside the writes and the commit's fsync. If the commit
+  // fails they were handed over but not stored; the ranks resend them (their
+  // batches were not acknowledged), and the consumer skips steps it has seen.
+  std::set<std::pair<int64_t, int64_t>> timelines;
+  std::vector<std::tuple<int64_t, int64_t, int64_t>> complete;
+  std::vector<CompletedStep> done;
+  for (const auto& [key, who] : touched) {
+    const auto& [run_id, generation, step] = key;
+    timelines.insert({run_id, generation});
+    const v1::StepRecord& record = open_steps_[{run_id, generation}][step];
+    if (who.second > 0 && record.ranks_reported() >= static_cast<int64_t>(who.second)) {
+      complete.push_back(key);
+      done.push_back(CompletedStep{who.first, who.second, record});
+    }
+  }
+  // In order, in slices that share their completing report's arrival.
+  for (size_t begin = 0; begin < done.size();) {
+    const absl::Time at = CompletedAt(done[begin], batches, queued);
+    size_t end = begin + 1;
+    while (end < done.size() && CompletedAt(done[end], batches, queued) == at) ++end;
+    completed_.Push(CompletedSlice{
+        std::vector<CompletedStep>(std::make_move_iterator(done.begin() + begin),
+                                   std::make_move_iterator(done.begin() + end)),
+        at});
     begin = end;
   }
+  // Each touched record and each rank's high-water mark is written once.
+  for (const auto& [key, who] : touched) {
+    const auto& [run_id, generation, step] = key;
+    SG_RETURN_IF_ERROR(
+        write->steps().Write(run_id, generation, open_steps_[{run_id, generation}][step]));
+  }
+  for (const auto& [key, step] : progress) {
+    SG_RETURN_IF_ERROR(write->steps().SetCommittedStep(std::get<0>(key), std::get<1>(key),
+                                                       std::get<2>(key), step));
+  }
+  SG_RETURN_IF_ERROR(write->Commit());
+  write.reset();
+  // Durable: complete records leave the cache; it keeps at most
+  // kMaxOpenStepsPerGeneration steps per timeline.
+  for (const auto& [run_id, generation, step] : complete) {
+    open_steps_[{run_id, generation}].erase(step);
+  }
+  for (const auto& key : timelines) {
+    auto& open = open_steps_[key];
+    while (open.size() > kMaxOpenStepsPerGeneration) open.erase(open.begin());
+  }
+  // Older generations of a run stop receiving reports once it moved on.
+  for (const auto& [name, info] : runs) {
+    if (info.status.ok()) ForgetOlderTimelines(info.id, info.current);
+  }
+  return out;
 }
 
 void GroupCommitter::Loop() {
@@ -245,7 +296,7 @@ void GroupCommitter::Loop() {
   while (true) {
     // The consumer of completed records is full: slow the ingest down
     // rather than growing its queue without bound.
-    if (wait_for_room_) wait_for_room_();
+    completed_.WaitForRoom();
     std::vector<Pending*> group;
     {
       absl::MutexLock lock(&mu_);
@@ -281,34 +332,25 @@ void GroupCommitter::Loop() {
       }
     }
     // The pending batches belong to threads blocked in Commit until `done`.
-    std::vector<storage::IngestBatch> batches;
+    std::vector<IngestBatch> batches;
     batches.reserve(group.size());
     for (Pending* p : group) batches.push_back(std::move(p->batch));
     std::vector<absl::Time> queued;
     queued.reserve(group.size());
     for (Pending* p : group) queued.push_back(p->queued);
-    storage::Catalog::CompletedSink sink;
-    if (on_completed_) {
-      sink = [this, &batches, &queued](std::vector<storage::CompletedStep> done) {
-        HandOver(std::move(done), batches, queued);
-      };
+    absl::StatusOr<std::vector<BatchOutcome>> result = CommitGroup(batches, queued);
+    if (!result.ok()) {
+      // Rolled back: the in-memory merges may hold uncommitted reports.
+      open_steps_.clear();
+      committed_.clear();
+      SG_LOG(ERROR) << "ingest: group of " << group.size() << " batch(es) not committed: "
+                    << result.status();
     }
-    storage::Catalog::AtCommit at_commit;
-    if (options_.join_window > absl::ZeroDuration()) {
-      at_commit = [this](storage::Catalog::OpenGroup& open) { AtCommit(open); };
-    }
-    absl::StatusOr<storage::IngestGroupResult> result =
-        catalog_->IngestGroup(batches, sink, at_commit);
     int64_t committed_groups = 0;
     {
       absl::MutexLock lock(&mu_);
       committed_groups = result.ok() ? ++groups_ : groups_;
       batches_ += result.ok() ? static_cast<int64_t>(group.size()) : 0;
-    }
-    if (at_commit) AnswerJoiners(result.status());
-    if (!result.ok()) {
-      SG_LOG(ERROR) << "ingest: group of " << group.size() << " batch(es) not committed: "
-                    << result.status();
     }
     if (result.ok() && options_.after_commit) options_.after_commit(committed_groups);
     if (result.ok() && options_.metrics != nullptr) {
@@ -318,7 +360,7 @@ void GroupCommitter::Loop() {
     }
     for (size_t i = 0; i < group.size(); ++i) {
       if (result.ok()) {
-        group[i]->outcome = std::move(result->batches[i]);
+        group[i]->outcome = std::move((*result)[i]);
       } else {
         group[i]->outcome.status = result.status();
       }
@@ -340,11 +382,9 @@ void GroupCommitter::Loop() {
     }
     // The write-ahead log's checkpoint, when one is due, runs here: every
     // batch of the group is answered and no later one has started, so it
-    // holds up no acknowledgement and no incident that joined the group
-    // (inside a commit, as SQLite does it, it held up the group that took
-    // the log past its limit; an opening group, writing more, did so
-    // most often). Batches queued meanwhile wait for it, as they would
-    // for that commit.
+    // holds up no acknowledgement (inside a commit, as SQLite does it, it
+    // held up the group that took the log past its limit). Batches queued
+    // meanwhile wait for it, as they would for that commit.
     if (absl::StatusOr<bool> ran = catalog_->CheckpointIfDue(); !ran.ok()) {
       SG_LOG(WARNING) << "ingest: write-ahead log checkpoint failed: " << ran.status();
     }

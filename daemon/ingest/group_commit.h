@@ -3,39 +3,34 @@
 // The ingest stage between the worker streams and the catalog. A stream hands
 // its validated batch to `Commit`, which blocks that stream's thread (holding
 // no lock) until the transaction holding the batch is durable; one thread
-// commits the batches of every stream queued meanwhile as one group
-// (Catalog::IngestGroup). The group is what was queued while the previous
-// commit ran, plus whatever arrives within `window` of the group's first
-// batch, plus, while it holds only some ranks of a live step, that step's
-// other ranks arriving within `step_window`; at most `max_batches`. Step
-// records that became complete are handed to `on_completed` in memory, on
-// the commit thread, once merged and before the group's transaction commits
-// (Catalog::IngestGroup's `before_commit`), so detection runs beside the
-// commit's fsync; no batch is answered before the group is durable.
-// `on_completed` runs with the catalog's lock held: it must only enqueue,
-// never call the catalog nor wait. Backpressure from the consumer goes in
-// `wait_for_room`, called on the commit thread before each group with no
-// lock held.
+// commits the batches of every stream queued meanwhile as one group, in one
+// transaction (Catalog::BeginWrite). The group is what was queued while the
+// previous commit ran, plus whatever arrives within `window` of the group's
+// first batch, plus, while it holds only some ranks of a live step, that
+// step's other ranks arriving within `step_window`; at most `max_batches`.
 //
-//   GroupCommitter ingest(catalog, {},
-//       [&](std::vector<storage::CompletedStep> done, absl::Time arrived) {
-//         supervisor->OnCompleted(std::move(done), arrived);
-//       },
-//       [&] { supervisor->WaitForRoom(); });
-//   storage::BatchOutcome outcome = ingest.Commit(std::move(batch));
+// The group's reports are merged (storage/catalog/merge.h) into the records
+// of their steps in memory: the committer keeps the open (incomplete) steps
+// of each timeline and each rank's high-water mark, so a step is read from
+// the catalog at most once, and written once per group. Reports at or below
+// a rank's high-water mark are resends: counted as duplicates, not merged.
+//
+// Records that became complete (every rank reported) are pushed to the
+// committer's own queue, `completed()`, as soon as they are merged and
+// before the group's writes and COMMIT, so detection (the queue's consumer)
+// runs beside the commit's fsync; no batch is answered before its group is
+// durable. The push never waits. Backpressure from the consumer is waited
+// for before each group, with no lock held (CompletedQueue::WaitForRoom).
+// The committer calls nothing of the consumer's: records only flow forward.
+//
+//   GroupCommitter ingest(catalog, {});
+//   Supervisor supervisor(catalog, hub, clock, ingest.completed());
+//   BatchOutcome outcome = ingest.Commit(std::move(batch));
 //   if (outcome.status.ok()) ack(outcome.result);
 //
 // A stream that keeps several batches in flight uses CommitAsync: its
 // callback runs on the commit thread once the group is durable (or failed),
 // in the order the batches were queued, and must only enqueue (an ack).
-//
-// Joining a group: with `join_window` set, a group that handed records over
-// holds its COMMIT, once its own writes are done, until the consumer says
-// those records were judged (Judged) or the window passes. Writes the
-// consumer makes meanwhile through Join (an incident opened from those
-// records) run in the group's transaction and are durable with it: one
-// fsync for the step that showed the spike and the incident it opened,
-// instead of two in a row.
 //
 // After each group is answered the committer runs the catalog's write-ahead
 // log checkpoint if one is due (Catalog::CheckpointIfDue), so a catalog
@@ -47,19 +42,44 @@
 #include <deque>
 #include <functional>
 #include <map>
-#include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "daemon/ingest/completed_queue.h"
 #include "daemon/metrics/daemon_metrics.h"
 #include "storage/catalog/catalog.h"
 
 namespace spikeguard::daemon {
+
+// One rank's report batch.
+struct IngestBatch {
+  std::string run;
+  int64_t generation = 0;
+  uint32_t rank = 0;
+  // A step's record is complete once this many ranks reported it; it is
+  // then pushed to the completed queue (0: never complete).
+  uint32_t world_size = 0;
+  // Refuse the batch unless `generation` is the run's current generation
+  // (FAILED_PRECONDITION; `BatchOutcome::run_generation` says which it is).
+  bool require_current = false;
+  std::vector<spikeguard::v1::StepReport> reports;
+};
+
+struct BatchOutcome {
+  // Not OK: nothing of this batch was stored (unknown run or generation,
+  // stale generation, or the group's transaction failed).
+  absl::Status status;
+  storage::IngestResult result;
+  // The run's current generation when the group was committed (-1 unknown).
+  int64_t run_generation = -1;
+};
 
 class GroupCommitter {
  public:
@@ -83,16 +103,9 @@ class GroupCommitter {
     // only: a wait that cannot catch its last rank only delays the others.
     absl::Duration step_window = absl::Milliseconds(1);
     absl::Duration max_step_window = absl::Milliseconds(5);
-    // How long a group's COMMIT may wait for the records it handed over to
-    // be judged (see "Joining a group" above). Not waited when records
-    // handed over before are still unjudged (a backlog: the consumer is
-    // behind, the wait would only add latency). 0: never waits, Join never
-    // joins. A consumer that sets it reports every record through Judged.
-    absl::Duration join_window = absl::ZeroDuration();
-    // Groups that hand over more records than this are not held: judging
-    // a backlog takes longer than its commit, and its acks would wait for
-    // it. (An incident opened from them commits on its own, after.)
-    int64_t join_max_records = 8;
+    // Completed records pushed and not yet done with, at most, before the
+    // next group waits (CompletedQueue's max_outstanding).
+    int64_t max_queued_records = CompletedQueue::kDefaultMaxOutstanding;
     // Called on the commit thread once a group is durable and before any of
     // its batches is answered, with the number of groups committed so far.
     // The daemon sets none; crash tests inject one through
@@ -101,56 +114,36 @@ class GroupCommitter {
     // Where batches committed and commit latency are recorded (null: not).
     metrics::DaemonMetrics* metrics = nullptr;
   };
-  // `arrived`: when the report that completed these records was queued
-  // (their detection latency counts from there; before it the step could
-  // not be judged). One call per run of records sharing that arrival.
-  using CompletedFn =
-      std::function<void(std::vector<storage::CompletedStep>, absl::Time arrived)>;
+  // The most open (incomplete) step records kept per (run, generation); an
+  // older one that falls out is read back from the catalog if it is reported
+  // again.
+  static constexpr size_t kMaxOpenStepsPerGeneration = 4096;
 
-  GroupCommitter(storage::Catalog* catalog, Options options, CompletedFn on_completed,
-                 std::function<void()> wait_for_room = nullptr);
+  GroupCommitter(storage::Catalog* catalog, Options options);
   // Commits what is queued, then stops.
   ~GroupCommitter();
+
+  // Where completed records go (owned here; the detection pipeline takes
+  // from it).
+  CompletedQueue* completed() { return &completed_; }
 
   // Blocks until the group holding `batch` is committed or failed. A failed
   // transaction answers every batch of its group with its status (nothing of
   // the group is stored).
-  storage::BatchOutcome Commit(storage::IngestBatch batch);
+  BatchOutcome Commit(IngestBatch batch);
   // Queues `batch` and returns at once; `done` gets its outcome on the
   // commit thread (at once, UNAVAILABLE, when the committer is stopping).
-  using DoneFn = std::function<void(storage::BatchOutcome)>;
-  void CommitAsync(storage::IngestBatch batch, DoneFn done);
+  using DoneFn = std::function<void(BatchOutcome)>;
+  void CommitAsync(IngestBatch batch, DoneFn done);
 
   // Groups committed so far, and batches in them (for benchmarks and tests).
   int64_t groups() const;
   int64_t batches() const;
 
-  // Writes run in a group's open transaction, on the commit thread with the
-  // catalog's lock held: they must not call the catalog's own methods, nor
-  // wait on anything.
-  using JoinedWork = std::function<absl::Status(storage::Catalog::OpenGroup&)>;
-  // While a group that handed records over has not started its COMMIT:
-  // runs `work` in that group's transaction and returns once the group is
-  // durable, with the work's status (or, if the work went through, the
-  // group's failure). nullopt: no group could take it (none open, its
-  // commit under way, or joining off); the caller writes on its own.
-  // `durable` (may be empty) runs on the commit thread as soon as the work
-  // went through and the group is durable, before Join returns and before
-  // the group's batches are answered; it must only enqueue (the caller is
-  // not woken before it ran: what it tells is not held up by that wake-up).
-  std::optional<absl::Status> Join(const JoinedWork& work,
-                                   const std::function<void()>& durable = nullptr);
-  // The consumer of `on_completed` judged `records` of the records handed
-  // over: their detectors ran, and what they opened has joined or been
-  // written. Every record handed over is counted once, stale ones too.
-  void Judged(int64_t records);
-  // Groups whose COMMIT carried joined writes (for benchmarks and tests).
-  int64_t joined_groups() const;
-
  private:
   struct Pending {
-    storage::IngestBatch batch;
-    storage::BatchOutcome outcome;
+    IngestBatch batch;
+    BatchOutcome outcome;
     bool done = false;
     absl::Time queued;
     // Set for CommitAsync: the committer owns the Pending and calls this.
@@ -169,49 +162,34 @@ class GroupCommitter {
     absl::Duration spread = absl::ZeroDuration();
   };
   void Note(const Pending& pending);
-  // Hands completed records to on_completed_, each with the arrival of the
-  // report that completed it.
-  void HandOver(std::vector<storage::CompletedStep> done,
-                const std::vector<storage::IngestBatch>& batches,
-                const std::vector<absl::Time>& queued);
   // Until when the group may wait for the missing ranks of its live steps
   // (counted from each step's first report); InfinitePast when it misses
   // none.
   absl::Time RankDeadline(const std::vector<Pending*>& group) const;
-  // Catalog::IngestGroup's `at_commit`: waits for the group's records to be
-  // judged (or a joiner, or the window), then runs the joiners' writes.
-  void AtCommit(storage::Catalog::OpenGroup& group);
-  // After the group's commit (or failure): answers its joiners; those it
-  // never served write on their own.
-  void AnswerJoiners(const absl::Status& commit);
-  struct Joiner {
-    const JoinedWork* work = nullptr;
-    const std::function<void()>* durable = nullptr;
-    absl::Status status;
-    bool served = false;
-    bool done = false;
-  };
+  // The group's transaction: merge, push what completed, write, commit.
+  // One outcome per batch; an error status when the transaction failed.
+  absl::StatusOr<std::vector<BatchOutcome>> CommitGroup(const std::vector<IngestBatch>& batches,
+                                                        const std::vector<absl::Time>& queued);
+  // Drops the open steps and high-water marks of a run's generations older
+  // than `generation` (they receive no more reports).
+  void ForgetOlderTimelines(int64_t run_id, int64_t generation);
 
   storage::Catalog* const catalog_;
   const Options options_;
-  const CompletedFn on_completed_;
-  const std::function<void()> wait_for_room_;
+  CompletedQueue completed_;
 
   mutable absl::Mutex mu_;
   std::deque<Pending*> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int64_t groups_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t batches_ ABSL_GUARDED_BY(mu_) = 0;
+  // Commit thread only.
   std::map<std::pair<std::string, int64_t>, StepRanks> live_steps_;
-  // Records handed over and judged so far; a group may be joined from its
-  // handover until its COMMIT starts.
-  int64_t handed_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t judged_ ABSL_GUARDED_BY(mu_) = 0;
-  bool joinable_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<Joiner*> joiners_ ABSL_GUARDED_BY(mu_);
-  int64_t joined_groups_ ABSL_GUARDED_BY(mu_) = 0;
-  // The joiners the current group served (commit thread only).
-  std::vector<Joiner*> served_;
+  // Commit thread only: what is merged and committed. Open steps by (run
+  // id, generation) then step; high-water marks by (run id, generation,
+  // rank). Both mirror the catalog: cleared when a transaction fails.
+  std::map<std::pair<int64_t, int64_t>, std::map<int64_t, spikeguard::v1::StepRecord>> open_steps_;
+  std::map<std::tuple<int64_t, int64_t, uint32_t>, int64_t> committed_;
   std::thread thread_;
 };
 

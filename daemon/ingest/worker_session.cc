@@ -279,7 +279,7 @@ absl::StatusOr<WorkerSession::AcceptedBatch> WorkerSession::Reports(
       std::max_element(batch.reports().begin(), batch.reports().end(),
                        [](const auto& a, const auto& b) { return a.step() < b.step(); });
   if (furthest != batch.reports().end()) accepted.ticket.furthest = *furthest;
-  storage::IngestBatch& to_commit = accepted.batch;
+  IngestBatch& to_commit = accepted.batch;
   to_commit.run = run();
   to_commit.generation = generation_;
   to_commit.rank = rank();
@@ -291,7 +291,7 @@ absl::StatusOr<WorkerSession::AcceptedBatch> WorkerSession::Reports(
   return accepted;
 }
 
-absl::StatusOr<spikeguard::v1::Ack> WorkerSession::Committed(const storage::BatchOutcome& outcome,
+absl::StatusOr<spikeguard::v1::Ack> WorkerSession::Committed(const BatchOutcome& outcome,
                                                              const BatchTicket& ticket) {
   spikeguard::v1::Ack ack;
   ack.set_seq(ticket.seq);

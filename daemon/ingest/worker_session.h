@@ -48,6 +48,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "daemon/ingest/group_commit.h"
 #include "daemon/server/daemon_state.h"
 #include "spikeguard/v1/worker.pb.h"
 #include "storage/catalog/catalog.h"
@@ -79,7 +80,7 @@ class WorkerSession {
   };
   // A validated batch: `batch` goes to the group committer.
   struct AcceptedBatch {
-    storage::IngestBatch batch;
+    IngestBatch batch;
     BatchTicket ticket;
   };
 
@@ -108,7 +109,7 @@ class WorkerSession {
   absl::StatusOr<AcceptedBatch> Reports(spikeguard::v1::StepReportBatch batch);
   // The Ack of a batch once its group committed (or was refused as stale);
   // records the rank's progress. Called on the commit thread.
-  absl::StatusOr<spikeguard::v1::Ack> Committed(const storage::BatchOutcome& outcome,
+  absl::StatusOr<spikeguard::v1::Ack> Committed(const BatchOutcome& outcome,
                                                 const BatchTicket& ticket);
 
   // Notices: stored (a checkpoint confined to the run's root) or refused

@@ -69,10 +69,6 @@ struct DaemonState {
   // Who may call what; never null once the daemon serves.
   const auth::Authorizer* authorizer = nullptr;
   bool tls = false;
-  // Daemon::Options::group_join_window (set before the services start).
-  absl::Duration group_join_window = absl::Milliseconds(3);
-  // Daemon::Options::after_group_commit (set before the services start).
-  std::function<void(int64_t)> after_group_commit;
   Counters counters;
   const absl::Time started;
   // /metrics: the registry, and the daemon's instruments in it (the ingest

@@ -625,7 +625,7 @@ class WorkerServiceImpl::AttachReactor final
     }
     service_->ingest_->CommitAsync(
         std::move(accepted->batch),
-        [this, ticket = std::move(accepted->ticket), received](storage::BatchOutcome outcome) {
+        [this, ticket = std::move(accepted->ticket), received](BatchOutcome outcome) {
           // On the commit thread: only queues.
           absl::StatusOr<spikeguard::v1::Ack> ack = session_.Committed(outcome, ticket);
           if (ack.ok()) {
@@ -693,41 +693,15 @@ class WorkerServiceImpl::AttachReactor final
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-WorkerServiceImpl::WorkerServiceImpl(DaemonState* state)
-    : state_(state), hello_watchdog_(std::make_unique<HelloWatchdog>()) {
+WorkerServiceImpl::WorkerServiceImpl(DaemonState* state, GroupCommitter* ingest)
+    : state_(state), hello_watchdog_(std::make_unique<HelloWatchdog>()), ingest_(ingest) {
   InstallParseErrorCapture();
-  GroupCommitter::Options options;
-  options.metrics = &state_->metrics;
-  // An incident opened from a group's records joins that group's commit
-  // (the supervisor judges each record handed over and reports it).
-  // The window bounds what a detection that opens nothing (or a stalled
-  // pipeline) costs the group's acks; a calm record is judged at once.
-  if (state_->supervisor != nullptr) options.join_window = state_->group_join_window;
-  options.after_commit = state_->after_group_commit;
-  ingest_ = std::make_unique<GroupCommitter>(
-      state_->catalog, options,
-      [state](std::vector<storage::CompletedStep> completed, absl::Time arrived) {
-        if (state->supervisor != nullptr) {
-          state->supervisor->OnCompleted(std::move(completed), arrived);
-        }
-      },
-      [state] {
-        if (state->supervisor != nullptr) state->supervisor->WaitForRoom();
-      });
-  if (state_->supervisor != nullptr) state_->supervisor->ConnectIngest(ingest_.get());
   // Message handling does SQLite reads (hello, checkpoint notices): a few
   // threads, so one slow statement does not hold every stream.
   pool_ = std::make_unique<TaskPool>(4);
 }
 
-WorkerServiceImpl::~WorkerServiceImpl() { StopIngest(); }
-
-void WorkerServiceImpl::StopIngest() {
-  // The supervisor may outlive this service: it stops reporting to the
-  // group commit before the commit goes.
-  if (state_->supervisor != nullptr) state_->supervisor->ConnectIngest(nullptr);
-  ingest_.reset();
-}
+WorkerServiceImpl::~WorkerServiceImpl() = default;
 
 grpc::ServerBidiReactor<WorkerMessage, ControllerMessage>* WorkerServiceImpl::Attach(
     grpc::CallbackServerContext* context) {

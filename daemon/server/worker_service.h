@@ -55,13 +55,10 @@ class WorkerServiceImpl final : public spikeguard::v1::WorkerService::CallbackSe
   // stream is not read further until one is answered (backpressure).
   static constexpr int kMaxBatchesInFlight = 8;
 
-  explicit WorkerServiceImpl(DaemonState* state);
+  // `ingest`: the group commit every stream's report batches go to (it
+  // outlives the service's streams).
+  WorkerServiceImpl(DaemonState* state, GroupCommitter* ingest);
   ~WorkerServiceImpl() override;
-
-  // Ends the ingest stage: commits what is queued, then lets go of the
-  // catalog (its contention observer included). Call once the server has
-  // ended every stream, before the catalog closes.
-  void StopIngest();
 
   grpc::ServerBidiReactor<spikeguard::v1::WorkerMessage, spikeguard::v1::ControllerMessage>*
   Attach(grpc::CallbackServerContext* context) override;
@@ -78,9 +75,8 @@ class WorkerServiceImpl final : public spikeguard::v1::WorkerService::CallbackSe
   // Streams waiting for their hello, by principal (authentication on).
   absl::Mutex pending_mu_;
   std::map<std::string, int> pending_by_principal_ ABSL_GUARDED_BY(pending_mu_);
-  // Group commit of every stream's report batches; completed step records
-  // go from it to the supervisor's run pipelines.
-  std::unique_ptr<GroupCommitter> ingest_;
+  // Group commit of every stream's report batches.
+  GroupCommitter* const ingest_;
   // Where the streams' messages are handled (declared last: destroyed
   // first, after the server has ended every stream).
   std::unique_ptr<TaskPool> pool_;

@@ -2,9 +2,16 @@
 // -----------------------------------------------------------------------------
 // The catalog is spikeguard's persistent state: runs and their generations
 // (timelines), checkpoints, data-order manifests, merged per-step telemetry,
-// incidents with their append-only event logs, commands sent to workers,
-// quarantined documents and the audit trail. It is one SQLite file in WAL
-// mode; the daemon is its only writer.
+// incidents with their append-only event logs, precursor warnings, commands
+// sent to workers, quarantined documents, policies, launches and the audit
+// trail. It is one SQLite file in WAL mode; the daemon is its only writer.
+//
+// The SQL lives in one store per concern (run_store.h, step_store.h,
+// checkpoint_store.h, manifest_store.h, incident_store.h, warning_store.h,
+// command_store.h, quarantine_store.h, audit_store.h, policy_store.h,
+// launch_store.h), each over the one `Database`. `Catalog` owns the
+// connection and those stores, serializes every call with one mutex, and
+// wraps each call that writes several rows in one transaction.
 //
 //   SG_ASSIGN_OR_RETURN(std::unique_ptr<Catalog> catalog,
 //                       Catalog::Open({.path = "/var/lib/spikeguard/catalog.db"}));
@@ -59,8 +66,19 @@
 #include "spikeguard/v1/policy.pb.h"
 #include "spikeguard/v1/supervisor.pb.h"
 #include "spikeguard/v1/telemetry.pb.h"
+#include "storage/catalog/audit_store.h"
+#include "storage/catalog/checkpoint_store.h"
+#include "storage/catalog/command_store.h"
 #include "storage/catalog/database.h"
+#include "storage/catalog/incident_store.h"
+#include "storage/catalog/launch_store.h"
+#include "storage/catalog/manifest_store.h"
+#include "storage/catalog/policy_store.h"
+#include "storage/catalog/quarantine_store.h"
+#include "storage/catalog/run_store.h"
 #include "storage/catalog/schema.h"
+#include "storage/catalog/step_store.h"
+#include "storage/catalog/warning_store.h"
 
 namespace spikeguard::storage {
 
@@ -81,113 +99,11 @@ struct CatalogOptions {
   Clock* clock = Clock::Real();
 };
 
-struct IngestResult {
-  // Reports merged into step records by this call.
-  int accepted = 0;
-  // Reports at or below the rank's committed step: resends, ignored.
-  int duplicates = 0;
-  // The rank's high-water mark after this call; -1 if it never reported.
-  int64_t committed_step = -1;
-};
-
-// One rank's report batch for `Catalog::IngestGroup`.
-struct IngestBatch {
-  std::string run;
-  int64_t generation = 0;
-  uint32_t rank = 0;
-  // A step's record is complete once this many ranks reported it; it is
-  // then handed back in `IngestGroupResult::completed` (0: never complete).
-  uint32_t world_size = 0;
-  // Refuse the batch unless `generation` is the run's current generation
-  // (FAILED_PRECONDITION; `BatchOutcome::run_generation` says which it is).
-  bool require_current = false;
-  std::vector<v1::StepReport> reports;
-};
-
-struct BatchOutcome {
-  // Not OK: nothing of this batch was stored (unknown run or generation,
-  // stale generation); the other batches of the group are unaffected.
-  absl::Status status;
-  IngestResult result;
-  // The run's current generation when the group was committed (-1 unknown).
-  int64_t run_generation = -1;
-};
-
-// A run-level record that became complete in a committed group.
-struct CompletedStep {
-  std::string run;
-  uint32_t world_size = 0;
-  v1::StepRecord record;
-};
-
-struct IngestGroupResult {
-  std::vector<BatchOutcome> batches;  // one per batch, in order
-  // By (run, generation, step); each record is handed back once, in the
-  // group that completed it.
-  std::vector<CompletedStep> completed;
-};
-
-struct IncidentFilter {
-  std::string run;  // empty: all runs
-  v1::IncidentState state = v1::INCIDENT_STATE_UNSPECIFIED;  // unspecified: any
-  v1::Verdict verdict = v1::VERDICT_UNSPECIFIED;              // unspecified: any
-  int64_t since_unix_ms = 0;  // opened at or after
-};
-
-struct WarningFilter {
-  std::string run;  // empty: all runs
-  v1::WarningState state = v1::WARNING_STATE_UNSPECIFIED;  // unspecified: any
-};
-
-// One entry of an incident's append-only event log.
-struct StoredEvent {
-  int64_t seq = 0;  // global, increasing in append order
-  int64_t incident_id = 0;
-  int64_t unix_ms = 0;
-  std::string kind;
-  std::string payload;  // bytes, as given
-};
-
-// A command to workers and its delivery state.
-struct StoredCommand {
-  std::string id;
-  std::string run;
-  int64_t generation = 0;
-  std::string kind;
-  std::string payload;  // bytes, typically a serialized v1::Command
-  std::string state;    // "pending", "sent", "acked", "failed"
-  std::string message;
-  int64_t created_unix_ms = 0;
-  int64_t updated_unix_ms = 0;
-};
-
-struct AuditEntry {
-  int64_t seq = 0;
-  int64_t unix_ms = 0;
-  std::string actor;
-  std::string action;
-  std::string target;
-  std::string detail;
-};
-
-// What a launcher started for a run (a Slurm job or a local process), kept
-// so a restarted daemon adopts it (table `launches`).
-struct LaunchRecord {
-  std::string run;
-  std::string slot;  // "job" (Slurm) or "rank-R" (local)
-  std::string kind;  // "slurm" or "local"
-  int64_t handle = 0;       // Slurm job id or pid
-  int64_t start_ticks = 0;  // a pid's start time (/proc/PID/stat field 22)
-  int64_t generation = 0;
-  int32_t restarts = 0;
-  int64_t updated_unix_ms = 0;
-};
-
 class Catalog {
  public:
   static constexpr int kSchemaVersion = ::spikeguard::storage::kSchemaVersion;
   // QueryTelemetry returns at most this many records whatever the limit.
-  static constexpr int kMaxQueryLimit = 100'000;
+  static constexpr int kMaxQueryLimit = StepStore::kMaxQueryLimit;
 
   // Opens or creates the catalog and migrates it to kSchemaVersion. A file
   // with a newer schema is refused (FAILED_PRECONDITION) and left untouched.
@@ -210,10 +126,7 @@ class Catalog {
   // Which run of that name this is (`incarnation`: 32 random hex digits made
   // by CreateRun, so a later run of the same name has another) and its
   // state: what a launched worker's token is checked against.
-  struct RunIncarnation {
-    std::string incarnation;
-    std::string state;
-  };
+  using RunIncarnation = storage::RunIncarnation;
   absl::StatusOr<RunIncarnation> GetRunIncarnation(std::string_view name);
   // All runs by id, without generations or ranks.
   absl::StatusOr<std::vector<v1::Run>> ListRuns();
@@ -279,52 +192,30 @@ class Catalog {
   absl::StatusOr<IngestResult> IngestReports(std::string_view run, int64_t generation,
                                              uint32_t rank,
                                              std::span<const v1::StepReport> reports);
-  // Group commit: the batches of many ranks and runs in one transaction.
-  // Each (run, generation, step) record is merged in memory (a bounded cache
-  // of open steps; a miss reads the stored record) and written once per
-  // group, each rank's high-water mark once per group. Deduplication is the
-  // same as IngestReports'. An error status means the transaction failed and
-  // nothing of the group is stored.
-  //
-  // `before_commit`, when given, receives the records the group completes
-  // as soon as they are merged in memory, before the group's writes and its
-  // commit, on the calling thread and with the catalog's lock held:
-  // detection then runs beside the writes and the commit's fsync instead of
-  // after them (acknowledgements still wait for durability). It must only enqueue: any call into the
-  // catalog waits for the commit, and it must not wait for anything that
-  // does. The result's `completed` is then empty. If the commit then fails,
-  // those records were handed over but not stored; the ranks resend them
-  // (their batches were not acknowledged) and they complete again, so a
-  // consumer skips steps it has seen.
-  using CompletedSink = std::function<void(std::vector<CompletedStep>)>;
-  // A group's transaction with its own writes done and its COMMIT not yet
-  // started: writes that join it (IngestGroup's `at_commit`) are committed
-  // with the group, one fsync for all. Each runs under a savepoint: its
-  // failure undoes only its own writes, and the group commits anyway. Valid
-  // only inside `at_commit`, on its thread (the catalog's lock is held).
-  class OpenGroup {
+  // A write transaction over the stores, for a writer whose writes span
+  // several of them in one commit (the ingest stage's group commit,
+  // daemon/ingest/group_commit.h). It holds the catalog's lock from
+  // BeginWrite until it is destroyed: BEGIN IMMEDIATE, COMMIT in Commit, a
+  // rollback if it was not committed. Every other catalog call waits
+  // meanwhile, so a writer keeps it short and waits for nothing while it
+  // holds it. The catalog calls nothing of the writer's.
+  class Writer {
    public:
-    // As the catalog's methods of the same names, inside the group.
-    absl::StatusOr<int64_t> CreateIncidentWithEvent(
-        std::string_view run, const v1::Incident& inc, std::string_view kind,
-        std::string_view payload,
-        const std::function<const v1::Incident&(int64_t id, int64_t seq)>& updated);
-    absl::StatusOr<int64_t> AppendIncidentEventAndUpdate(
-        int64_t incident_id, std::string_view kind, std::string_view payload,
-        const std::function<const v1::Incident&(int64_t seq)>& updated);
+    ~Writer();
+    Writer(const Writer&) = delete;
+    Writer& operator=(const Writer&) = delete;
+
+    RunStore& runs();
+    StepStore& steps();
+    absl::Status Commit();
 
    private:
     friend class Catalog;
-    explicit OpenGroup(Catalog* catalog) : catalog_(catalog) {}
+    explicit Writer(Catalog* catalog) : catalog_(catalog) {}
     Catalog* const catalog_;
+    std::optional<Transaction> txn_;
   };
-  // Called once the group's writes are done, before its COMMIT, on the
-  // calling thread with the catalog's lock held (not called when the
-  // group failed before).
-  using AtCommit = std::function<void(OpenGroup&)>;
-  absl::StatusOr<IngestGroupResult> IngestGroup(std::span<const IngestBatch> batches,
-                                                const CompletedSink& before_commit = nullptr,
-                                                const AtCommit& at_commit = nullptr);
+  absl::StatusOr<std::unique_ptr<Writer>> BeginWrite();
   // Counts the writes that change a run's configuration as the daemon reads
   // it (CreateRun, PutPolicy, SetRunSpec), bumped after each commits; read
   // without the catalog's lock, so a cache of policies and world sizes
@@ -336,16 +227,6 @@ class Catalog {
   absl::StatusOr<bool> CheckpointIfDue();
   // Pages in the write-ahead log as of the last commit (Database::wal_pages).
   int64_t wal_pages();
-  // Threads waiting for the catalog's lock right now. A writer that holds
-  // the lock open on purpose (a group waiting for writes to join it) stops
-  // holding it when someone waits.
-  int64_t lock_waiters() const { return lock_waiters_.load(std::memory_order_acquire); }
-  // Called, with none of the catalog's locks held, by each thread that is
-  // about to wait for the catalog's lock (after lock_waiters counts it).
-  // One at a time; null: none. Set and cleared by the owner of the wait.
-  void SetContentionObserver(std::function<void()> observer);
-  // The most open (incomplete) step records kept per (run, generation).
-  static constexpr size_t kMaxOpenStepsPerGeneration = 4096;
   // The rank's high-water mark in the generation, -1 if none.
   absl::StatusOr<int64_t> CommittedStep(std::string_view run, int64_t generation, uint32_t rank);
   // Records with from_step <= step <= to_step, by step; limit <= 0 or above
@@ -373,13 +254,13 @@ class Catalog {
   // One transaction (one fsync) for what an incident's step records: the
   // event, then the record as `updated(seq)` returns it (called with the
   // catalog's lock held: it must not call the catalog). Returns the seq.
-  using IncidentUpdateFn = std::function<const v1::Incident&(int64_t seq)>;
+  using IncidentUpdateFn = IncidentStore::IncidentUpdateFn;
   absl::StatusOr<int64_t> AppendIncidentEventAndUpdate(int64_t incident_id, std::string_view kind,
                                                        std::string_view payload,
                                                        const IncidentUpdateFn& updated);
   // CreateIncident and its first event in one transaction: `updated(id,
   // seq)` returns the record to store. Returns the id.
-  using NewIncidentFn = std::function<const v1::Incident&(int64_t id, int64_t seq)>;
+  using NewIncidentFn = IncidentStore::NewIncidentFn;
   absl::StatusOr<int64_t> CreateIncidentWithEvent(std::string_view run, const v1::Incident& inc,
                                                   std::string_view kind, std::string_view payload,
                                                   const NewIncidentFn& updated);
@@ -430,13 +311,7 @@ class Catalog {
   absl::StatusOr<int64_t> AppendAudit(const v1::AuditEntry& entry);
   // Newest first, at most `limit` (<= 0: all), with id < `before_id` when
   // before_id > 0; empty run / principal: any.
-  struct AuditQuery {
-    std::string run;
-    std::string principal;
-    int64_t since_unix_ms = 0;
-    int64_t before_id = 0;
-    int limit = 0;
-  };
+  using AuditQuery = storage::AuditQuery;
   absl::StatusOr<std::vector<v1::AuditEntry>> QueryAudit(const AuditQuery& query);
 
   // --- Policies: per run name; "" is the daemon-wide default ---------------
@@ -459,88 +334,28 @@ class Catalog {
   absl::Status EndRun(std::string_view run, std::string_view state, std::string_view slot = "");
 
  private:
-  Catalog(std::unique_ptr<Database> db, std::string path, Clock* clock)
-      : path_(std::move(path)), clock_(clock), db_(std::move(db)) {}
+  Catalog(std::unique_ptr<Database> db, std::string path, Clock* clock);
 
-  absl::StatusOr<int64_t> RunIdLocked(std::string_view name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status DeleteLaunchesLocked(std::string_view run, std::string_view slot)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status SetRunStateLocked(std::string_view name, std::string_view state)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status RequireGenerationLocked(int64_t run_id, std::string_view run, int64_t generation)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<v1::Run> GetRunLocked(std::string_view name, bool with_ranks = true)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<std::vector<v1::Generation>> ListGenerationsLocked(int64_t run_id)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<std::vector<v1::RankState>> ListRankProgressLocked(int64_t run_id)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<v1::Generation> InsertGenerationLocked(int64_t run_id, std::string_view run,
-                                                        v1::Generation g)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<std::vector<v1::Checkpoint>> SelectCheckpointsLocked(
-      int64_t run_id, std::string_view run, std::optional<int64_t> step)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<v1::Incident> GetIncidentLocked(int64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<int64_t> InsertIncidentLocked(std::string_view run, const v1::Incident& inc)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status UpdateIncidentLocked(const v1::Incident& inc) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<int64_t> InsertIncidentEventLocked(int64_t incident_id, std::string_view kind,
-                                                    std::string_view payload)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The event, then the record `updated(seq)` returns (its id must be
-  // `incident_id`), inside the caller's transaction.
-  absl::StatusOr<int64_t> RecordIncidentEventLocked(int64_t incident_id, std::string_view kind,
-                                                    std::string_view payload,
-                                                    const IncidentUpdateFn& updated)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<StoredCommand> GetCommandLocked(std::string_view id)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<int64_t> CommittedStepLocked(int64_t run_id, int64_t generation, uint32_t rank)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  // Open steps and high-water marks mirror what is committed: both are
-  // cleared when a group's transaction fails.
-  using TimelineKey = std::pair<int64_t, int64_t>;  // (run id, generation)
-  absl::StatusOr<IngestGroupResult> IngestGroupLocked(std::span<const IngestBatch> batches,
-                                                      const CompletedSink& before_commit,
-                                                      const AtCommit& at_commit)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // `write` in the open transaction under a savepoint, rolled back to it
-  // when it fails.
-  absl::StatusOr<int64_t> InSavepointLocked(const std::function<absl::StatusOr<int64_t>()>& write)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<int64_t> CreateIncidentWithEventLocked(std::string_view run,
-                                                        const v1::Incident& inc,
-                                                        std::string_view kind,
-                                                        std::string_view payload,
-                                                        const NewIncidentFn& updated)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ForgetOlderTimelinesLocked(int64_t run_id, int64_t generation)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  // mu_ for a scope (every public method takes it so); a thread that must
-  // wait for it is counted in lock_waiters_ and tells the observer first.
-  class ABSL_SCOPED_LOCKABLE Held {
-   public:
-    explicit Held(Catalog* catalog) ABSL_EXCLUSIVE_LOCK_FUNCTION(catalog->mu_);
-    ~Held() ABSL_UNLOCK_FUNCTION();
-    Held(const Held&) = delete;
-    Held& operator=(const Held&) = delete;
-
-   private:
-    Catalog* const catalog_;
-  };
 
   const std::string path_;
   Clock* const clock_;
   absl::Mutex mu_;
-  std::atomic<int64_t> lock_waiters_{0};
-  absl::Mutex observer_mu_;
-  std::function<void()> contention_observer_ ABSL_GUARDED_BY(observer_mu_);
   std::unique_ptr<Database> db_ ABSL_GUARDED_BY(mu_);
-  std::map<TimelineKey, std::map<int64_t, v1::StepRecord>> open_steps_ ABSL_GUARDED_BY(mu_);
-  std::map<std::tuple<int64_t, int64_t, uint32_t>, int64_t> committed_ ABSL_GUARDED_BY(mu_);
+  // One store per concern, each over db_ (their SQL; the lock and the
+  // transactions are the catalog's).
+  RunStore runs_ ABSL_GUARDED_BY(mu_);
+  StepStore steps_ ABSL_GUARDED_BY(mu_);
+  CheckpointStore checkpoints_ ABSL_GUARDED_BY(mu_);
+  ManifestStore manifests_ ABSL_GUARDED_BY(mu_);
+  IncidentStore incidents_ ABSL_GUARDED_BY(mu_);
+  WarningStore warnings_ ABSL_GUARDED_BY(mu_);
+  CommandStore commands_ ABSL_GUARDED_BY(mu_);
+  QuarantineStore quarantine_ ABSL_GUARDED_BY(mu_);
+  AuditStore audit_ ABSL_GUARDED_BY(mu_);
+  PolicyStore policies_ ABSL_GUARDED_BY(mu_);
+  LaunchStore launches_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> config_version_{0};
 };
 

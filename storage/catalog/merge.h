@@ -36,7 +36,7 @@
 //
 // The caller sets `generation` and merges only reports of the record's step.
 // A report is merged at most once per rank: deduplication is the catalog's
-// job (see Catalog::IngestReports).
+// job (the ingest stage's GroupCommitter, or Catalog::IngestReports).
 #pragma once
 
 #include <cstdint>

@@ -16,6 +16,8 @@
 #include "storage/catalog/catalog.h"
 #include "tests/storage/catalog/temp_dir.h"
 
+#include <sqlite3.h>
+
 namespace spikeguard::daemon {
 namespace {
 
@@ -31,9 +33,9 @@ v1::StepReport Report(int64_t step, uint32_t rank) {
   return r;
 }
 
-storage::IngestBatch Batch(const std::string& run, uint32_t rank, uint32_t world, int64_t from,
-                           int64_t to) {
-  storage::IngestBatch b;
+IngestBatch Batch(const std::string& run, uint32_t rank, uint32_t world, int64_t from,
+                  int64_t to) {
+  IngestBatch b;
   b.run = run;
   b.rank = rank;
   b.world_size = world;
@@ -60,24 +62,58 @@ class GroupCommitTest : public ::testing::Test {
   std::unique_ptr<storage::Catalog> catalog_;
 };
 
+// Stands in for the supervisor: takes the committer's completed records on
+// a thread of its own (`on_record` may call the catalog) and says it is done
+// with each.
+class Consumer {
+ public:
+  using RecordFn = std::function<void(const CompletedStep&)>;
+  Consumer(CompletedQueue* queue, RecordFn on_record = nullptr)
+      : queue_(queue), on_record_(std::move(on_record)) {
+    queue_->Open();
+    thread_ = std::thread([this] {
+      while (queue_->WaitForRecords()) {
+        for (CompletedSlice& slice : queue_->TakeAll()) {
+          for (const CompletedStep& c : slice.records) {
+            if (on_record_) on_record_(c);
+            absl::MutexLock lock(&mu_);
+            taken_.push_back(c);
+          }
+          queue_->Done(static_cast<int64_t>(slice.records.size()));
+        }
+      }
+    });
+  }
+  ~Consumer() {
+    queue_->Close();
+    thread_.join();
+  }
+  // Waits until `n` records were taken; returns them.
+  std::vector<CompletedStep> Await(size_t n) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return taken_.size() >= n; };
+    mu_.Await(absl::Condition(&enough));
+    return taken_;
+  }
+
+ private:
+  CompletedQueue* const queue_;
+  const RecordFn on_record_;
+  absl::Mutex mu_;
+  std::vector<CompletedStep> taken_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
 TEST_F(GroupCommitTest, ConcurrentStreamsShareTransactionsAndEachStepCompletesOnce) {
-  absl::Mutex mu;
-  std::map<int64_t, int> completed;  // step -> times handed over
-  std::map<int64_t, uint32_t> ranks_at_completion;
-  GroupCommitter ingest(catalog_.get(), {}, [&](std::vector<storage::CompletedStep> done, absl::Time) {
-    absl::MutexLock lock(&mu);
-    for (const auto& c : done) {
-      ++completed[c.record.step()];
-      ranks_at_completion[c.record.step()] = c.record.ranks_reported();
-    }
-  });
+  GroupCommitter ingest(catalog_.get(), {});
+  Consumer consumer(ingest.completed());
   constexpr int64_t kSteps = 200, kPerBatch = 4;
   std::atomic<int> accepted{0}, duplicates{0};
   std::vector<std::thread> streams;
   for (uint32_t rank = 0; rank < kRanks; ++rank) {
     streams.emplace_back([&, rank] {
       for (int64_t from = 0; from < kSteps; from += kPerBatch) {
-        storage::BatchOutcome o = ingest.Commit(Batch("r", rank, kRanks, from, from + kPerBatch - 1));
+        BatchOutcome o = ingest.Commit(Batch("r", rank, kRanks, from, from + kPerBatch - 1));
         ASSERT_TRUE(o.status.ok()) << o.status;
         accepted += o.result.accepted;
         // A resend of the same batch (a reconnect) is all duplicates.
@@ -95,16 +131,13 @@ TEST_F(GroupCommitTest, ConcurrentStreamsShareTransactionsAndEachStepCompletesOn
   EXPECT_EQ(duplicates.load(), static_cast<int>(kRanks * (kSteps / 40) * kPerBatch));
   // Batches of different streams shared transactions.
   EXPECT_LT(ingest.groups(), ingest.batches());
-  {
-    // The callback runs with the catalog's lock held: never call the
-    // catalog while holding `mu`.
-    absl::MutexLock lock(&mu);
-    ASSERT_EQ(completed.size(), static_cast<size_t>(kSteps));
-    for (const auto& [step, times] : completed) {
-      EXPECT_EQ(times, 1) << "step " << step;
-      EXPECT_EQ(ranks_at_completion[step], kRanks) << "step " << step;
-    }
+  std::map<int64_t, int> completed;  // step -> times handed over
+  for (const CompletedStep& c : consumer.Await(kSteps)) {
+    ++completed[c.record.step()];
+    EXPECT_EQ(c.record.ranks_reported(), kRanks) << "step " << c.record.step();
   }
+  ASSERT_EQ(completed.size(), static_cast<size_t>(kSteps));
+  for (const auto& [step, times] : completed) EXPECT_EQ(times, 1) << "step " << step;
   auto stored = catalog_->QueryTelemetry("r", 0, 0, std::nullopt, 0);
   ASSERT_TRUE(stored.ok());
   ASSERT_EQ(stored->size(), static_cast<size_t>(kSteps));
@@ -112,19 +145,19 @@ TEST_F(GroupCommitTest, ConcurrentStreamsShareTransactionsAndEachStepCompletesOn
 }
 
 TEST_F(GroupCommitTest, StaleGenerationAndUnknownRunAreAnsweredPerBatch) {
-  GroupCommitter ingest(catalog_.get(), {.window = absl::Milliseconds(2)}, nullptr);
+  GroupCommitter ingest(catalog_.get(), {.window = absl::Milliseconds(2)});
   v1::Generation next;
   next.set_parent(0);
   next.set_reason("rewind");
   ASSERT_TRUE(catalog_->CreateGeneration("r", next).ok());
-  storage::BatchOutcome stale = ingest.Commit(Batch("r", 0, kRanks, 0, 3));
+  BatchOutcome stale = ingest.Commit(Batch("r", 0, kRanks, 0, 3));
   EXPECT_EQ(stale.status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(stale.run_generation, 1);
-  storage::BatchOutcome unknown = ingest.Commit(Batch("nope", 0, 1, 0, 0));
+  BatchOutcome unknown = ingest.Commit(Batch("nope", 0, 1, 0, 0));
   EXPECT_EQ(unknown.status.code(), absl::StatusCode::kNotFound);
-  storage::IngestBatch current = Batch("r", 0, kRanks, 0, 3);
+  IngestBatch current = Batch("r", 0, kRanks, 0, 3);
   current.generation = 1;
-  storage::BatchOutcome ok = ingest.Commit(std::move(current));
+  BatchOutcome ok = ingest.Commit(std::move(current));
   ASSERT_TRUE(ok.status.ok()) << ok.status;
   EXPECT_EQ(ok.result.accepted, 4);
   EXPECT_TRUE(catalog_->QueryTelemetry("r", 0, 0, std::nullopt, 0)->empty());
@@ -140,12 +173,12 @@ TEST_F(GroupCommitTest, AsyncBatchesOfOneRankAreAnsweredInOrderAndCounted) {
   std::vector<int> answered;
   int64_t accepted = 0, duplicates = 0;
   {
-    GroupCommitter ingest(catalog_.get(), {.metrics = &m}, nullptr);
+    GroupCommitter ingest(catalog_.get(), {.metrics = &m});
     constexpr int kBatches = 40;
     for (int i = 0; i < kBatches; ++i) {
       // Batch 20 repeats batch 19's steps: a resend while both are in flight.
       const int from = i == 20 ? 19 * 5 : i * 5;
-      ingest.CommitAsync(Batch("r", 3, kRanks, from, from + 4), [&, i](storage::BatchOutcome o) {
+      ingest.CommitAsync(Batch("r", 3, kRanks, from, from + 4), [&, i](BatchOutcome o) {
         absl::MutexLock lock(&mu);
         EXPECT_TRUE(o.status.ok()) << o.status;
         answered.push_back(i);
@@ -174,20 +207,11 @@ TEST_F(GroupCommitTest, ALiveStepWaitsForItsOtherRanksAndCompletesInOneGroup) {
   // fsync later). The window here is long so the test does not race it.
   GroupCommitter::Options options;
   options.step_window = absl::Seconds(60);
-  absl::Mutex mu;
-  int handed_over = 0;
-  uint32_t ranks_reported = 0;
-  GroupCommitter ingest(catalog_.get(), options,
-                        [&](std::vector<storage::CompletedStep> done, absl::Time) {
-                          absl::MutexLock lock(&mu);
-                          for (const auto& c : done) {
-                            ++handed_over;
-                            ranks_reported = c.record.ranks_reported();
-                          }
-                        });
+  GroupCommitter ingest(catalog_.get(), options);
+  Consumer consumer(ingest.completed());
   std::atomic<int> answered{0};
   auto live = [&](uint32_t rank) {
-    ingest.CommitAsync(Batch("r", rank, kRanks, 7, 7), [&](storage::BatchOutcome o) {
+    ingest.CommitAsync(Batch("r", rank, kRanks, 7, 7), [&](BatchOutcome o) {
       EXPECT_TRUE(o.status.ok()) << o.status;
       ++answered;
     });
@@ -200,9 +224,9 @@ TEST_F(GroupCommitTest, ALiveStepWaitsForItsOtherRanksAndCompletesInOneGroup) {
   while (answered.load() < static_cast<int>(kRanks)) absl::SleepFor(absl::Milliseconds(1));
   EXPECT_EQ(ingest.groups(), 1);
   EXPECT_EQ(ingest.batches(), kRanks);
-  absl::MutexLock lock(&mu);
-  EXPECT_EQ(handed_over, 1);
-  EXPECT_EQ(ranks_reported, kRanks);
+  const std::vector<CompletedStep> taken = consumer.Await(1);
+  ASSERT_EQ(taken.size(), 1u);
+  EXPECT_EQ(taken[0].record.ranks_reported(), kRanks);
 }
 
 TEST_F(GroupCommitTest, BacklogsAndMissingRanksDoNotHoldAGroupForLong) {
@@ -211,8 +235,8 @@ TEST_F(GroupCommitTest, BacklogsAndMissingRanksDoNotHoldAGroupForLong) {
   {
     GroupCommitter::Options options;
     options.step_window = absl::Seconds(60);
-    GroupCommitter ingest(catalog_.get(), options, nullptr);
-    storage::BatchOutcome o = ingest.Commit(Batch("r", 0, kRanks, 0, 3));
+    GroupCommitter ingest(catalog_.get(), options);
+    BatchOutcome o = ingest.Commit(Batch("r", 0, kRanks, 0, 3));
     ASSERT_TRUE(o.status.ok()) << o.status;
     EXPECT_EQ(o.result.accepted, 4);
   }
@@ -220,255 +244,188 @@ TEST_F(GroupCommitTest, BacklogsAndMissingRanksDoNotHoldAGroupForLong) {
   // the lone batch is committed and answered.
   GroupCommitter::Options options;
   options.step_window = absl::Milliseconds(20);
-  GroupCommitter ingest(catalog_.get(), options, nullptr);
-  storage::BatchOutcome o = ingest.Commit(Batch("r", 1, kRanks, 10, 10));
+  GroupCommitter ingest(catalog_.get(), options);
+  BatchOutcome o = ingest.Commit(Batch("r", 1, kRanks, 10, 10));
   ASSERT_TRUE(o.status.ok()) << o.status;
   EXPECT_EQ(o.result.accepted, 1);
   EXPECT_EQ(ingest.groups(), 1);
 }
 
-// Stands in for the supervisor's pipeline: records handed over are queued
-// (the hand-over runs under the catalog's lock) and judged on a thread of
-// their own, by `judge`, which may join the group.
-class Pipeline {
- public:
-  using JudgeFn = std::function<void(const storage::CompletedStep&)>;
-  explicit Pipeline(JudgeFn judge) : judge_(std::move(judge)), thread_([this] { Loop(); }) {}
-  ~Pipeline() {
-    {
-      absl::MutexLock lock(&mu_);
-      stopping_ = true;
-    }
-    thread_.join();
+TEST_F(GroupCommitTest, AGroupMergesRanksOnceAndQueuesWhatItCompletes) {
+  v1::Run other;
+  other.set_name("other");
+  other.set_world_size(1);
+  ASSERT_TRUE(catalog_->CreateRun(other).ok());
+  GroupCommitter ingest(catalog_.get(), {});
+  CompletedQueue* queue = ingest.completed();
+  queue->Open();
+  // Rank 0 alone: nothing complete yet.
+  ASSERT_TRUE(ingest.Commit(Batch("r", 0, 2, 0, 3)).status.ok());
+  EXPECT_TRUE(queue->TakeAll().empty());
+  EXPECT_EQ(catalog_->QueryTelemetry("r", 0, 0, std::nullopt, 0)->size(), 4u);
+  // Rank 1 completes steps 0..1; rank 0 resends 2..3 (duplicates) and adds
+  // 4; another run completes its step; an unknown run is refused alone.
+  BatchOutcome r1 = ingest.Commit(Batch("r", 1, 2, 0, 1));
+  EXPECT_EQ(r1.result.accepted, 2);
+  BatchOutcome r0 = ingest.Commit(Batch("r", 0, 2, 2, 4));
+  EXPECT_EQ(r0.result.accepted, 1);
+  EXPECT_EQ(r0.result.duplicates, 2);
+  EXPECT_EQ(r0.result.committed_step, 4);
+  EXPECT_TRUE(ingest.Commit(Batch("other", 0, 1, 0, 0)).status.ok());
+  EXPECT_EQ(ingest.Commit(Batch("nope", 0, 1, 0, 0)).status.code(), absl::StatusCode::kNotFound);
+  std::vector<CompletedStep> done;
+  for (CompletedSlice& s : queue->TakeAll()) {
+    for (CompletedStep& c : s.records) done.push_back(std::move(c));
+    queue->Done(static_cast<int64_t>(s.records.size()));
   }
-  void HandOver(std::vector<storage::CompletedStep> done) {
-    absl::MutexLock lock(&mu_);
-    for (auto& c : done) queue_.push_back(std::move(c));
-  }
-
- private:
-  void Loop() {
-    while (true) {
-      storage::CompletedStep c;
-      {
-        absl::MutexLock lock(&mu_);
-        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return stopping_ || !queue_.empty();
-        };
-        mu_.Await(absl::Condition(&ready));
-        if (queue_.empty()) return;
-        c = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      judge_(c);
-    }
-  }
-  JudgeFn judge_;
-  absl::Mutex mu_;
-  std::deque<storage::CompletedStep> queue_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;
-};
-
-v1::Incident Opening(int64_t onset) {
-  v1::Incident inc;
-  inc.set_run("r");
-  inc.set_state(v1::DETECTED);
-  inc.set_trigger("loss_spike");
-  inc.set_onset_step(onset);
-  return inc;
+  ASSERT_EQ(done.size(), 3u);
+  EXPECT_EQ(done[0].run, "r");
+  EXPECT_EQ(done[0].record.step(), 0);
+  EXPECT_EQ(done[0].record.ranks_reported(), 2u);
+  EXPECT_EQ(done[1].record.step(), 1);
+  EXPECT_EQ(done[2].run, "other");
+  // What was queued is what is stored.
+  auto stored = catalog_->QueryTelemetry("r", 0, 0, 4, 0);
+  ASSERT_EQ(stored->size(), 5u);
+  EXPECT_EQ((*stored)[0].SerializeAsString(), done[0].record.SerializeAsString());
+  EXPECT_EQ((*stored)[2].ranks_reported(), 1u);
+  EXPECT_EQ(*catalog_->CommittedStep("r", 0, 0), 4);
+  EXPECT_EQ(*catalog_->CommittedStep("r", 0, 1), 1);
+  EXPECT_EQ(queue->outstanding(), 0);
 }
 
-TEST_F(GroupCommitTest, AnIncidentOpenedFromAGroupsRecordsIsDurableWithThatGroup) {
-  // One rank: each step is its own group. Only Judged or a joiner can
-  // release a group's COMMIT before this window ends.
-  constexpr int64_t kSpike = 5, kSteps = 10;
-  GroupCommitter::Options options;
-  options.join_window = absl::Seconds(30);
-  std::unique_ptr<GroupCommitter> ingest;
-  v1::Incident stored;
-  absl::StatusOr<int64_t> opened = absl::UnknownError("never opened");
-  std::optional<absl::Status> joined;
-  int64_t groups_when_answered = -1;
-  // Told the incident is durable: on the commit thread, before the joiner
-  // is woken and before the spike's batch is acknowledged.
-  std::atomic<bool> spike_acked{false};
-  int durable_calls = 0;
-  bool durable_before_join_returned = false, durable_before_ack = false;
-  int64_t durable_saw_id = -1;
-  std::thread::id pipeline_thread, durable_thread;
-  auto pipeline = std::make_unique<Pipeline>([&](const storage::CompletedStep& c) {
-    if (c.record.step() != kSpike) {
-      ingest->Judged(1);  // calm: the group commits without waiting
-      return;
-    }
-    pipeline_thread = std::this_thread::get_id();
-    joined = ingest->Join(
-        [&](storage::Catalog::OpenGroup& group) {
-          opened = group.CreateIncidentWithEvent(
-              "r", Opening(kSpike), "opened", "payload",
-              [&](int64_t id, int64_t) -> const v1::Incident& {
-                stored = Opening(kSpike);
-                stored.set_id(id);
-                return stored;
-              });
-          return opened.status();
-        },
-        [&] {
-          ++durable_calls;
-          durable_thread = std::this_thread::get_id();
-          durable_before_join_returned = !joined.has_value();
-          durable_before_ack = !spike_acked.load();
-          durable_saw_id = stored.id();
-        });
-    groups_when_answered = ingest->groups();
-    ingest->Judged(1);
-  });
-  ingest = std::make_unique<GroupCommitter>(
-      catalog_.get(), options,
-      [&](std::vector<storage::CompletedStep> done, absl::Time) { pipeline->HandOver(std::move(done)); });
-  const absl::Time start = absl::Now();
-  for (int64_t step = 0; step < kSteps; ++step) {
-    storage::BatchOutcome o = ingest->Commit(Batch("r", 0, 1, step, step));
-    ASSERT_TRUE(o.status.ok()) << o.status;
-    if (step == kSpike) spike_acked = true;
-  }
-  EXPECT_LT(absl::Now() - start, absl::Seconds(20))
-      << "a group waited out its join window: Judged did not release it";
-  pipeline.reset();  // judges what it was handed, then stops
-  ingest.reset();
-  ASSERT_TRUE(joined.has_value()) << "the spike's group could not be joined";
-  ASSERT_TRUE(joined->ok()) << *joined;
-  ASSERT_TRUE(opened.ok()) << opened.status();
-  // Answered once the spike's group (the sixth) had committed, with it.
-  EXPECT_GE(groups_when_answered, kSpike + 1);
-  auto inc = catalog_->GetIncident(*opened);
-  ASSERT_TRUE(inc.ok()) << inc.status();
-  EXPECT_EQ(inc->onset_step(), kSpike);
-  auto events = catalog_->ListIncidentEvents(*opened);
-  ASSERT_TRUE(events.ok());
-  ASSERT_EQ(events->size(), 1u);
-  EXPECT_EQ((*events)[0].kind, "opened");
-  EXPECT_EQ(durable_calls, 1);
-  EXPECT_NE(durable_thread, pipeline_thread) << "told on the joiner's thread, after its wake-up";
-  EXPECT_TRUE(durable_before_join_returned);
-  EXPECT_TRUE(durable_before_ack) << "told after the spike's batch was acknowledged";
-  EXPECT_EQ(durable_saw_id, *opened) << "told before the write it reports was applied";
+// What another connection sees of a step: its ranks_reported, -1 if absent.
+int64_t StoredRanks(const std::string& path, int64_t step) {
+  sqlite3* db = nullptr;
+  EXPECT_EQ(sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
+  sqlite3_stmt* st = nullptr;
+  EXPECT_EQ(sqlite3_prepare_v2(db, "SELECT ranks_reported FROM step_telemetry WHERE step = ?",
+                               -1, &st, nullptr),
+            SQLITE_OK);
+  sqlite3_bind_int64(st, 1, step);
+  const int64_t out = sqlite3_step(st) == SQLITE_ROW ? sqlite3_column_int64(st, 0) : -1;
+  sqlite3_finalize(st);
+  sqlite3_close(db);
+  return out;
 }
 
-TEST_F(GroupCommitTest, AJoinedWriteThatFailsIsUndoneAloneAndTheGroupCommits) {
+TEST(GroupCommitFileTest, CompletedStepsAreQueuedByTheTimeTheirGroupIsDurable) {
+  // Detection runs beside the commit: the records a group completes are in
+  // the queue when the group is durable, before any of its batches is
+  // answered; equal to what is stored; and each once.
+  storage::testing::TempDir dir;
+  const std::string path = dir.File("catalog.db");
+  auto catalog = storage::Catalog::Open({.path = path});
+  ASSERT_TRUE(catalog.ok()) << catalog.status();
+  v1::Run run;
+  run.set_name("r");
+  run.set_world_size(2);
+  ASSERT_TRUE((*catalog)->CreateRun(run).ok());
+  std::vector<int64_t> queued_when_durable;
+  GroupCommitter* committer = nullptr;
   GroupCommitter::Options options;
-  options.join_window = absl::Seconds(30);
-  std::unique_ptr<GroupCommitter> ingest;
-  std::optional<absl::Status> joined;
-  v1::Incident wrong;
-  bool told = false;
-  auto pipeline = std::make_unique<Pipeline>([&](const storage::CompletedStep&) {
-    joined = ingest->Join(
-        [&](storage::Catalog::OpenGroup& group) {
-          // The record it would store names another incident: refused
-          // after the incident row and its event were inserted.
-          return group
-              .CreateIncidentWithEvent("r", Opening(3), "opened", "payload",
-                                       [&](int64_t id, int64_t) -> const v1::Incident& {
-                                         wrong = Opening(3);
-                                         wrong.set_id(id + 1000);
-                                         return wrong;
-                                       })
-              .status();
-        },
-        [&] { told = true; });
-    ingest->Judged(1);
-  });
-  ingest = std::make_unique<GroupCommitter>(
-      catalog_.get(), options,
-      [&](std::vector<storage::CompletedStep> done, absl::Time) { pipeline->HandOver(std::move(done)); });
-  storage::BatchOutcome o = ingest->Commit(Batch("r", 0, 1, 3, 3));
-  ASSERT_TRUE(o.status.ok()) << o.status;
-  pipeline.reset();
-  ingest.reset();
-  ASSERT_TRUE(joined.has_value());
-  EXPECT_TRUE(absl::IsInvalidArgument(*joined)) << *joined;
-  EXPECT_FALSE(told) << "a write that failed was reported durable";
-  // Nothing of the failed write is left; the group's step is stored.
-  EXPECT_TRUE(catalog_->ListIncidents({})->empty());
-  auto stored = catalog_->QueryTelemetry("r", 0, 3, 3, 0);
+  options.after_commit = [&](int64_t) {
+    queued_when_durable.push_back(committer->completed()->outstanding());
+  };
+  GroupCommitter ingest(catalog->get(), options);
+  committer = &ingest;
+  ingest.completed()->Open();
+  ASSERT_TRUE(ingest.Commit(Batch("r", 0, 2, 0, 2)).status.ok());
+  EXPECT_EQ(StoredRanks(path, 1), 1);
+  ASSERT_TRUE(ingest.Commit(Batch("r", 1, 2, 0, 1)).status.ok());
+  EXPECT_EQ(queued_when_durable, (std::vector<int64_t>{0, 2}));
+  EXPECT_EQ(StoredRanks(path, 1), 2);
+  std::vector<CompletedSlice> slices = ingest.completed()->TakeAll();
+  ASSERT_EQ(slices.size(), 1u) << "one report completed both steps";
+  ASSERT_EQ(slices[0].records.size(), 2u);
+  auto stored = (*catalog)->QueryTelemetry("r", 0, 0, 1, 0);
   ASSERT_TRUE(stored.ok());
-  ASSERT_EQ(stored->size(), 1u);
-  EXPECT_EQ(stored->front().step(), 3);
+  EXPECT_EQ((*stored)[1].SerializeAsString(), slices[0].records[1].record.SerializeAsString());
+  ASSERT_TRUE(ingest.Commit(Batch("r", 1, 2, 2, 2)).status.ok());
+  slices = ingest.completed()->TakeAll();
+  ASSERT_EQ(slices.size(), 1u);
+  ASSERT_EQ(slices[0].records.size(), 1u);
+  EXPECT_EQ(slices[0].records[0].record.step(), 2);
 }
 
-TEST_F(GroupCommitTest, WithNoGroupOpenAJoinerWritesOnItsOwn) {
-  GroupCommitter::Options options;
-  options.join_window = absl::Seconds(30);
-  GroupCommitter ingest(catalog_.get(), options, nullptr);
-  bool ran = false;
-  std::optional<absl::Status> joined = ingest.Join([&](storage::Catalog::OpenGroup&) {
-    ran = true;
-    return absl::OkStatus();
-  });
-  EXPECT_FALSE(joined.has_value());
-  EXPECT_FALSE(ran);
-  // Joining off (the default window): never joined, even mid-group.
-  GroupCommitter plain(catalog_.get(), {}, nullptr);
-  ASSERT_TRUE(plain.Commit(Batch("r", 0, 1, 0, 0)).status.ok());
-  EXPECT_FALSE(plain.Join([](storage::Catalog::OpenGroup&) { return absl::OkStatus(); })
-                   .has_value());
-  EXPECT_EQ(plain.joined_groups(), 0);
-}
-
-TEST_F(GroupCommitTest, AConsumerThatFallsBehindCostsOneJoinWindowNotOnePerGroup) {
-  // The consumer never judges: the first group waits out the window, the
-  // next see a backlog and commit at once (20 windows would be 10 s).
-  GroupCommitter::Options options;
-  options.join_window = absl::Milliseconds(500);
-  std::atomic<int> handed{0};
-  GroupCommitter ingest(catalog_.get(), options,
-                        [&](std::vector<storage::CompletedStep> done, absl::Time) {
-                          handed += static_cast<int>(done.size());
-                        });
-  const absl::Time start = absl::Now();
-  for (int64_t step = 0; step < 20; ++step) {
-    ASSERT_TRUE(ingest.Commit(Batch("r", 0, 1, step, step)).status.ok());
+TEST(GroupCommitFileTest, MergesWithRecordsStoredBeforeAReopen) {
+  storage::testing::TempDir dir;
+  storage::CatalogOptions options;
+  options.path = dir.File("catalog.db");
+  v1::Run run;
+  run.set_name("r");
+  run.set_world_size(2);
+  {
+    auto catalog = storage::Catalog::Open(options);
+    ASSERT_TRUE(catalog.ok());
+    ASSERT_TRUE((*catalog)->CreateRun(run).ok());
+    GroupCommitter ingest(catalog->get(), {});
+    ASSERT_TRUE(ingest.Commit(Batch("r", 0, 2, 0, 4)).status.ok());
   }
-  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
-  EXPECT_EQ(handed.load(), 20);
-  EXPECT_EQ(ingest.joined_groups(), 0);
+  auto catalog = storage::Catalog::Open(options);
+  ASSERT_TRUE(catalog.ok());
+  GroupCommitter ingest(catalog->get(), {});
+  Consumer consumer(ingest.completed());
+  ASSERT_TRUE(ingest.Commit(Batch("r", 1, 2, 0, 4)).status.ok());
+  for (const CompletedStep& c : consumer.Await(5)) EXPECT_EQ(c.record.ranks_reported(), 2u);
+  // Rank 0's resend after the reopen is all duplicates.
+  BatchOutcome again = ingest.Commit(Batch("r", 0, 2, 0, 4));
+  ASSERT_TRUE(again.status.ok());
+  EXPECT_EQ(again.result.duplicates, 5);
+  EXPECT_EQ((*catalog)->QueryTelemetry("r", 0, 0, std::nullopt, 0)->at(4).ranks_reported(), 2u);
 }
 
-TEST_F(GroupCommitTest, AHeldGroupLetsInWhoeverWaitsForTheCatalog) {
-  // The consumer must read the catalog before it can judge the spike (a
-  // first read of the run's history, say). The group holds the catalog
-  // until its records are judged: it must let that read in rather than
-  // keep it waiting for the whole join window.
-  constexpr int64_t kSpike = 3, kSteps = 6;
-  GroupCommitter::Options options;
-  options.join_window = absl::Seconds(60);
-  std::unique_ptr<GroupCommitter> ingest;
-  absl::StatusOr<v1::Run> read = absl::UnknownError("never read");
-  std::optional<absl::Status> joined = absl::UnknownError("never tried");
-  auto pipeline = std::make_unique<Pipeline>([&](const storage::CompletedStep& c) {
-    if (c.record.step() == kSpike) {
-      read = catalog_->GetRun("r");
-      // Its group committed to let the read in: nothing is left to join.
-      joined = ingest->Join([](storage::Catalog::OpenGroup&) { return absl::OkStatus(); });
+TEST_F(GroupCommitTest, AConsumerThatReadsTheCatalogNeverStallsTheCommitter) {
+  // The consumer reads the catalog for each record, as detection does when
+  // it warms a run's detectors: the committer holds no lock while the
+  // consumer works, and calls nothing of it.
+  GroupCommitter ingest(catalog_.get(), {});
+  std::atomic<int> reads{0};
+  Consumer consumer(ingest.completed(), [&](const CompletedStep& c) {
+    auto stored = catalog_->QueryTelemetry(c.run, 0, 0, c.record.step(), 0);
+    EXPECT_TRUE(stored.ok()) << stored.status();
+    ++reads;
+  });
+  for (int64_t step = 0; step < 50; ++step) {
+    for (uint32_t rank = 0; rank < 2; ++rank) {
+      ASSERT_TRUE(ingest.Commit(Batch("r", rank, 2, step, step)).status.ok());
     }
-    ingest->Judged(1);
-  });
-  ingest = std::make_unique<GroupCommitter>(
-      catalog_.get(), options,
-      [&](std::vector<storage::CompletedStep> done, absl::Time) { pipeline->HandOver(std::move(done)); });
-  const absl::Time start = absl::Now();
-  for (int64_t step = 0; step < kSteps; ++step) {
-    ASSERT_TRUE(ingest->Commit(Batch("r", 0, 1, step, step)).status.ok());
   }
-  pipeline.reset();
-  EXPECT_LT(absl::Now() - start, absl::Seconds(30))
-      << "the consumer's read waited out the join window";
-  ASSERT_TRUE(read.ok()) << read.status();
-  EXPECT_EQ(read->name(), "r");
-  EXPECT_FALSE(joined.has_value()) << "a group was still open to join after the read";
-  EXPECT_EQ(catalog_->lock_waiters(), 0);
+  consumer.Await(50);
+  EXPECT_EQ(reads.load(), 50);
+}
+
+TEST_F(GroupCommitTest, AConsumerThatFallsBehindSlowsTheIngestDown) {
+  // At most `max_queued_records` outstanding: the next group waits for the
+  // consumer rather than growing the queue without bound.
+  GroupCommitter::Options options;
+  options.max_queued_records = 4;
+  GroupCommitter ingest(catalog_.get(), options);
+  CompletedQueue* queue = ingest.completed();
+  queue->Open();
+  ASSERT_TRUE(ingest.Commit(Batch("r", 0, 1, 0, 3)).status.ok());  // 4 complete: full
+  std::atomic<bool> answered{false};
+  ingest.CommitAsync(Batch("r", 0, 1, 4, 4), [&](BatchOutcome o) {
+    EXPECT_TRUE(o.status.ok()) << o.status;
+    answered = true;
+  });
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_FALSE(answered.load()) << "a group committed while the consumer was full";
+  for (CompletedSlice& s : queue->TakeAll()) queue->Done(static_cast<int64_t>(s.records.size()));
+  while (!answered.load()) absl::SleepFor(absl::Milliseconds(1));
+  // A consumer that stops (Close) releases the ingest for good.
+  queue->Close();
+  ASSERT_TRUE(ingest.Commit(Batch("r", 0, 1, 5, 20)).status.ok());
+  ASSERT_TRUE(ingest.Commit(Batch("r", 0, 1, 21, 30)).status.ok());
+  EXPECT_EQ(queue->outstanding(), 0) << "closing frees what was queued; later pushes are dropped";
+}
+
+TEST_F(GroupCommitTest, WithoutAConsumerNothingIsQueued) {
+  GroupCommitter ingest(catalog_.get(), {.max_queued_records = 1});
+  for (int64_t from = 0; from < 100; from += 10) {
+    ASSERT_TRUE(ingest.Commit(Batch("r", 0, 1, from, from + 9)).status.ok());
+  }
+  EXPECT_EQ(ingest.completed()->outstanding(), 0);
 }
 
 TEST_F(GroupCommitTest, ARunWhoseRanksReportFurtherApartThanTheWindowIsWaitedFor) {
@@ -485,13 +442,13 @@ TEST_F(GroupCommitTest, ARunWhoseRanksReportFurtherApartThanTheWindowIsWaitedFor
     GroupCommitter::Options options;
     options.step_window = absl::Milliseconds(1);
     options.max_step_window = max_window;
-    GroupCommitter ingest(catalog_.get(), options, nullptr);
+    GroupCommitter ingest(catalog_.get(), options);
     std::vector<int64_t> per_step;
     for (int64_t step = first_step; step < first_step + 11; ++step) {
       const int64_t before = ingest.groups();
       std::atomic<int> answered{0};
       auto send = [&](uint32_t rank) {
-        ingest.CommitAsync(Batch("wide", rank, 2, step, step), [&](storage::BatchOutcome o) {
+        ingest.CommitAsync(Batch("wide", rank, 2, step, step), [&](BatchOutcome o) {
           EXPECT_TRUE(o.status.ok()) << o.status;
           ++answered;
         });
@@ -535,7 +492,7 @@ TEST(GroupCommitLogTest, TheCommitterCheckpointsTheLogBetweenGroups) {
   ASSERT_TRUE((*catalog)->CreateRun(run).ok());
   int64_t most = 0;
   {
-    GroupCommitter ingest(catalog->get(), {}, nullptr);
+    GroupCommitter ingest(catalog->get(), {});
     for (int64_t from = 0; from < 3000; from += 10) {
       ASSERT_TRUE(ingest.Commit(Batch("r", 0, 1, from, from + 9)).status.ok());
       most = std::max(most, (*catalog)->wal_pages());

@@ -381,18 +381,15 @@ TEST_F(OperatorHandlerTest, APrincipalScopedToSomeRunsListsOnlyThose) {
 TEST_F(OperatorHandlerTest, RunsListShowsTheLastStepRunsShowShows) {
   // Both ranks committed steps 0..599 and left: the stored row still says 0.
   for (uint32_t rank : {0u, 1u}) {
-    storage::IngestBatch batch;
-    batch.run = kRun;
-    batch.rank = rank;
-    batch.world_size = 2;
+    std::vector<v1::StepReport> reports;
     for (int64_t step : {598, 599}) {
       v1::StepReport r;
       r.set_step(step);
       r.set_data_position(step);
       r.set_loss(2.0);
-      batch.reports.push_back(r);
+      reports.push_back(r);
     }
-    ASSERT_TRUE(catalog_->IngestGroup(std::span(&batch, 1)).ok());
+    ASSERT_TRUE(catalog_->IngestReports(kRun, 0, rank, reports).ok());
   }
   auth::Principal admin;
   admin.role = auth::Role::kAdmin;

@@ -112,11 +112,10 @@ class WorkerSessionTest : public testing::DaemonStateTest {
     return session;
   }
 
-  // Commits an accepted batch the way the group committer does.
-  storage::BatchOutcome Commit(const storage::IngestBatch& batch) {
-    auto result = catalog_->IngestGroup(std::span(&batch, 1));
-    EXPECT_TRUE(result.ok()) << result.status();
-    return result->batches.at(0);
+  // Commits an accepted batch through the group committer.
+  BatchOutcome Commit(const IngestBatch& batch) {
+    GroupCommitter ingest(catalog_.get(), {});
+    return ingest.Commit(batch);
   }
 
   bool Connected(uint32_t rank) const {
@@ -340,7 +339,7 @@ TEST_F(WorkerSessionTest, RewindDuringTheCommitIsAnsweredAsStale) {
             "stale generation: reports of generation 0 refused; the run is at generation 1");
 
   // A failed write is not acknowledged: the stream ends, the worker resends.
-  storage::BatchOutcome failed;
+  BatchOutcome failed;
   failed.status = absl::InternalError("disk I/O error");
   ack = session->Committed(failed, accepted->ticket);
   EXPECT_EQ(ack.status().code(), absl::StatusCode::kUnavailable);

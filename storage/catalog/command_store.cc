@@ -1,0 +1,120 @@
+#include "storage/catalog/command_store.h"
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "storage/catalog/store_util.h"
+
+namespace spikeguard::storage {
+namespace {
+
+using internal::Sv;
+
+constexpr char kInsertCommandSql[] =
+    "INSERT INTO commands (id, run_id, generation, kind, payload, state, message, "
+    "created_unix_ms, updated_unix_ms) VALUES (?, ?, ?, ?, ?, ?, '', ?, ?)";
+constexpr char kSelectCommandSql[] =
+    "SELECT c.id, r.name, c.generation, c.kind, c.payload, c.state, c.message, "
+    "c.created_unix_ms, c.updated_unix_ms FROM commands AS c JOIN runs AS r ON r.id = c.run_id "
+    "WHERE c.id = ?";
+constexpr char kListCommandsSql[] =
+    "SELECT c.id, r.name, c.generation, c.kind, c.payload, c.state, c.message, "
+    "c.created_unix_ms, c.updated_unix_ms FROM commands AS c JOIN runs AS r ON r.id = c.run_id "
+    "WHERE c.run_id = ?1 AND (?2 = '' OR c.state = ?2) ORDER BY c.rowid";
+constexpr char kUpdateCommandStateSql[] =
+    "UPDATE commands SET state = ?, message = ?, updated_unix_ms = ? WHERE id = ?";
+
+constexpr std::string_view kCommandStates[] = {"pending", "sent", "acked", "failed"};
+
+StoredCommand ReadCommandRow(const Statement& row) {
+  StoredCommand c;
+  c.id = row.ColumnText(0);
+  c.run = row.ColumnText(1);
+  c.generation = row.ColumnInt64(2);
+  c.kind = row.ColumnText(3);
+  c.payload = row.ColumnBlob(4);
+  c.state = row.ColumnText(5);
+  c.message = row.ColumnText(6);
+  c.created_unix_ms = row.ColumnInt64(7);
+  c.updated_unix_ms = row.ColumnInt64(8);
+  return c;
+}
+
+absl::Status CheckState(std::string_view state) {
+  if (!internal::OneOf(state, kCommandStates)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown command state '", Sv(state), "'"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CommandStore::Put(std::string_view id, std::string_view run, int64_t generation,
+                               std::string_view kind, std::string_view payload,
+                               std::string_view state) {
+  if (id.empty()) return absl::InvalidArgumentError("command id is empty");
+  SG_RETURN_IF_ERROR(CheckState(state));
+  SG_ASSIGN_OR_RETURN(int64_t run_id, internal::RunId(*db_, run));
+  if (absl::StatusOr<StoredCommand> existing = Get(id); existing.ok()) {
+    if (existing->run == run && existing->generation == generation && existing->kind == kind &&
+        existing->payload == payload) {
+      return absl::OkStatus();  // a resend of the same command
+    }
+    return absl::AlreadyExistsError(
+        absl::StrCat("command '", Sv(id), "' already exists with other content"));
+  } else if (!absl::IsNotFound(existing.status())) {
+    return existing.status();
+  }
+  const int64_t now = clock_->NowUnixMillis();
+  SG_ASSIGN_OR_RETURN(Statement insert, db_->Prepare(kInsertCommandSql));
+  insert.BindText(1, id)
+      .BindInt64(2, run_id)
+      .BindInt64(3, generation)
+      .BindText(4, kind)
+      .BindBlob(5, payload)
+      .BindText(6, state)
+      .BindInt64(7, now)
+      .BindInt64(8, now);
+  return insert.Run();
+}
+
+absl::Status CommandStore::SetState(std::string_view id, std::string_view state,
+                                    std::string_view message) {
+  SG_RETURN_IF_ERROR(CheckState(state));
+  SG_ASSIGN_OR_RETURN(StoredCommand existing, Get(id));
+  if (existing.state == "acked" || existing.state == "failed") {
+    if (existing.state == state) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "command '", Sv(id), "' is already ", existing.state, "; cannot become ", Sv(state)));
+  }
+  SG_ASSIGN_OR_RETURN(Statement update, db_->Prepare(kUpdateCommandStateSql));
+  update.BindText(1, state)
+      .BindText(2, message)
+      .BindInt64(3, clock_->NowUnixMillis())
+      .BindText(4, id);
+  return update.Run();
+}
+
+absl::StatusOr<StoredCommand> CommandStore::Get(std::string_view id) {
+  SG_ASSIGN_OR_RETURN(Statement select, db_->Prepare(kSelectCommandSql));
+  select.BindText(1, id);
+  SG_ASSIGN_OR_RETURN(bool row, select.Step());
+  if (!row) return absl::NotFoundError(absl::StrCat("command '", Sv(id), "' not found"));
+  return ReadCommandRow(select);
+}
+
+absl::StatusOr<std::vector<StoredCommand>> CommandStore::List(std::string_view run,
+                                                              std::string_view state) {
+  if (!state.empty()) SG_RETURN_IF_ERROR(CheckState(state));
+  SG_ASSIGN_OR_RETURN(int64_t run_id, internal::RunId(*db_, run));
+  SG_ASSIGN_OR_RETURN(Statement select, db_->Prepare(kListCommandsSql));
+  select.BindInt64(1, run_id).BindText(2, state);
+  std::vector<StoredCommand> out;
+  while (true) {
+    SG_ASSIGN_OR_RETURN(bool row, select.Step());
+    if (!row) break;
+    out.push_back(ReadCommandRow(select));
+  }
+  return out;
+}
+
+}  // namespace spikeguard::storage
