@@ -21,7 +21,6 @@ absl::StatusOr<std::unique_ptr<Catalog>> Catalog::Open(const CatalogOptions& opt
 
 Catalog::Catalog(std::unique_ptr<Database> db, std::string path, Clock* clock)
     : path_(std::move(path)),
-      clock_(clock),
       db_(std::move(db)),
       runs_(db_.get(), clock),
       steps_(db_.get(), clock),

@@ -340,7 +340,6 @@ class Catalog {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string path_;
-  Clock* const clock_;
   absl::Mutex mu_;
   std::unique_ptr<Database> db_ ABSL_GUARDED_BY(mu_);
   // One store per concern, each over db_ (their SQL; the lock and the
