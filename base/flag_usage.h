@@ -25,9 +25,16 @@ namespace spikeguard {
 
 inline void SetFlagsUsage(absl::string_view usage, std::vector<std::string> flag_files) {
   absl::SetProgramUsageMessage(usage);
-  auto own = [files = std::move(flag_files)](absl::string_view file) {
+  // Abseil hands the filter the file name with its leading slashes removed
+  // (its default normalize_filename), so an absolute __FILE__ is compared
+  // in that form too; a relative one (a compiler cache's base dir) has none.
+  auto normalized = [](absl::string_view file) {
+    const size_t start = file.find_first_not_of("\\/");
+    return start == absl::string_view::npos ? absl::string_view() : file.substr(start);
+  };
+  auto own = [files = std::move(flag_files), normalized](absl::string_view file) {
     for (const std::string& f : files) {
-      if (file == f) return true;
+      if (normalized(file) == normalized(f)) return true;
     }
     return false;
   };
