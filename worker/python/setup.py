@@ -99,9 +99,14 @@ sources = [str(HERE / "binding" / "corpus_module.cc")]
 for folder, target in LIBRARIES:
     sources += library_sources(folder, target)
 
+# Headers too: setuptools rebuilds the module only when one of these is
+# newer than it (pip builds in the source tree and keeps build/ between installs).
+headers = [str(h) for folder, _ in LIBRARIES for h in sorted((REPO / folder).glob("*.h"))]
+
 corpus = Pybind11Extension(
     "spikeguard._corpus",
     sorted(sources),
+    depends=headers,
     include_dirs=[str(REPO)],
     cxx_std=20,
     extra_compile_args=pkg_config("--cflags") + ["-O2", "-pthread"],
