@@ -24,7 +24,6 @@
 #include "daemon/launch/launcher.h"
 #include "daemon/launch/local_launcher.h"
 #include "daemon/launch/slurm_launcher.h"
-#include "daemon/server/daemon_state.h"
 #include "daemon/server/supervisor_service.h"
 #include "daemon/server/worker_service.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -199,29 +198,29 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options) {
   if (options.default_policy) {
     if (absl::Status s = d->catalog_->PutPolicy("", *options.default_policy); !s.ok()) return s;
   }
-  d->state_ = std::make_unique<DaemonState>(d->catalog_.get(), options.clock, options.limits,
-                                            d->catalog_path_);
+  d->started_ = options.clock->Now();
+  d->registry_ = std::make_unique<RunRegistry>(options.clock);
   if (absl::Status s = d->StartLaunchProfiles(options); !s.ok()) return s;
   GroupCommitter::Options ingest;
-  ingest.metrics = &d->state_->metrics;
+  ingest.metrics = &d->metrics_;
   ingest.after_commit = options.after_group_commit;
   d->ingest_ = std::make_unique<GroupCommitter>(d->catalog_.get(), ingest);
-  d->supervisor_ = std::make_unique<Supervisor>(d->catalog_.get(), &d->state_->hub, options.clock,
-                                                d->ingest_->completed());
-  d->supervisor_->view()->set_checkpoint_guard(d->checkpoints_.get());
-  d->supervisor_->view()->set_launch_profiles(d->profiles_.get());
-  d->supervisor_->SetMetrics(&d->state_->metrics);
-  if (options.detection_latency_observer) {
-    d->supervisor_->SetLatencyObserver(options.detection_latency_observer);
-  }
+  Supervisor::Deps detection;
+  detection.catalog = d->catalog_.get();
+  detection.hub = &d->hub_;
+  detection.clock = options.clock;
+  detection.completed = d->ingest_->completed();
+  detection.checkpoints = d->checkpoints_.get();
+  detection.profiles = d->profiles_.get();
+  detection.metrics = &d->metrics_;
+  detection.latency_observer = options.detection_latency_observer;
+  d->supervisor_ = std::make_unique<Supervisor>(std::move(detection));
   if (absl::Status s = d->supervisor_->Start(); !s.ok()) return s;
-  d->state_->supervisor = d->supervisor_.get();
-  d->state_->authorizer = d->authorizer_.get();
-  metrics::RegisterStateCollector(d->state_.get());
-  d->worker_service_ = std::make_unique<WorkerServiceImpl>(d->state_.get(), d->ingest_.get());
-  d->operator_handler_ = std::make_unique<DaemonOperatorHandler>(d->state_.get());
-  d->supervisor_service_ =
-      std::make_unique<SupervisorServiceImpl>(d->state_.get(), d->operator_handler_.get());
+  metrics::RegisterStateCollector(
+      &d->metrics_registry_,
+      {.catalog = d->catalog_.get(), .catalog_path = d->catalog_path_, .clock = options.clock,
+       .started = d->started_, .supervisor = d->supervisor_.get(), .registry = d->registry_.get(),
+       .counters = &d->counters_});
 
   std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
   if (want_tls) {
@@ -254,10 +253,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options) {
         });
     credentials->SetAuthMetadataProcessor(d->token_gate_);
   }
-  d->state_->tls = d->tls_;
 
-  // Every DaemonState pointer is set before the server starts (the services
-  // read them from their first call on).
   LocalLauncher::Options launch;
   launch.data_dir = std::filesystem::path(d->catalog_path_).parent_path().string();
   if (launch.data_dir.empty()) launch.data_dir = ".";
@@ -285,7 +281,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options) {
   launch.profiles = d->profiles_.get();
   launch.checkpoints = d->checkpoints_.get();
   d->local_launcher_ = std::make_unique<LocalLauncher>(launch, d->catalog_.get(),
-                                                       &d->state_->registry, options.clock);
+                                                       d->registry_.get(), options.clock);
   // Runs whose profile has a slurm block: sbatch/scontrol/scancel from PATH,
   // with the daemon's environment (SLURM_CONF).
   SlurmLauncher::Options slurm;
@@ -296,7 +292,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options) {
   slurm.worker_token = launch.worker_token;
   slurm.daemon_env = launch.daemon_env;
   d->slurm_launcher_ = std::make_unique<SlurmLauncher>(slurm, d->catalog_.get(),
-                                                       &d->state_->registry, options.clock);
+                                                       d->registry_.get(), options.clock);
   // What the previous daemon started (it may have been killed): adopted.
   for (auto adopt : {+[](Daemon* x) { return x->local_launcher_->AdoptRecorded(); },
                      +[](Daemon* x) { return x->slurm_launcher_->AdoptRecorded(); }}) {
@@ -309,7 +305,38 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options) {
   d->launcher_ = std::make_unique<ProfileLauncher>(d->catalog_.get(), d->profiles_.get(),
                                                    d->local_launcher_.get(),
                                                    d->slurm_launcher_.get());
-  d->state_->launcher = d->launcher_.get();
+
+  // The services, over everything above (all of it outlives them).
+  WorkerSession::Deps session;
+  session.catalog = d->catalog_.get();
+  session.clock = options.clock;
+  session.limits = options.limits;
+  session.registry = d->registry_.get();
+  session.supervisor = d->supervisor_.get();
+  session.checkpoints = d->checkpoints_.get();
+  session.counters = &d->counters_;
+  d->worker_service_ = std::make_unique<WorkerServiceImpl>(
+      WorkerServiceImpl::Deps{.session = session,
+                              .authorizer = d->authorizer_.get(),
+                              .hub = &d->hub_,
+                              .metrics = &d->metrics_},
+      d->ingest_.get());
+  DaemonOperatorHandler::Deps handler;
+  handler.catalog = d->catalog_.get();
+  handler.catalog_path = d->catalog_path_;
+  handler.clock = options.clock;
+  handler.limits = options.limits;
+  handler.registry = d->registry_.get();
+  handler.counters = &d->counters_;
+  handler.supervisor = d->supervisor_.get();
+  handler.launcher = d->launcher_.get();
+  handler.profiles = d->profiles_.get();
+  handler.checkpoints = d->checkpoints_.get();
+  handler.tls = d->tls_;
+  handler.started = d->started_;
+  d->operator_handler_ = std::make_unique<DaemonOperatorHandler>(std::move(handler));
+  d->supervisor_service_ = std::make_unique<SupervisorServiceImpl>(
+      d->authorizer_.get(), d->catalog_.get(), d->operator_handler_.get());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
@@ -347,7 +374,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options) {
     http.tls_client_ca_file = options.tls_client_ca_file;
     http.insecure = options.insecure;
     // The pages are SupervisorService calls on the caller's behalf, in process.
-    auto started = HttpServer::Start(http, d->state_.get(),
+    auto started = HttpServer::Start(http, d->authorizer_.get(), &d->metrics_registry_,
                                      d->server_->InProcessChannel(grpc::ChannelArguments()));
     if (!started.ok()) {
       d->Shutdown(absl::ZeroDuration());
@@ -376,8 +403,6 @@ absl::Status Daemon::StartLaunchProfiles(const Options& options) {
   std::string data_dir = std::filesystem::path(catalog_path_).parent_path().string();
   if (data_dir.empty()) data_dir = ".";
   checkpoints_ = std::make_unique<CheckpointGuard>(catalog_.get(), profiles_.get(), data_dir);
-  state_->profiles = profiles_.get();
-  state_->checkpoints = checkpoints_.get();
   // Runs stored before launch profiles, with a free command line: never
   // launched until an admin maps them to a profile.
   if (auto runs = catalog_->ListRuns(); runs.ok()) {
@@ -390,7 +415,7 @@ absl::Status Daemon::StartLaunchProfiles(const Options& options) {
 
 Daemon::~Daemon() { Shutdown(absl::Seconds(2)); }
 
-const metrics::DaemonMetrics& Daemon::metrics() const { return state_->metrics; }
+const metrics::DaemonMetrics& Daemon::metrics() const { return metrics_; }
 
 int Daemon::http_port() const { return http_server_ ? http_server_->port() : 0; }
 
@@ -408,20 +433,18 @@ void Daemon::Shutdown(absl::Duration grace) {
   shut_down_ = true;
   server_->GetHealthCheckService()->SetServingStatus(false);
   if (http_server_) http_server_->Stop();
-  if (launcher_) {
-    state_->launcher = nullptr;
-    launcher_->StopAll(absl::Seconds(5));
-    launcher_.reset();
-    slurm_launcher_.reset();
-    local_launcher_.reset();
-  }
+  // The ranks stop first (and no launcher starts one again); the launchers
+  // themselves outlive the calls in flight that may use them.
+  if (launcher_) launcher_->StopAll(absl::Seconds(5));
   server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(grace));
   server_->Wait();
+  launcher_.reset();
+  slurm_launcher_.reset();
+  local_launcher_.reset();
   // Detection processes what ingest queued and stops taking; the ingest
   // stage commits what is left, then lets go of the catalog before it closes.
   supervisor_->Stop();
   ingest_.reset();
-  state_->supervisor = nullptr;
   supervisor_.reset();
   catalog_.reset();
   SG_LOG(INFO) << "spikeguardd stopped; catalog closed";

@@ -31,8 +31,12 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "base/clock.h"
+#include "daemon/control/stream_hub.h"
+#include "daemon/ingest/counters.h"
 #include "daemon/ingest/limits.h"
+#include "daemon/ingest/run_registry.h"
 #include "daemon/metrics/daemon_metrics.h"
+#include "daemon/metrics/registry.h"
 
 namespace grpc {
 class Server;
@@ -51,7 +55,6 @@ namespace spikeguard::daemon {
 
 class HttpServer;
 
-struct DaemonState;
 class WorkerServiceImpl;
 class SupervisorServiceImpl;
 class OperatorHandler;
@@ -159,14 +162,21 @@ class Daemon {
   std::unique_ptr<storage::Catalog> catalog_;
   std::unique_ptr<LaunchProfiles> profiles_;
   std::unique_ptr<CheckpointGuard> checkpoints_;
-  std::unique_ptr<DaemonState> state_;
+  // Shared by the components built over them in Start: the live ranks, the
+  // streams commands are pushed to, ingest's counters, the instruments.
+  absl::Time started_;
+  std::unique_ptr<RunRegistry> registry_;
+  StreamHub hub_;
+  Counters counters_;
+  metrics::Registry metrics_registry_;
+  metrics::DaemonMetrics metrics_{&metrics_registry_};
   // The ingest stage's group commit (declared before the supervisor, which
   // takes from its queue, and the worker service, which feeds it).
   std::unique_ptr<GroupCommitter> ingest_;
   std::unique_ptr<Supervisor> supervisor_;
   std::unique_ptr<LocalLauncher> local_launcher_;
   std::unique_ptr<SlurmLauncher> slurm_launcher_;
-  // Routes a run to one of the two by its profile (DaemonState::launcher).
+  // Routes a run to one of the two by its profile.
   std::unique_ptr<ProfileLauncher> launcher_;
   std::unique_ptr<WorkerServiceImpl> worker_service_;
   std::unique_ptr<OperatorHandler> operator_handler_;

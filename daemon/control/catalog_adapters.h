@@ -30,17 +30,16 @@ incident::StepObservation ToObservation(const spikeguard::v1::StepRecord& record
 
 class CatalogRunView final : public incident::RunView {
  public:
-  explicit CatalogRunView(storage::Catalog* catalog) : catalog_(catalog) {}
-
-  // When set, Checkpoints() returns only the checkpoints the guard verifies
-  // (inside the run's checkpoint root, file there, checksum matching); each
-  // one left out is logged with the reason.
-  void set_checkpoint_guard(CheckpointGuard* guard) { guard_ = guard; }
-  // When set, a run's corpus dir is read only after LaunchProfiles::CorpusDir
+  // `guard`, when given: Checkpoints() returns only the checkpoints it
+  // verifies (inside the run's checkpoint root, file there, checksum
+  // matching); each one left out is logged with the reason. `profiles`, when
+  // given: a run's corpus dir is read only after LaunchProfiles::CorpusDir
   // confines it again (every manifest resolution, not only the run's
-  // creation): a dir replaced since by a symlink leading out of its profile's
-  // corpus_root is refused, naming it.
-  void set_launch_profiles(LaunchProfiles* profiles) { profiles_ = profiles; }
+  // creation): a dir replaced since by a symlink leading out of its
+  // profile's corpus_root is refused, naming it.
+  explicit CatalogRunView(storage::Catalog* catalog, CheckpointGuard* guard = nullptr,
+                          LaunchProfiles* profiles = nullptr)
+      : guard_(guard), catalog_(catalog), profiles_(profiles) {}
 
   absl::StatusOr<std::vector<incident::CheckpointInfo>> Checkpoints(const std::string& run) override;
   absl::StatusOr<std::vector<incident::StepObservation>> Steps(const std::string& run,
@@ -95,9 +94,9 @@ class CatalogRunView final : public incident::RunView {
   absl::StatusOr<const storage::Corpus*> CorpusFor(const std::string& run,
                                                    storage::Manifest* manifest);
 
-  CheckpointGuard* guard_ = nullptr;
+  CheckpointGuard* const guard_;
   storage::Catalog* const catalog_;
-  LaunchProfiles* profiles_ = nullptr;
+  LaunchProfiles* const profiles_;
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<storage::Corpus>> corpora_ ABSL_GUARDED_BY(mu_);
   // Built on the first query of a run (one pass over its corpus).

@@ -311,29 +311,29 @@ v1::StepRecord FilterMetrics(const v1::StepRecord& record,
 }
 
 absl::StatusOr<v1::Run> DaemonOperatorHandler::ExistingRun(const std::string& name) {
-  if (auto s = ValidateRunName(name, state_->limits); !s.ok()) return Invalid(s);
-  return state_->catalog->GetRun(name);
+  if (auto s = ValidateRunName(name, deps_.limits); !s.ok()) return Invalid(s);
+  return deps_.catalog->GetRun(name);
 }
 
 absl::StatusOr<v1::ServerStatus> DaemonOperatorHandler::GetStatus() {
   v1::ServerStatus out;
   out.set_version(kVersion);
-  out.set_uptime_s(absl::ToInt64Seconds(state_->clock->Now() - state_->started));
-  out.set_catalog_path(state_->catalog_path);
-  out.set_schema_version(state_->catalog->schema_version());
-  auto runs = state_->catalog->ListRuns();
+  out.set_uptime_s(absl::ToInt64Seconds(deps_.clock->Now() - deps_.started));
+  out.set_catalog_path(deps_.catalog_path);
+  out.set_schema_version(deps_.catalog->schema_version());
+  auto runs = deps_.catalog->ListRuns();
   if (!runs.ok()) return runs.status();
   out.set_runs(static_cast<int32_t>(runs->size()));
-  out.set_connected_ranks(state_->registry.ConnectedRanks());
-  out.set_reports_accepted(state_->counters.reports_accepted.load());
-  out.set_reports_duplicate(state_->counters.reports_duplicate.load());
-  out.set_reports_rejected(state_->counters.reports_rejected.load());
-  out.set_reports_dropped(state_->counters.reports_dropped.load());
-  out.set_open_incidents(state_->supervisor ? state_->supervisor->OpenIncidents() : 0);
-  if (auto active = state_->catalog->ListWarnings({.run = "", .state = v1::WARNING_ACTIVE}); active.ok()) {
+  out.set_connected_ranks(deps_.registry->ConnectedRanks());
+  out.set_reports_accepted(deps_.counters->reports_accepted.load());
+  out.set_reports_duplicate(deps_.counters->reports_duplicate.load());
+  out.set_reports_rejected(deps_.counters->reports_rejected.load());
+  out.set_reports_dropped(deps_.counters->reports_dropped.load());
+  out.set_open_incidents(deps_.supervisor ? deps_.supervisor->OpenIncidents() : 0);
+  if (auto active = deps_.catalog->ListWarnings({.run = "", .state = v1::WARNING_ACTIVE}); active.ok()) {
     out.set_active_warnings(static_cast<int32_t>(active->size()));
   }
-  out.set_tls(state_->tls);
+  out.set_tls(deps_.tls);
   return out;
 }
 
@@ -346,16 +346,16 @@ absl::StatusOr<v1::Run> DaemonOperatorHandler::CreateRun(const NewRun& r) {
   as_request.set_mode(r.mode);
   *as_request.mutable_spec() = r.spec;
   as_request.set_launch(r.launch);
-  if (auto s = ValidateCreateRunRequest(as_request, state_->limits); !s.ok()) return Invalid(s);
-  if (auto s = ValidateRunName(r.name, state_->limits); !s.ok()) return Invalid(s);
-  if (r.world_size == 0 || r.world_size > state_->limits.max_world_size) {
+  if (auto s = ValidateCreateRunRequest(as_request, deps_.limits); !s.ok()) return Invalid(s);
+  if (auto s = ValidateRunName(r.name, deps_.limits); !s.ok()) return Invalid(s);
+  if (r.world_size == 0 || r.world_size > deps_.limits.max_world_size) {
     return absl::InvalidArgumentError(absl::StrFormat("world_size: %d is out of range [1, %d]",
-                                                      r.world_size, state_->limits.max_world_size));
+                                                      r.world_size, deps_.limits.max_world_size));
   }
   // Nothing from the wire is executed: no command, env or workdir; a launch
   // profile of the daemon's and valid values for its parameters.
-  if (state_->profiles == nullptr) return Starting();
-  if (auto s = state_->profiles->ValidateSpec(r.spec, r.world_size, "spec"); !s.ok()) {
+  if (deps_.profiles == nullptr) return Starting();
+  if (auto s = deps_.profiles->ValidateSpec(r.spec, r.world_size, "spec"); !s.ok()) {
     return Invalid(s);
   }
   if (r.launch && r.spec.profile().empty()) {
@@ -367,22 +367,22 @@ absl::StatusOr<v1::Run> DaemonOperatorHandler::CreateRun(const NewRun& r) {
   run.set_world_size(r.world_size);
   run.set_mode(r.mode == v1::MODE_UNSPECIFIED ? v1::MODE_OBSERVE : r.mode);
   run.set_state("created");
-  run.set_created_unix_ms(state_->clock->NowUnixMillis());
+  run.set_created_unix_ms(deps_.clock->NowUnixMillis());
   *run.mutable_spec() = r.spec;
-  auto created = state_->catalog->CreateRun(run);
+  auto created = deps_.catalog->CreateRun(run);
   if (!created.ok()) return created.status();
   SG_LOG(INFO) << "run '" << r.name << "' created (world size " << r.world_size << ")";
   if (!r.launch) return created;
   // An external profile (no argv): the workers are started outside the
   // daemon (torchrun, a scheduler); the run is created and waits for them.
-  if (auto profile = state_->profiles->Find(r.spec.profile());
+  if (auto profile = deps_.profiles->Find(r.spec.profile());
       profile.ok() && profile->argv().empty()) {
     SG_LOG(INFO) << "run '" << r.name << "': profile '" << r.spec.profile()
                  << "' is external; the daemon waits for workers started outside it";
     return created;
   }
-  if (state_->launcher == nullptr) return absl::UnavailableError("the launcher is not running");
-  if (auto s = state_->launcher->Launch(r.name); !s.ok()) return s;
+  if (deps_.launcher == nullptr) return absl::UnavailableError("the launcher is not running");
+  if (auto s = deps_.launcher->Launch(r.name); !s.ok()) return s;
   created->set_state("running");
   return created;
 }
@@ -390,23 +390,23 @@ absl::StatusOr<v1::Run> DaemonOperatorHandler::CreateRun(const NewRun& r) {
 absl::StatusOr<v1::Run> DaemonOperatorHandler::GetRun(const std::string& name) {
   auto run = ExistingRun(name);
   if (!run.ok()) return run.status();
-  MergeRanks(state_->registry.Ranks(name), state_->catalog->ListRankProgress(name), &*run);
+  MergeRanks(deps_.registry->Ranks(name), deps_.catalog->ListRankProgress(name), &*run);
   return run;
 }
 
 absl::StatusOr<Page<v1::Run>> DaemonOperatorHandler::ListRuns(const auth::Principal& who,
                                                               const std::string& page_token) {
-  auto runs = state_->catalog->ListRuns();
+  auto runs = deps_.catalog->ListRuns();
   if (!runs.ok()) return runs.status();
   KeepVisible(who, &*runs);
-  const int64_t budget = state_->limits.max_response_bytes;
+  const int64_t budget = deps_.limits.max_response_bytes;
   for (auto& r : *runs) {
     // A spec stored before specs were bounded is left out of the list
     // (runs show has it) rather than make the list unreadable.
     if (static_cast<int64_t>(r.ByteSizeLong()) > budget / 2) r.clear_spec();
     // The last step as runs show has it (the stored row's lags behind the
     // ranks' progress); the ranks themselves stay out of the list.
-    MergeRanks(state_->registry.Ranks(r.name()), state_->catalog->ListRankProgress(r.name()), &r);
+    MergeRanks(deps_.registry->Ranks(r.name()), deps_.catalog->ListRankProgress(r.name()), &r);
     r.clear_ranks();
   }
   return CutPage(std::move(*runs), page_token, budget);
@@ -415,14 +415,14 @@ absl::StatusOr<Page<v1::Run>> DaemonOperatorHandler::ListRuns(const auth::Princi
 absl::StatusOr<v1::Run> DaemonOperatorHandler::SetRunProfile(
     const std::string& run, const std::string& profile,
     const std::map<std::string, std::string>& params) {
-  if (auto s = ValidateRunName(run, state_->limits); !s.ok()) {
+  if (auto s = ValidateRunName(run, deps_.limits); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("run: ", s.message()));
   }
   if (profile.empty()) {
     return absl::InvalidArgumentError("profile: empty; name a launch profile of the daemon's");
   }
-  if (state_->profiles == nullptr) return Starting();
-  auto row = state_->catalog->GetRun(run);
+  if (deps_.profiles == nullptr) return Starting();
+  auto row = deps_.catalog->GetRun(run);
   if (!row.ok()) return row.status();
   v1::RunSpec spec = row->spec();
   const bool was_legacy = IsLegacySpec(spec);
@@ -432,23 +432,23 @@ absl::StatusOr<v1::Run> DaemonOperatorHandler::SetRunProfile(
   spec.set_profile(profile);
   spec.mutable_params()->clear();
   spec.mutable_params()->insert(params.begin(), params.end());
-  if (auto s = state_->profiles->ValidateSpec(spec, row->world_size(), ""); !s.ok()) {
+  if (auto s = deps_.profiles->ValidateSpec(spec, row->world_size(), ""); !s.ok()) {
     return Invalid(s);
   }
-  if (auto s = state_->catalog->SetRunSpec(run, spec); !s.ok()) return s;
+  if (auto s = deps_.catalog->SetRunSpec(run, spec); !s.ok()) return s;
   SG_LOG(INFO) << "run '" << run << "' mapped to launch profile " << Quoted(profile)
                << (was_legacy ? " (its free command line is dropped)" : "");
-  return state_->catalog->GetRun(run);
+  return deps_.catalog->GetRun(run);
 }
 
 absl::StatusOr<Page<v1::Checkpoint>> DaemonOperatorHandler::ListCheckpoints(
     const std::string& run, const std::string& page_token) {
   if (auto row = ExistingRun(run); !row.ok()) return row.status();
-  auto list = state_->catalog->ListCheckpoints(run);
+  auto list = deps_.catalog->ListCheckpoints(run);
   if (!list.ok()) return list.status();
-  auto row = state_->catalog->GetRunWithoutRanks(run);
+  auto row = deps_.catalog->GetRunWithoutRanks(run);
   if (!row.ok()) return row.status();
-  auto tree = state_->catalog->ListGenerations(run);
+  auto tree = deps_.catalog->ListGenerations(run);
   if (!tree.ok()) return tree.status();
   const incident::Lineage line = incident::Lineage::Of(*tree, row->current_generation());
   for (v1::Checkpoint& c : *list) {
@@ -457,11 +457,11 @@ absl::StatusOr<Page<v1::Checkpoint>> DaemonOperatorHandler::ListCheckpoints(
     c.set_rewind_target(why.empty());
     c.set_rewind_note(why);
   }
-  return CutPage(std::move(*list), page_token, state_->limits.max_response_bytes);
+  return CutPage(std::move(*list), page_token, deps_.limits.max_response_bytes);
 }
 
 absl::StatusOr<v1::Checkpoint> DaemonOperatorHandler::RegisterCheckpoint(const v1::Checkpoint& c) {
-  if (auto s = ValidateRunName(c.run(), state_->limits); !s.ok()) {
+  if (auto s = ValidateRunName(c.run(), deps_.limits); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint.", s.message()));
   }
   v1::CheckpointSaved as_saved;
@@ -470,30 +470,30 @@ absl::StatusOr<v1::Checkpoint> DaemonOperatorHandler::RegisterCheckpoint(const v
   as_saved.set_uri(c.uri());
   as_saved.set_bytes(c.bytes());
   as_saved.set_checksum(c.checksum());
-  if (auto s = ValidateCheckpointSaved(as_saved, state_->limits); !s.ok()) return Invalid(s);
+  if (auto s = ValidateCheckpointSaved(as_saved, deps_.limits); !s.ok()) return Invalid(s);
   if (c.generation() < 0) return absl::InvalidArgumentError("checkpoint.generation: negative");
   // Confined to the run's checkpoint root, before anything is stored.
-  if (state_->checkpoints == nullptr) return Starting();
-  auto admitted = state_->checkpoints->Admit(c.run(), c.uri());
+  if (deps_.checkpoints == nullptr) return Starting();
+  auto admitted = deps_.checkpoints->Admit(c.run(), c.uri());
   if (!admitted.ok()) {
     if (!absl::IsInvalidArgument(admitted.status())) return admitted.status();
     return absl::InvalidArgumentError(absl::StrCat("checkpoint.", admitted.status().message()));
   }
   v1::Checkpoint ckpt = c;
-  if (ckpt.created_unix_ms() == 0) ckpt.set_created_unix_ms(state_->clock->NowUnixMillis());
+  if (ckpt.created_unix_ms() == 0) ckpt.set_created_unix_ms(deps_.clock->NowUnixMillis());
   // With the identity of the file as registered (what a rewind checks).
-  return state_->catalog->UpsertCheckpoint(ckpt, admitted->file_identity);
+  return deps_.catalog->UpsertCheckpoint(ckpt, admitted->file_identity);
 }
 
 absl::StatusOr<v1::Checkpoint> DaemonOperatorHandler::PinCheckpoint(const std::string& run,
                                                                     int64_t step, bool pinned) {
-  if (auto s = ValidateRunName(run, state_->limits); !s.ok()) return Invalid(s);
+  if (auto s = ValidateRunName(run, deps_.limits); !s.ok()) return Invalid(s);
   if (step < 0) return absl::InvalidArgumentError("step: negative");
-  return state_->catalog->PinCheckpoint(run, step, pinned);
+  return deps_.catalog->PinCheckpoint(run, step, pinned);
 }
 
 absl::StatusOr<TelemetryPage> DaemonOperatorHandler::QueryTelemetry(const TelemetryQuery& q) {
-  if (auto s = ValidateRunName(q.run, state_->limits); !s.ok()) return Invalid(s);
+  if (auto s = ValidateRunName(q.run, deps_.limits); !s.ok()) return Invalid(s);
   if (q.from_step < 0) {
     return absl::InvalidArgumentError(absl::StrFormat("from_step: %d is negative", q.from_step));
   }
@@ -506,7 +506,7 @@ absl::StatusOr<TelemetryPage> DaemonOperatorHandler::QueryTelemetry(const Teleme
   }
   if (q.limit < 0) return absl::InvalidArgumentError("limit: negative");
   if (auto s = ValidateMetricNames(q.metrics); !s.ok()) return Invalid(s);
-  auto run = state_->catalog->GetRun(q.run);
+  auto run = deps_.catalog->GetRun(q.run);
   if (!run.ok()) return run.status();
   const int64_t generation = q.generation.value_or(run->current_generation());
   const int limit = std::min(q.limit == 0 ? kDefaultTelemetryLimit : q.limit, kMaxTelemetryLimit);
@@ -514,14 +514,14 @@ absl::StatusOr<TelemetryPage> DaemonOperatorHandler::QueryTelemetry(const Teleme
   // under a client's 4 MB): a cut result is truncated, with the step to ask
   // again from. Read in chunks, so a wide record costs no more than a page.
   constexpr int kChunk = 64;
-  const int64_t budget = state_->limits.max_response_bytes;
+  const int64_t budget = deps_.limits.max_response_bytes;
   TelemetryPage out;
   int64_t used = 0;
   int64_t from = q.from_step;
   int taken = 0;
   while (true) {
     const int want = std::min(kChunk, limit - taken) + 1;  // one more: is there a next?
-    auto records = state_->catalog->QueryTelemetry(q.run, generation, from, q.to_step, want);
+    auto records = deps_.catalog->QueryTelemetry(q.run, generation, from, q.to_step, want);
     if (!records.ok()) return records.status();
     for (const auto& r : *records) {
       v1::StepRecord filtered = FilterMetrics(r, q.metrics);
@@ -546,7 +546,7 @@ absl::StatusOr<ActionResult> DaemonOperatorHandler::ManualRewind(const RewindArg
                                                                  const std::string& kind,
                                                                  const std::string& reason) {
   const std::string& run = args.run;
-  if (auto s = ValidateRunName(run, state_->limits); !s.ok()) return Invalid(s);
+  if (auto s = ValidateRunName(run, deps_.limits); !s.ok()) return Invalid(s);
   if (args.to_step < 0) {
     return absl::InvalidArgumentError(absl::StrFormat("to_step: %d is negative", args.to_step));
   }
@@ -554,16 +554,16 @@ absl::StatusOr<ActionResult> DaemonOperatorHandler::ManualRewind(const RewindArg
     return absl::InvalidArgumentError(absl::StrFormat(
         "stop_after_step: %d is before the rewind step %d", args.stop_after_step, args.to_step));
   }
-  Supervisor* sup = state_->supervisor;
+  Supervisor* sup = deps_.supervisor;
   if (sup == nullptr) return absl::UnavailableError("daemon is starting");
-  auto run_row = state_->catalog->GetRun(run);
+  auto run_row = deps_.catalog->GetRun(run);
   if (!run_row.ok()) return run_row.status();
   // Early, so a refused rewind costs nothing; decided below under the lock.
   if (sup->ProbeRunning(run)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "run '", run, "' is running an incident probe; wait for it or abort the incident first"));
   }
-  auto ckpt = CheckpointAtOrBefore(state_->catalog, state_->checkpoints, run, args.to_step);
+  auto ckpt = CheckpointAtOrBefore(deps_.catalog, deps_.checkpoints, run, args.to_step);
   if (!ckpt.ok()) return ckpt.status();
   auto plan = sup->view()->Plan(run, run_row->current_generation());
   if (!plan.ok()) return plan.status();
@@ -572,7 +572,7 @@ absl::StatusOr<ActionResult> DaemonOperatorHandler::ManualRewind(const RewindArg
   auto edited = CutWindows(*storage_plan, args.skip);
   if (!edited.ok()) return edited.status();
   incident::RewindSpec spec;
-  spec.request_id = RequestId(args.request_id, kind, state_->clock);
+  spec.request_id = RequestId(args.request_id, kind, deps_.clock);
   spec.checkpoint = *ckpt;
   spec.plan = incident::PlanToProto(*edited);
   spec.stop_after_step = args.stop_after_step;
@@ -598,7 +598,7 @@ absl::StatusOr<ActionResult> DaemonOperatorHandler::Rewind(const RewindArgs& arg
     const StepWindow& w = args.skip[i];
     if (auto s = ValidateStepWindow(absl::StrFormat("skip[%d].from_step", i), w.from_step,
                                     absl::StrFormat("skip[%d].to_step", i), w.to_step,
-                                    state_->limits);
+                                    deps_.limits);
         !s.ok()) {
       return Invalid(s);
     }
@@ -625,7 +625,7 @@ absl::StatusOr<ActionResult> DaemonOperatorHandler::Skip(const std::string& run,
                                                          StepWindow window,
                                                          const std::string& request_id) {
   if (auto s = ValidateStepWindow("from_step", window.from_step, "to_step", window.to_step,
-                                  state_->limits);
+                                  deps_.limits);
       !s.ok()) {
     return Invalid(s);
   }
@@ -636,50 +636,50 @@ absl::StatusOr<ActionResult> DaemonOperatorHandler::Skip(const std::string& run,
 }
 
 absl::Status DaemonOperatorHandler::CheckCommandable(const std::string& run) {
-  if (auto s = ValidateRunName(run, state_->limits); !s.ok()) return Invalid(s);
-  if (state_->supervisor == nullptr) return Starting();
-  return state_->catalog->GetRun(run).status();
+  if (auto s = ValidateRunName(run, deps_.limits); !s.ok()) return Invalid(s);
+  if (deps_.supervisor == nullptr) return Starting();
+  return deps_.catalog->GetRun(run).status();
 }
 
 absl::StatusOr<ActionResult> DaemonOperatorHandler::Pause(const std::string& run) {
   if (auto s = CheckCommandable(run); !s.ok()) return s;
-  const std::string id = RequestId("", "pause", state_->clock);
-  if (auto s = state_->supervisor->control()->Pause(run, id); !s.ok()) return s;
+  const std::string id = RequestId("", "pause", deps_.clock);
+  if (auto s = deps_.supervisor->control()->Pause(run, id); !s.ok()) return s;
   return ActionResult{"pause sent", 0, id};
 }
 
 absl::StatusOr<ActionResult> DaemonOperatorHandler::Resume(const std::string& run) {
   if (auto s = CheckCommandable(run); !s.ok()) return s;
-  const std::string id = RequestId("", "resume", state_->clock);
-  if (auto s = state_->supervisor->control()->Continue(run, id, std::nullopt); !s.ok()) return s;
+  const std::string id = RequestId("", "resume", deps_.clock);
+  if (auto s = deps_.supervisor->control()->Continue(run, id, std::nullopt); !s.ok()) return s;
   return ActionResult{"continue sent", 0, id};
 }
 
 absl::StatusOr<Page<v1::Incident>> DaemonOperatorHandler::ListIncidents(
     const auth::Principal& who, const storage::IncidentFilter& filter,
     const std::string& page_token) {
-  if (auto s = ValidateOptionalRunName(filter.run, state_->limits); !s.ok()) return Invalid(s);
+  if (auto s = ValidateOptionalRunName(filter.run, deps_.limits); !s.ok()) return Invalid(s);
   if (filter.since_unix_ms < 0) return absl::InvalidArgumentError("since_unix_ms: negative");
-  auto list = state_->catalog->ListIncidents(filter);
+  auto list = deps_.catalog->ListIncidents(filter);
   if (!list.ok()) return list.status();
   KeepVisible(who, &*list);
-  return CutPage(std::move(*list), page_token, state_->limits.max_response_bytes);
+  return CutPage(std::move(*list), page_token, deps_.limits.max_response_bytes);
 }
 
 absl::StatusOr<Page<v1::PrecursorWarning>> DaemonOperatorHandler::ListWarnings(
     const auth::Principal& who, const storage::WarningFilter& filter,
     const std::string& page_token) {
-  if (auto s = ValidateOptionalRunName(filter.run, state_->limits); !s.ok()) return Invalid(s);
+  if (auto s = ValidateOptionalRunName(filter.run, deps_.limits); !s.ok()) return Invalid(s);
   if (!v1::WarningState_IsValid(filter.state)) {
     return absl::InvalidArgumentError(
         absl::StrCat("state: unknown warning state ", static_cast<int>(filter.state)));
   }
-  auto list = state_->catalog->ListWarnings(filter);
+  auto list = deps_.catalog->ListWarnings(filter);
   if (!list.ok()) return list.status();
-  if (state_->supervisor != nullptr) {
+  if (deps_.supervisor != nullptr) {
     // The stored record of an active warning lags its live copy by a few steps.
     std::map<int64_t, v1::PrecursorWarning> live;
-    for (v1::PrecursorWarning& w : state_->supervisor->ActiveWarnings(filter.run)) {
+    for (v1::PrecursorWarning& w : deps_.supervisor->ActiveWarnings(filter.run)) {
       live[w.id()] = std::move(w);
     }
     for (v1::PrecursorWarning& w : *list) {
@@ -689,7 +689,7 @@ absl::StatusOr<Page<v1::PrecursorWarning>> DaemonOperatorHandler::ListWarnings(
     }
   }
   KeepVisible(who, &*list);
-  return CutPage(std::move(*list), page_token, state_->limits.max_response_bytes);
+  return CutPage(std::move(*list), page_token, deps_.limits.max_response_bytes);
 }
 
 absl::StatusOr<v1::Incident> DaemonOperatorHandler::GetIncident(int64_t id) {
@@ -697,17 +697,17 @@ absl::StatusOr<v1::Incident> DaemonOperatorHandler::GetIncident(int64_t id) {
     return absl::InvalidArgumentError(absl::StrFormat("id: %d is not an incident id", id));
   }
   std::optional<v1::Incident> live;
-  if (state_->supervisor != nullptr) live = state_->supervisor->LiveIncident(id);
+  if (deps_.supervisor != nullptr) live = deps_.supervisor->LiveIncident(id);
   v1::Incident out;
   if (live) {
     out = *live;
   } else {
-    auto stored = state_->catalog->GetIncident(id);
+    auto stored = deps_.catalog->GetIncident(id);
     if (!stored.ok()) return stored.status();
     out = *stored;
   }
   if (out.events_size() == 0) {
-    if (auto events = state_->catalog->ListIncidentEvents(id); events.ok()) {
+    if (auto events = deps_.catalog->ListIncidentEvents(id); events.ok()) {
       for (const auto& e : *events) {
         auto* ev = out.add_events();
         ev->set_seq(e.seq);
@@ -719,10 +719,10 @@ absl::StatusOr<v1::Incident> DaemonOperatorHandler::GetIncident(int64_t id) {
   // The culprit documents' first bytes, for the report's preview.
   // The corpus dir is confined again now: one replaced by a symlink leading
   // out of its root since the run was created is not read.
-  if (auto run = state_->catalog->GetRun(out.run());
+  if (auto run = deps_.catalog->GetRun(out.run());
       run.ok() && !run->spec().manifest().corpus_dir().empty()) {
     absl::StatusOr<std::string> dir = run->spec().manifest().corpus_dir();
-    if (state_->profiles != nullptr) dir = state_->profiles->CorpusDir(out.run(), run->spec());
+    if (deps_.profiles != nullptr) dir = deps_.profiles->CorpusDir(out.run(), run->spec());
     if (dir.ok()) {
       AttachDocumentPreviews(*dir, &out);
     } else {
@@ -738,25 +738,25 @@ absl::StatusOr<std::unique_ptr<IncidentSubscription>> DaemonOperatorHandler::Wat
     // As ListIncidents: an unknown run is NOT_FOUND, not a watch that never ends.
     if (auto r = ExistingRun(run); !r.ok()) return r.status();
   }
-  if (state_->supervisor == nullptr) return Starting();
-  return std::make_unique<WatcherSubscription>(state_->supervisor, who, run);
+  if (deps_.supervisor == nullptr) return Starting();
+  return std::make_unique<WatcherSubscription>(deps_.supervisor, who, run);
 }
 
 absl::StatusOr<ActionResult> DaemonOperatorHandler::Approve(int64_t incident_id) {
   if (incident_id <= 0) return absl::InvalidArgumentError("incident_id: not an incident id");
-  if (state_->supervisor == nullptr) return Starting();
-  if (auto s = state_->supervisor->Approve(incident_id); !s.ok()) return s;
+  if (deps_.supervisor == nullptr) return Starting();
+  if (auto s = deps_.supervisor->Approve(incident_id); !s.ok()) return s;
   return ActionResult{absl::StrCat("incident ", incident_id, " approved"), 0, ""};
 }
 
 absl::StatusOr<ActionResult> DaemonOperatorHandler::Abort(int64_t incident_id,
                                                           const std::string& reason) {
   if (incident_id <= 0) return absl::InvalidArgumentError("incident_id: not an incident id");
-  if (auto s = ValidateText("reason", reason, state_->limits.max_string_length); !s.ok()) {
+  if (auto s = ValidateText("reason", reason, deps_.limits.max_string_length); !s.ok()) {
     return Invalid(s);
   }
-  if (state_->supervisor == nullptr) return Starting();
-  if (auto s = state_->supervisor->Abort(incident_id, reason); !s.ok()) return s;
+  if (deps_.supervisor == nullptr) return Starting();
+  if (auto s = deps_.supervisor->Abort(incident_id, reason); !s.ok()) return s;
   return ActionResult{absl::StrCat("incident ", incident_id, " aborted"), 0, ""};
 }
 
@@ -764,7 +764,7 @@ absl::StatusOr<v1::Policy> DaemonOperatorHandler::GetPolicy(const std::string& r
   if (!run.empty()) {
     if (auto r = ExistingRun(run); !r.ok()) return r.status();
   }
-  return EffectivePolicy(state_->catalog, run);
+  return EffectivePolicy(deps_.catalog, run);
 }
 
 absl::StatusOr<v1::Policy> DaemonOperatorHandler::SetPolicy(const std::string& run,
@@ -772,15 +772,15 @@ absl::StatusOr<v1::Policy> DaemonOperatorHandler::SetPolicy(const std::string& r
   if (!run.empty()) {
     if (auto r = ExistingRun(run); !r.ok()) return r.status();
   }
-  const v1::Policy merged = incident::MergePolicy(EffectivePolicy(state_->catalog, run), policy);
+  const v1::Policy merged = incident::MergePolicy(EffectivePolicy(deps_.catalog, run), policy);
   if (auto s = incident::ValidatePolicy(merged); !s.ok()) return Invalid(s);
-  if (auto s = state_->catalog->PutPolicy(run, policy); !s.ok()) return s;
-  return EffectivePolicy(state_->catalog, run);
+  if (auto s = deps_.catalog->PutPolicy(run, policy); !s.ok()) return s;
+  return EffectivePolicy(deps_.catalog, run);
 }
 
 absl::StatusOr<std::vector<v1::ResolvedStep>> DaemonOperatorHandler::ResolveManifest(
     const std::string& run, int64_t generation, int64_t from_step, int64_t to_step) {
-  if (auto s = ValidateRunName(run, state_->limits); !s.ok()) return Invalid(s);
+  if (auto s = ValidateRunName(run, deps_.limits); !s.ok()) return Invalid(s);
   if (from_step < 0 || to_step < from_step) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "from_step/to_step: %d..%d is not a valid step range", from_step, to_step));
@@ -788,40 +788,40 @@ absl::StatusOr<std::vector<v1::ResolvedStep>> DaemonOperatorHandler::ResolveMani
   if (to_step - from_step >= 10'000) {
     return absl::InvalidArgumentError("to_step: at most 10000 steps per request");
   }
-  if (state_->supervisor == nullptr) return Starting();
-  return state_->supervisor->view()->Resolve(run, generation, from_step, to_step);
+  if (deps_.supervisor == nullptr) return Starting();
+  return deps_.supervisor->view()->Resolve(run, generation, from_step, to_step);
 }
 
 absl::StatusOr<Page<v1::QuarantineEntry>> DaemonOperatorHandler::ListQuarantine(
     const std::string& run, const std::string& page_token) {
-  if (auto s = ValidateRunName(run, state_->limits); !s.ok()) return Invalid(s);
-  auto list = state_->catalog->ListQuarantine(run);
+  if (auto s = ValidateRunName(run, deps_.limits); !s.ok()) return Invalid(s);
+  auto list = deps_.catalog->ListQuarantine(run);
   if (!list.ok()) return list.status();
-  return CutPage(std::move(*list), page_token, state_->limits.max_response_bytes);
+  return CutPage(std::move(*list), page_token, deps_.limits.max_response_bytes);
 }
 
 absl::StatusOr<v1::QuarantineEntry> DaemonOperatorHandler::AddQuarantine(
     const v1::QuarantineEntry& e) {
-  if (auto s = ValidateRunName(e.run(), state_->limits); !s.ok()) {
+  if (auto s = ValidateRunName(e.run(), deps_.limits); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("entry.", s.message()));
   }
   if (e.domain().empty()) return absl::InvalidArgumentError("entry.domain: empty");
-  if (auto s = ValidateText("entry.domain", e.domain(), state_->limits.max_name_length); !s.ok()) {
+  if (auto s = ValidateText("entry.domain", e.domain(), deps_.limits.max_name_length); !s.ok()) {
     return Invalid(s);
   }
   if (e.document_id() < 0) return absl::InvalidArgumentError("entry.document_id: negative");
-  if (auto s = ValidateText("entry.reason", e.reason(), state_->limits.max_string_length);
+  if (auto s = ValidateText("entry.reason", e.reason(), deps_.limits.max_string_length);
       !s.ok()) {
     return Invalid(s);
   }
   v1::QuarantineEntry entry = e;
-  if (entry.created_unix_ms() == 0) entry.set_created_unix_ms(state_->clock->NowUnixMillis());
-  return state_->catalog->AddQuarantine(entry);
+  if (entry.created_unix_ms() == 0) entry.set_created_unix_ms(deps_.clock->NowUnixMillis());
+  return deps_.catalog->AddQuarantine(entry);
 }
 
 absl::StatusOr<Page<v1::AuditEntry>> DaemonOperatorHandler::ListAudit(const AuditQuery& q) {
-  if (auto s = ValidateOptionalRunName(q.run, state_->limits); !s.ok()) return Invalid(s);
-  if (auto s = ValidateText("principal", q.principal, state_->limits.max_name_length); !s.ok()) {
+  if (auto s = ValidateOptionalRunName(q.run, deps_.limits); !s.ok()) return Invalid(s);
+  if (auto s = ValidateText("principal", q.principal, deps_.limits.max_name_length); !s.ok()) {
     return Invalid(s);
   }
   if (q.since_unix_ms < 0) return absl::InvalidArgumentError("since_unix_ms: negative");
@@ -841,7 +841,7 @@ absl::StatusOr<Page<v1::AuditEntry>> DaemonOperatorHandler::ListAudit(const Audi
   const int wanted = q.limit > 0 ? q.limit : std::numeric_limits<int>::max();
   const int page_size = std::min(wanted, kAuditPage);
   query.limit = page_size + 1;  // one more: is there a next page?
-  auto entries = state_->catalog->QueryAudit(query);
+  auto entries = deps_.catalog->QueryAudit(query);
   if (!entries.ok()) return entries.status();
   Page<v1::AuditEntry> page;
   const bool more = static_cast<int>(entries->size()) > page_size;

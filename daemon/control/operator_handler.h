@@ -34,12 +34,20 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "daemon/auth/tokens.h"
-#include "daemon/server/daemon_state.h"
+#include "base/clock.h"
+#include "daemon/ingest/counters.h"
+#include "daemon/ingest/limits.h"
+#include "daemon/ingest/run_registry.h"
 #include "google/protobuf/repeated_ptr_field.h"
 #include "spikeguard/v1/supervisor.pb.h"
 #include "storage/catalog/catalog.h"
 
 namespace spikeguard::daemon {
+
+class Supervisor;
+class Launcher;
+class LaunchProfiles;
+class CheckpointGuard;
 
 // Metric names QueryTelemetry accepts: every StepRecord field, plus the
 // per-layer stats by name ("max_attn_logit", "update_ratio", ...).
@@ -208,12 +216,32 @@ class OperatorHandler {
   virtual absl::StatusOr<Page<spikeguard::v1::AuditEntry>> ListAudit(const AuditQuery& query) = 0;
 };
 
-// The daemon's handler over its shared state (catalog, supervisor, launcher,
-// launch profiles, checkpoint guard, clock, limits). A pointer that is null
-// answers UNAVAILABLE ("starting") where it is needed.
+// The daemon's handler: the operations over the catalog, the supervisor,
+// the launcher, the launch profiles and the checkpoint guard.
 class DaemonOperatorHandler final : public OperatorHandler {
  public:
-  explicit DaemonOperatorHandler(DaemonState* state) : state_(state) {}
+  // What the handler uses; everything outlives it. A component that is null
+  // (a test builds the handler without it) answers UNAVAILABLE where it is
+  // needed.
+  struct Deps {
+    storage::Catalog* catalog = nullptr;
+    // The catalog's file, for the status.
+    std::string catalog_path;
+    Clock* clock = nullptr;
+    Limits limits;
+    // The live ranks, merged into the runs' rank lists.
+    RunRegistry* registry = nullptr;
+    Counters* counters = nullptr;
+    Supervisor* supervisor = nullptr;
+    Launcher* launcher = nullptr;
+    LaunchProfiles* profiles = nullptr;
+    CheckpointGuard* checkpoints = nullptr;
+    // For the status: whether the daemon serves TLS, and since when.
+    bool tls = false;
+    absl::Time started;
+  };
+
+  explicit DaemonOperatorHandler(Deps deps) : deps_(std::move(deps)) {}
 
   absl::StatusOr<spikeguard::v1::ServerStatus> GetStatus() override;
   absl::StatusOr<spikeguard::v1::Run> CreateRun(const NewRun& run) override;
@@ -271,7 +299,7 @@ class DaemonOperatorHandler final : public OperatorHandler {
   // A run name that is valid and names a stored run.
   absl::StatusOr<spikeguard::v1::Run> ExistingRun(const std::string& name);
 
-  DaemonState* const state_;
+  const Deps deps_;
 };
 
 }  // namespace spikeguard::daemon

@@ -50,16 +50,17 @@ detect::StepSample ToSample(const v1::StepRecord& r) { return detect::FromStepMe
 
 }  // namespace
 
-Supervisor::Supervisor(storage::Catalog* catalog, StreamHub* hub, Clock* clock,
-                       CompletedQueue* completed, int pipeline_threads)
-    : catalog_(catalog),
-      clock_(clock),
-      control_(catalog, hub, clock),
-      view_(catalog),
-      store_(catalog),
-      warnings_(catalog),
-      completed_(completed),
-      pipeline_threads_(std::max(1, pipeline_threads)) {}
+Supervisor::Supervisor(Deps deps)
+    : catalog_(deps.catalog),
+      clock_(deps.clock),
+      control_(deps.catalog, deps.hub, deps.clock),
+      view_(deps.catalog, deps.checkpoints, deps.profiles),
+      store_(deps.catalog),
+      warnings_(deps.catalog),
+      metrics_(deps.metrics),
+      latency_observer_(std::move(deps.latency_observer)),
+      completed_(deps.completed),
+      pipeline_threads_(std::max(1, deps.pipeline_threads)) {}
 
 Supervisor::~Supervisor() { Stop(); }
 

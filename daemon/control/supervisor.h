@@ -46,11 +46,33 @@ namespace spikeguard::daemon {
 
 class Supervisor {
  public:
-  // `completed`: the ingest stage's queue of completed records (null: none
-  // arrive; operators' calls only). `pipeline_threads`: threads running the
-  // runs' pipelines (a run uses one at a time).
-  Supervisor(storage::Catalog* catalog, StreamHub* hub, Clock* clock,
-             CompletedQueue* completed = nullptr, int pipeline_threads = 2);
+  // Called on a run's pipeline with each record's detection latency
+  // (metrics::DetectionLatency: to the decision, and for a record that
+  // opened an incident, also to its "opened" event durable and published):
+  // exact figures for benchmarks (the histograms have buckets).
+  using LatencyObserver = std::function<void(const metrics::DetectionLatency&)>;
+
+  // What the supervisor uses; everything outlives it.
+  struct Deps {
+    storage::Catalog* catalog = nullptr;
+    // Where commands and incident updates are pushed to live streams.
+    StreamHub* hub = nullptr;
+    Clock* clock = nullptr;
+    // The ingest stage's queue of completed records (null: none arrive;
+    // operators' calls only).
+    CompletedQueue* completed = nullptr;
+    // Rewind targets only among the checkpoints it verifies; null: all.
+    CheckpointGuard* checkpoints = nullptr;
+    // Corpus dirs confined again at each read; null: not confined.
+    LaunchProfiles* profiles = nullptr;
+    // Null: not recorded.
+    metrics::DaemonMetrics* metrics = nullptr;
+    LatencyObserver latency_observer;
+    // Threads running the runs' pipelines (a run uses one at a time).
+    int pipeline_threads = 2;
+  };
+
+  explicit Supervisor(Deps deps);
   ~Supervisor();
 
   // Recovers open incidents from their event logs, starts the tick thread,
@@ -62,15 +84,6 @@ class Supervisor {
   RunControl* control() { return &control_; }
   CatalogRunView* view() { return &view_; }
 
-  // Before any record arrives.
-  void SetMetrics(metrics::DaemonMetrics* metrics) { metrics_ = metrics; }
-  // Before any record arrives. Called on a run's pipeline with each
-  // record's detection latency (metrics::DetectionLatency: to the decision,
-  // and for a record that opened an incident, also to its "opened" event
-  // durable and published): exact figures for benchmarks (the histograms
-  // have buckets).
-  using LatencyObserver = std::function<void(const metrics::DetectionLatency&)>;
-  void SetLatencyObserver(LatencyObserver observer) { latency_observer_ = std::move(observer); }
   static constexpr int64_t kMaxQueuedRecords = 65536;
   // Waits until every pipeline has processed what it was handed.
   void Drain();
@@ -180,9 +193,9 @@ class Supervisor {
 
   absl::Mutex mu_;
   std::unique_ptr<incident::IncidentEngine> engine_ ABSL_GUARDED_BY(mu_);
-  // Set before any record arrives (SetMetrics); null: not recorded.
-  metrics::DaemonMetrics* metrics_ = nullptr;
-  LatencyObserver latency_observer_;
+  // Null: not recorded.
+  metrics::DaemonMetrics* const metrics_;
+  const LatencyObserver latency_observer_;
   CompletedQueue* const completed_;
   // Dispatching from the queue to the pipelines, one thread at a time, so
   // slices reach a pipeline in queue order (the dispatcher, and

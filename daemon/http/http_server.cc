@@ -13,7 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "base/logging.h"
 #include "daemon/auth/authorizer.h"
-#include "daemon/server/daemon_state.h"
+#include "daemon/metrics/registry.h"
 #include "report/html.h"
 #include "report/incident_report.h"
 #include "report/svg_plot.h"
@@ -324,9 +324,9 @@ bool IsLoopbackHost(const std::string& host) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpOptions& options,
-                                                             DaemonState* state,
-                                                             std::shared_ptr<grpc::Channel> channel) {
+absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
+    const HttpOptions& options, const auth::Authorizer* authorizer, metrics::Registry* metrics,
+    std::shared_ptr<grpc::Channel> channel) {
   std::string host = "127.0.0.1";
   std::string port_text = options.listen;
   if (const size_t colon = options.listen.rfind(':'); colon != std::string::npos) {
@@ -348,7 +348,8 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpOptions&
         "view in clear text"));
   }
   std::unique_ptr<HttpServer> http(new HttpServer());
-  http->state_ = state;
+  http->authorizer_ = authorizer;
+  http->metrics_ = metrics;
   http->channel_ = std::move(channel);
   if (want_tls) {
     auto ssl = std::make_unique<StreamServer<httplib::SSLServer>>(
@@ -390,18 +391,19 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpOptions&
 
 void HttpServer::Install() {
   auto stub = std::shared_ptr<v1::SupervisorService::Stub>(v1::SupervisorService::NewStub(channel_));
-  DaemonState* state = state_;
+  const auth::Authorizer* authorizer = authorizer_;
+  metrics::Registry* registry = metrics_;
   httplib::Server& s = *server_;
   s.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
     res.set_header("Cache-Control", "no-store");
     res.set_content("ok\n", "text/plain; charset=utf-8");
   });
-  s.Get("/metrics", [state](const httplib::Request& req, httplib::Response& res) {
+  s.Get("/metrics", [authorizer, registry](const httplib::Request& req, httplib::Response& res) {
     const std::optional<std::string> bearer = BearerOr401(req, res);
     if (!bearer.has_value()) return;
     absl::StatusOr<auth::Principal> who =
-        state->authorizer->Authenticate(bearer->empty() ? nullptr : &*bearer);
-    absl::Status allowed = who.ok() ? state->authorizer->Authorize(*who, auth::Need::kRead, "Metrics", "")
+        authorizer->Authenticate(bearer->empty() ? nullptr : &*bearer);
+    absl::Status allowed = who.ok() ? authorizer->Authorize(*who, auth::Need::kRead, "Metrics", "")
                                     : who.status();
     if (!allowed.ok()) {
       return Fail(res, static_cast<grpc::StatusCode>(allowed.code()), std::string(allowed.message()));
@@ -418,7 +420,7 @@ void HttpServer::Install() {
       };
     }
     res.set_header("Cache-Control", "no-store");
-    res.set_content(state->metrics_registry.Render(show), "text/plain; version=0.0.4; charset=utf-8");
+    res.set_content(registry->Render(show), "text/plain; version=0.0.4; charset=utf-8");
   });
   s.Get("/", [stub](const httplib::Request& req, httplib::Response& res) {
     if (std::optional<std::string> bearer = BearerOr401(req, res)) {

@@ -25,9 +25,14 @@
 #include "daemon/http/http_connections.h"
 #include "grpcpp/channel.h"
 
-namespace spikeguard::daemon {
+namespace spikeguard::auth {
+class Authorizer;
+}
+namespace spikeguard::metrics {
+class Registry;
+}
 
-struct DaemonState;
+namespace spikeguard::daemon {
 
 struct HttpOptions {
   // "HOST:PORT", ":PORT" or "PORT" (host 127.0.0.1); port 0 picks one.
@@ -44,10 +49,13 @@ struct HttpOptions {
 
 class HttpServer {
  public:
-  // Binds and starts serving on threads of its own. `channel` reaches the
-  // daemon's SupervisorService (its in-process channel).
+  // Binds and starts serving on threads of its own. `authorizer` decides
+  // who may read /metrics, which `metrics` renders; `channel` reaches the
+  // daemon's SupervisorService (its in-process channel), which serves the
+  // pages on the caller's behalf. The first two outlive the server.
   static absl::StatusOr<std::unique_ptr<HttpServer>> Start(const HttpOptions& options,
-                                                           DaemonState* state,
+                                                           const auth::Authorizer* authorizer,
+                                                           metrics::Registry* metrics,
                                                            std::shared_ptr<grpc::Channel> channel);
   ~HttpServer();
 
@@ -59,7 +67,8 @@ class HttpServer {
   HttpServer() = default;
   void Install();
 
-  DaemonState* state_ = nullptr;
+  const auth::Authorizer* authorizer_ = nullptr;
+  metrics::Registry* metrics_ = nullptr;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<httplib::Server> server_;
   RequestServer* requests_ = nullptr;  // server_, its parser and router

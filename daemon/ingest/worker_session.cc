@@ -130,14 +130,14 @@ std::optional<Reject> RejectOf(const absl::Status& status) {
   return reject;
 }
 
-WorkerSession::WorkerSession(DaemonState* state, Authorize authorize)
-    : state_(state), authorize_(std::move(authorize)) {}
+WorkerSession::WorkerSession(const Deps& deps, Authorize authorize)
+    : deps_(deps), authorize_(std::move(authorize)) {}
 
 WorkerSession::~WorkerSession() { Detach(); }
 
 absl::StatusOr<spikeguard::v1::Welcome> WorkerSession::Hello(const spikeguard::v1::Hello& hello) {
   hello_ = hello;
-  if (absl::Status s = ValidateHello(hello_, state_->limits); !s.ok()) {
+  if (absl::Status s = ValidateHello(hello_, deps_.limits); !s.ok()) {
     return Refusal(Reject::INVALID_HELLO, s.message(), 0, absl::StatusCode::kInvalidArgument);
   }
   if (authorize_ != nullptr) {
@@ -158,19 +158,19 @@ absl::StatusOr<spikeguard::v1::Welcome> WorkerSession::Hello(const spikeguard::v
     if (absl::Status s = RecordDataOrder(); !s.ok()) return s;
   }
   absl::StatusOr<int64_t> committed =
-      state_->catalog->CommittedStep(hello_.run(), generation_, hello_.rank());
+      deps_.catalog->CommittedStep(hello_.run(), generation_, hello_.rank());
   if (!committed.ok()) return committed.status();
   {
     absl::MutexLock lock(&mu_);
     rank_last_step_ = *committed;
   }
-  stream_id_ = state_->registry.Connect(hello_.run(), hello_.rank(), generation_, hello_.host());
+  stream_id_ = deps_.registry->Connect(hello_.run(), hello_.rank(), generation_, hello_.host());
   if (run->state() == "created") {
     // Workers started outside the daemon (the launcher moves its own runs
     // on): the run is running from its first rank on, and finished once
     // every rank ended the generation and left (Detach).
-    state_->registry.MarkSelfStarted(hello_.run());
-    if (absl::Status s = state_->catalog->SetRunState(hello_.run(), "running"); !s.ok()) {
+    deps_.registry->MarkSelfStarted(hello_.run());
+    if (absl::Status s = deps_.catalog->SetRunState(hello_.run(), "running"); !s.ok()) {
       SG_LOG(WARNING) << "run " << hello_.run() << ": a rank attached, but its state stays "
                       << "created: " << s;
     }
@@ -183,7 +183,7 @@ absl::StatusOr<spikeguard::v1::Welcome> WorkerSession::Hello(const spikeguard::v
 }
 
 absl::StatusOr<spikeguard::v1::Run> WorkerSession::FindRun() const {
-  absl::StatusOr<spikeguard::v1::Run> run = state_->catalog->GetRunWithoutRanks(hello_.run());
+  absl::StatusOr<spikeguard::v1::Run> run = deps_.catalog->GetRunWithoutRanks(hello_.run());
   if (absl::IsNotFound(run.status())) {
     return Refusal(Reject::UNKNOWN_RUN,
                    absl::StrCat("unknown run '", hello_.run(),
@@ -197,8 +197,8 @@ absl::Status WorkerSession::FenceGeneration(int64_t current) {
   current_ = current;
   // A rank still in an older generation may attach only to receive the
   // rewind that leads into the current one; its reports stay fenced.
-  catching_up_ = hello_.generation() < current_ && state_->supervisor != nullptr &&
-                 state_->supervisor->control()->RewindPendingInto(hello_.run(), current_);
+  catching_up_ = hello_.generation() < current_ && deps_.supervisor != nullptr &&
+                 deps_.supervisor->control()->RewindPendingInto(hello_.run(), current_);
   generation_ = catching_up_ ? hello_.generation() : current_;
   if (hello_.generation() == generation_) return absl::OkStatus();
   return Refusal(Reject::STALE_GENERATION,
@@ -214,28 +214,28 @@ absl::Status WorkerSession::RecordDataOrder() {
   // contradicts the run's manifest or the other ranks would make every
   // resolved document wrong, so it does not attach.
   absl::MutexLock lock(&data_order_mu);
-  absl::StatusOr<spikeguard::v1::Run> latest = state_->catalog->GetRunWithoutRanks(hello_.run());
+  absl::StatusOr<spikeguard::v1::Run> latest = deps_.catalog->GetRunWithoutRanks(hello_.run());
   if (!latest.ok()) return latest.status();
   std::string conflict = ManifestConflict(latest->spec().manifest(), hello_.data_order());
   if (conflict.empty() && latest->has_data_order()) {
     // With no other rank live, a relaunch with a new order replaces it.
-    if (state_->registry.OtherRankConnected(hello_.run(), hello_.rank())) {
+    if (deps_.registry->OtherRankConnected(hello_.run(), hello_.rank())) {
       conflict = RankConflict(latest->data_order(), hello_.data_order(), hello_.rank());
     }
   }
   if (!conflict.empty()) {
     SG_LOG(WARNING) << "run " << hello_.run() << " rank " << hello_.rank()
-                    << " refused: " << LogText(conflict, state_->limits.max_logged_text);
+                    << " refused: " << LogText(conflict, deps_.limits.max_logged_text);
     return Refusal(Reject::DATA_ORDER_MISMATCH, conflict, current_,
                    absl::StatusCode::kFailedPrecondition);
   }
-  return state_->catalog->SetRunDataOrder(hello_.run(), hello_.data_order(),
+  return deps_.catalog->SetRunDataOrder(hello_.run(), hello_.data_order(),
                                           hello_.total_steps());
 }
 
 std::vector<spikeguard::v1::Command> WorkerSession::Unacknowledged() const {
-  if (state_->supervisor == nullptr) return {};
-  return state_->supervisor->control()->Unacknowledged(run(), generation_);
+  if (deps_.supervisor == nullptr) return {};
+  return deps_.supervisor->control()->Unacknowledged(run(), generation_);
 }
 
 int64_t WorkerSession::LastKnownStep() const {
@@ -244,14 +244,14 @@ int64_t WorkerSession::LastKnownStep() const {
     absl::MutexLock lock(&mu_);
     last = std::max(rank_last_step_, hello_.total_steps());
   }
-  return std::max(last, state_->registry.LastStep(run()));
+  return std::max(last, deps_.registry->LastStep(run()));
 }
 
 absl::StatusOr<WorkerSession::AcceptedBatch> WorkerSession::Reports(
     spikeguard::v1::StepReportBatch batch) {
   const int64_t batch_gen = batch.has_generation() ? batch.generation() : generation_;
   if (catching_up_) {
-    state_->counters.reports_rejected.fetch_add(batch.reports_size());
+    deps_.counters->reports_rejected.fetch_add(batch.reports_size());
     return absl::FailedPreconditionError(absl::StrFormat(
         "stale generation: reports of generation %d refused; the run is at generation %d",
         batch_gen, current_));
@@ -263,12 +263,12 @@ absl::StatusOr<WorkerSession::AcceptedBatch> WorkerSession::Reports(
                                    batch_gen, generation_),
                    generation_, absl::StatusCode::kFailedPrecondition);
   }
-  absl::Status valid = ValidateBatch(batch, state_->limits);
-  if (valid.ok()) valid = ValidateStepsAhead(batch, LastKnownStep(), state_->limits);
+  absl::Status valid = ValidateBatch(batch, deps_.limits);
+  if (valid.ok()) valid = ValidateStepsAhead(batch, LastKnownStep(), deps_.limits);
   if (!valid.ok()) {
-    state_->counters.reports_rejected.fetch_add(batch.reports_size());
+    deps_.counters->reports_rejected.fetch_add(batch.reports_size());
     SG_LOG(WARNING) << "run " << run() << " rank " << rank() << ": batch " << batch.seq()
-                    << " rejected: " << LogText(valid.message(), state_->limits.max_logged_text);
+                    << " rejected: " << LogText(valid.message(), deps_.limits.max_logged_text);
     return valid;
   }
   AcceptedBatch accepted;
@@ -300,7 +300,7 @@ absl::StatusOr<spikeguard::v1::Ack> WorkerSession::Committed(const BatchOutcome&
     ack.set_message(absl::StrFormat(
         "stale generation: reports of generation %d refused; the run is at generation %d",
         ticket.generation, outcome.run_generation));
-    state_->counters.reports_rejected.fetch_add(ticket.reports);
+    deps_.counters->reports_rejected.fetch_add(ticket.reports);
     return ack;
   }
   if (!outcome.status.ok()) {
@@ -315,10 +315,10 @@ absl::StatusOr<spikeguard::v1::Ack> WorkerSession::Committed(const BatchOutcome&
     rank_last_step_ = std::max(rank_last_step_, ingested.committed_step);
   }
   if (ticket.reports > 0) {
-    state_->registry.AddReports(run(), rank(), std::span(&ticket.furthest, 1));
+    deps_.registry->AddReports(run(), rank(), std::span(&ticket.furthest, 1));
   }
-  state_->counters.reports_accepted.fetch_add(ingested.accepted);
-  state_->counters.reports_duplicate.fetch_add(ingested.duplicates);
+  deps_.counters->reports_accepted.fetch_add(ingested.accepted);
+  deps_.counters->reports_duplicate.fetch_add(ingested.duplicates);
   ack.set_accepted(ingested.accepted);
   ack.set_duplicates(ingested.duplicates);
   if (ingested.duplicates > 0) {
@@ -338,14 +338,14 @@ absl::Status WorkerSession::StampRefused(absl::string_view what, const absl::Sta
 
 absl::Status WorkerSession::CheckpointSaved(const spikeguard::v1::CheckpointSaved& c,
                                             spikeguard::v1::Ack* pins) {
-  if (absl::Status s = ValidateCheckpointSaved(c, state_->limits); !s.ok()) {
+  if (absl::Status s = ValidateCheckpointSaved(c, deps_.limits); !s.ok()) {
     return StampRefused("checkpoint", s);
   }
   // Confined to the run's checkpoint root before anything is stored, and
   // stored with the identity of the file as registered (what a rewind checks).
   std::optional<std::string> file_identity;
-  if (state_->checkpoints != nullptr) {
-    auto admitted = state_->checkpoints->Admit(run(), c.uri());
+  if (deps_.checkpoints != nullptr) {
+    auto admitted = deps_.checkpoints->Admit(run(), c.uri());
     if (!admitted.ok()) return StampRefused("checkpoint", admitted.status());
     file_identity = admitted->file_identity;
   }
@@ -367,15 +367,15 @@ absl::Status WorkerSession::CheckpointSaved(const spikeguard::v1::CheckpointSave
   ckpt.set_complete(c.complete());
   ckpt.set_has_rng_state(c.has_rng_state());
   ckpt.set_has_data_loader_state(c.has_data_loader_state());
-  ckpt.set_created_unix_ms(state_->clock->NowUnixMillis());
-  if (auto s = state_->catalog->UpsertCheckpoint(ckpt, file_identity); !s.ok()) {
+  ckpt.set_created_unix_ms(deps_.clock->NowUnixMillis());
+  if (auto s = deps_.catalog->UpsertCheckpoint(ckpt, file_identity); !s.ok()) {
     SG_LOG(ERROR) << "run " << run() << ": checkpoint not recorded: " << s.status();
     return absl::OkStatus();
   }
   // The run has reached this step: the rolling rewind target may move, and
   // the worker learns what its retention must keep.
   absl::StatusOr<std::vector<std::string>> keep =
-      UpdateRollingPin(state_->catalog, run(), c.step());
+      UpdateRollingPin(deps_.catalog, run(), c.step());
   if (!keep.ok()) {
     SG_LOG(WARNING) << "run " << run() << ": rolling pin not updated: " << keep.status();
   } else if (pins != nullptr) {
@@ -386,23 +386,23 @@ absl::Status WorkerSession::CheckpointSaved(const spikeguard::v1::CheckpointSave
 }
 
 absl::Status WorkerSession::CheckpointDeleted(const spikeguard::v1::CheckpointDeleted& d) {
-  if (absl::Status s = ValidateCheckpointDeleted(d, state_->limits); !s.ok()) {
+  if (absl::Status s = ValidateCheckpointDeleted(d, deps_.limits); !s.ok()) {
     return StampRefused("checkpoint deletion notice", s);
   }
-  absl::StatusOr<bool> deleted = state_->catalog->DeleteCheckpoint(run(), d.step(), d.uri());
+  absl::StatusOr<bool> deleted = deps_.catalog->DeleteCheckpoint(run(), d.step(), d.uri());
   if (!deleted.ok()) {
     SG_LOG(ERROR) << "run " << run() << ": checkpoint deletion not recorded: "
                   << deleted.status();
   } else if (*deleted) {
     SG_LOG(INFO) << "run " << run() << " rank " << rank() << " deleted checkpoint "
-                 << LogText(d.uri(), state_->limits.max_logged_text) << " (step " << d.step()
+                 << LogText(d.uri(), deps_.limits.max_logged_text) << " (step " << d.step()
                  << ")";
   }
   return absl::OkStatus();
 }
 
 void WorkerSession::GenerationEnded(const spikeguard::v1::GenerationEnded& e) {
-  if (absl::Status s = ValidateGenerationEnded(e, state_->limits); !s.ok()) {
+  if (absl::Status s = ValidateGenerationEnded(e, deps_.limits); !s.ok()) {
     SG_LOG(WARNING) << "run " << run() << " rank " << rank()
                     << ": generation_ended refused: " << LogText(s.message());
     return;
@@ -416,10 +416,10 @@ void WorkerSession::GenerationEnded(const spikeguard::v1::GenerationEnded& e) {
   }
   SG_LOG(INFO) << "run " << run() << " rank " << rank() << ": generation " << e.generation()
                << " ended at step " << e.last_step() << ": "
-               << LogText(e.reason(), state_->limits.max_logged_text);
-  state_->registry.GenerationEnded(run(), rank(), e.generation());
-  if (state_->supervisor != nullptr) {
-    state_->supervisor->OnGenerationEnded(run(), e.generation(), rank(), e.last_step(),
+               << LogText(e.reason(), deps_.limits.max_logged_text);
+  deps_.registry->GenerationEnded(run(), rank(), e.generation());
+  if (deps_.supervisor != nullptr) {
+    deps_.supervisor->OnGenerationEnded(run(), e.generation(), rank(), e.last_step(),
                                           e.reason());
   }
 }
@@ -434,28 +434,28 @@ void WorkerSession::Heartbeat(const spikeguard::v1::Heartbeat& heartbeat) {
     base = std::max<int64_t>(rank_last_step_, 0);
   }
   const bool plausible =
-      step >= 0 && (step <= base || step - base <= state_->limits.max_step_ahead);
-  state_->registry.Touch(run(), rank(), plausible ? step : -1);
+      step >= 0 && (step <= base || step - base <= deps_.limits.max_step_ahead);
+  deps_.registry->Touch(run(), rank(), plausible ? step : -1);
 }
 
 void WorkerSession::CommandResult(const spikeguard::v1::CommandResult& r) {
   SG_LOG(INFO) << "run " << run() << " rank " << rank() << ": command "
                << LogText(r.command_id(), 128) << " " << (r.ok() ? "ok" : "failed") << ": "
-               << LogText(r.message(), state_->limits.max_logged_text);
-  if (state_->supervisor == nullptr) return;
-  state_->supervisor->control()->OnCommandResult(run(), rank(), r);
-  if (!r.ok()) state_->supervisor->OnCommandFailed(run(), r.command_id(), rank(), r.message());
+               << LogText(r.message(), deps_.limits.max_logged_text);
+  if (deps_.supervisor == nullptr) return;
+  deps_.supervisor->control()->OnCommandResult(run(), rank(), r);
+  if (!r.ok()) deps_.supervisor->OnCommandFailed(run(), r.command_id(), rank(), r.message());
 }
 
 void WorkerSession::Detach() {
   if (!stream_id_.has_value()) return;
-  state_->registry.Disconnect(run(), rank(), *stream_id_);
+  deps_.registry->Disconnect(run(), rank(), *stream_id_);
   stream_id_.reset();
-  if (!state_->registry.SelfStarted(run())) return;
-  absl::StatusOr<spikeguard::v1::Run> row = state_->catalog->GetRunWithoutRanks(run());
+  if (!deps_.registry->SelfStarted(run())) return;
+  absl::StatusOr<spikeguard::v1::Run> row = deps_.catalog->GetRunWithoutRanks(run());
   if (row.ok() && row->state() == "running" &&
-      state_->registry.AllRanksDone(run(), row->current_generation(), row->world_size())) {
-    if (absl::Status s = state_->catalog->SetRunState(run(), "finished"); !s.ok()) {
+      deps_.registry->AllRanksDone(run(), row->current_generation(), row->world_size())) {
+    if (absl::Status s = deps_.catalog->SetRunState(run(), "finished"); !s.ok()) {
       SG_LOG(WARNING) << "run " << run() << ": its workers are done, but it stays running: " << s;
     } else {
       SG_LOG(INFO) << "run " << run() << " finished: every rank ended generation "

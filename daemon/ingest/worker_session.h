@@ -49,11 +49,17 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/ingest/group_commit.h"
-#include "daemon/server/daemon_state.h"
+#include "base/clock.h"
+#include "daemon/ingest/counters.h"
+#include "daemon/ingest/limits.h"
+#include "daemon/ingest/run_registry.h"
 #include "spikeguard/v1/worker.pb.h"
 #include "storage/catalog/catalog.h"
 
 namespace spikeguard::daemon {
+
+class Supervisor;
+class CheckpointGuard;
 
 // A refusal that ends the stream: `code` and `message` are the stream's end
 // status; the worker is first sent a Reject with `reason`, `message` and
@@ -84,8 +90,23 @@ class WorkerSession {
     BatchTicket ticket;
   };
 
-  // `state` outlives the session; `authorize` may be empty (no auth).
-  explicit WorkerSession(DaemonState* state, Authorize authorize = nullptr);
+  // What a session uses; everything outlives it.
+  struct Deps {
+    storage::Catalog* catalog = nullptr;
+    Clock* clock = nullptr;
+    Limits limits;
+    // The live ranks: connected, their progress and who ended.
+    RunRegistry* registry = nullptr;
+    // Detection and commands; null: none (pending rewinds and command
+    // results are then not followed).
+    Supervisor* supervisor = nullptr;
+    // The checkpoint confinement; null: checkpoints are not confined.
+    CheckpointGuard* checkpoints = nullptr;
+    Counters* counters = nullptr;
+  };
+
+  // `authorize` may be empty (no auth).
+  explicit WorkerSession(const Deps& deps, Authorize authorize = nullptr);
   // Detaches (idempotent).
   ~WorkerSession();
 
@@ -147,7 +168,7 @@ class WorkerSession {
   int64_t LastKnownStep() const;
   absl::Status StampRefused(absl::string_view what, const absl::Status& why) const;
 
-  DaemonState* const state_;
+  const Deps deps_;
   const Authorize authorize_;
 
   // Set by Hello; read-only afterwards.

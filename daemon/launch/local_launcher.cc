@@ -123,6 +123,10 @@ absl::Status LocalLauncher::Launch(const std::string& run) {
 
 absl::Status LocalLauncher::StartRank(const std::string& run, Run& r, uint32_t rank, bool restart,
                                       bool count_restart) {
+  if (stopped_all_) {
+    return absl::UnavailableError(
+        absl::StrCat("run '", run, "' rank ", rank, " not started: the daemon is stopping"));
+  }
   SG_ASSIGN_OR_RETURN(ResumePoint point,
                       ChooseResumePoint(catalog_, options_.checkpoints, run, restart,
                                         absl::StrCat("rank ", rank)));
@@ -452,6 +456,7 @@ void LocalLauncher::StopAll(absl::Duration grace) {
   std::vector<pid_t> pids;
   {
     absl::MutexLock lock(&mu_);
+    stopped_all_ = true;
     for (auto& [name, r] : runs_) {
       for (auto& rk : r.ranks) {
         if (rk.pid > 0) pids.push_back(rk.pid);

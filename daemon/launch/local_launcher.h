@@ -155,6 +155,8 @@ class LocalLauncher : public Launcher {
   absl::Mutex mu_;
   std::map<std::string, Run> runs_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // StopAll ran: nothing starts any more (the daemon is shutting down).
+  bool stopped_all_ ABSL_GUARDED_BY(mu_) = false;
   std::thread monitor_;
 };
 

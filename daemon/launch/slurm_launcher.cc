@@ -147,6 +147,10 @@ absl::Status SlurmLauncher::Launch(const std::string& run) {
 }
 
 absl::Status SlurmLauncher::Submit(const std::string& run, Run& r, bool restart) {
+  if (stopping_) {
+    return absl::UnavailableError(
+        absl::StrCat("run '", run, "' not submitted: the daemon is stopping"));
+  }
   SG_ASSIGN_OR_RETURN(v1::Run row, catalog_->GetRun(run));
   SG_ASSIGN_OR_RETURN(launch::LaunchProfile profile, options_.profiles->Find(r.spec.profile()));
   if (!profile.has_slurm()) {

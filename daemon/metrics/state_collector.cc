@@ -12,7 +12,6 @@
 #include "absl/synchronization/mutex.h"
 #include "daemon/control/supervisor.h"
 #include "daemon/metrics/registry.h"
-#include "daemon/server/daemon_state.h"
 
 namespace spikeguard::metrics {
 namespace {
@@ -54,9 +53,9 @@ struct CatalogSnapshot {
 };
 
 // Every catalog read of the collector is here.
-std::shared_ptr<const CatalogSnapshot> ReadCatalog(daemon::DaemonState* state) {
+std::shared_ptr<const CatalogSnapshot> ReadCatalog(const StateSources& sources) {
   auto snap = std::make_shared<CatalogSnapshot>();
-  absl::StatusOr<std::vector<v1::Run>> runs = state->catalog->ListRuns();
+  absl::StatusOr<std::vector<v1::Run>> runs = sources.catalog->ListRuns();
   snap->runs_ok = runs.ok();
   if (!runs.ok()) return snap;
   for (const v1::Run& run : *runs) {
@@ -64,20 +63,20 @@ std::shared_ptr<const CatalogSnapshot> ReadCatalog(daemon::DaemonState* state) {
     row.name = run.name();
     row.generation = run.current_generation();
     row.last_step = run.last_step();
-    if (auto ranks = state->catalog->ListRankProgress(run.name()); ranks.ok()) {
+    if (auto ranks = sources.catalog->ListRankProgress(run.name()); ranks.ok()) {
       for (const v1::RankState& r : *ranks) {
         if (r.generation() == run.current_generation()) row.last_step = std::max(row.last_step, r.last_step());
       }
     }
-    if (auto gens = state->catalog->ListGenerations(run.name()); gens.ok() && !gens->empty()) {
+    if (auto gens = sources.catalog->ListGenerations(run.name()); gens.ok() && !gens->empty()) {
       snap->rewinds += static_cast<double>(gens->size() - 1);
     }
     for (const char* st : {"pending", "sent"}) {
-      if (auto cmds = state->catalog->ListCommands(run.name(), st); cmds.ok()) {
+      if (auto cmds = sources.catalog->ListCommands(run.name(), st); cmds.ok()) {
         snap->commands_pending += static_cast<double>(cmds->size());
       }
     }
-    auto records = state->catalog->QueryTelemetry(run.name(), run.current_generation(),
+    auto records = sources.catalog->QueryTelemetry(run.name(), run.current_generation(),
                                                   std::max<int64_t>(0, row.last_step), row.last_step, 1);
     if (records.ok() && !records->empty()) {
       const v1::StepRecord& r = records->back();
@@ -89,12 +88,12 @@ std::shared_ptr<const CatalogSnapshot> ReadCatalog(daemon::DaemonState* state) {
     snap->runs.push_back(std::move(row));
   }
 
-  if (absl::StatusOr<std::vector<v1::PrecursorWarning>> warnings = state->catalog->ListWarnings({});
+  if (absl::StatusOr<std::vector<v1::PrecursorWarning>> warnings = sources.catalog->ListWarnings({});
       warnings.ok()) {
     snap->warnings_ok = true;
     std::map<int64_t, v1::PrecursorWarning> live;  // fresher than the stored records
-    if (state->supervisor != nullptr) {
-      for (v1::PrecursorWarning& w : state->supervisor->ActiveWarnings()) live[w.id()] = std::move(w);
+    if (sources.supervisor != nullptr) {
+      for (v1::PrecursorWarning& w : sources.supervisor->ActiveWarnings()) live[w.id()] = std::move(w);
     }
     for (v1::PrecursorWarning& w : *warnings) {  // by id: the latest last
       if (auto it = live.find(w.id()); it != live.end() && w.state() == v1::WARNING_ACTIVE) {
@@ -106,7 +105,7 @@ std::shared_ptr<const CatalogSnapshot> ReadCatalog(daemon::DaemonState* state) {
   }
 
   absl::StatusOr<std::vector<v1::Incident>> incidents =
-      state->catalog->ListIncidents(storage::IncidentFilter{});
+      sources.catalog->ListIncidents(storage::IncidentFilter{});
   snap->incidents_ok = incidents.ok();
   if (!incidents.ok()) return snap;
   for (const char* v : {"transient", "data", "fragility", "numerics", "inconclusive"}) {
@@ -130,15 +129,15 @@ std::shared_ptr<const CatalogSnapshot> ReadCatalog(daemon::DaemonState* state) {
 
 class StateCollector {
  public:
-  StateCollector(daemon::DaemonState* state, const StateCollectorOptions& options)
-      : state_(state),
+  StateCollector(Registry* registry, StateSources sources, const StateCollectorOptions& options)
+      : sources_(std::move(sources)),
         options_(options),
-        reads_(state->metrics_registry.GetCounter(
+        reads_(registry->GetCounter(
             "spikeguard_metrics_catalog_reads_total",
             "Catalog snapshots read to answer /metrics scrapes (at most one per refresh interval).")) {}
 
   void Collect(Sink& sink) {
-    const daemon::Counters& c = state_->counters;
+    const daemon::Counters& c = *sources_.counters;
     sink.Counter("spikeguard_reports_ingested_total", "Step reports accepted and committed.", {},
                  static_cast<double>(c.reports_accepted.load()));
     sink.Counter("spikeguard_reports_duplicate_total",
@@ -149,10 +148,10 @@ class StateCollector {
     sink.Counter("spikeguard_reports_dropped_total", "Step reports dropped under overload.", {},
                  static_cast<double>(c.reports_dropped.load()));
     sink.Gauge("spikeguard_uptime_seconds", "Seconds since the daemon started.", {},
-               absl::ToDoubleSeconds(state_->clock->Now() - state_->started));
+               absl::ToDoubleSeconds(sources_.clock->Now() - sources_.started));
     double catalog_bytes = 0;  // a stat, not a query: live
     for (const char* suffix : {"", "-wal", "-shm"}) {
-      catalog_bytes += FileBytes(state_->catalog_path + suffix);
+      catalog_bytes += FileBytes(sources_.catalog_path + suffix);
     }
     sink.Gauge("spikeguard_catalog_size_bytes", "Size of the SQLite catalog with its WAL, in bytes.",
                {}, catalog_bytes);
@@ -164,7 +163,7 @@ class StateCollector {
     for (const CatalogSnapshot::RunRow& run : snap->runs) {
       const Labels labels = {{"run", run.name}};
       int connected = 0;  // the live rank registry, not the catalog
-      for (const v1::RankState& r : state_->registry.Ranks(run.name)) connected += r.connected();
+      for (const v1::RankState& r : sources_.registry->Ranks(run.name)) connected += r.connected();
       sink.Gauge("spikeguard_connected_ranks", "Ranks with an open stream, by run.", labels, connected);
       sink.Gauge("spikeguard_run_last_step", "Last step the run reported.", labels,
                  static_cast<double>(run.last_step));
@@ -225,17 +224,17 @@ class StateCollector {
   // interval. Scrapes that arrive while one reads wait for it and share it.
   std::shared_ptr<const CatalogSnapshot> Snapshot() {
     absl::MutexLock lock(&mu_);
-    const absl::Time now = state_->clock->Now();
+    const absl::Time now = sources_.clock->Now();
     // A clock that went back (a test's, or a stepped wall clock) also reads.
     if (snapshot_ == nullptr || now - read_at_ >= options_.catalog_refresh || now < read_at_) {
-      snapshot_ = ReadCatalog(state_);
+      snapshot_ = ReadCatalog(sources_);
       read_at_ = now;
       reads_->Inc();
     }
     return snapshot_;
   }
 
-  daemon::DaemonState* const state_;
+  const StateSources sources_;
   const StateCollectorOptions options_;
   Counter* const reads_;
   absl::Mutex mu_;
@@ -245,10 +244,11 @@ class StateCollector {
 
 }  // namespace
 
-void RegisterStateCollector(daemon::DaemonState* state, const StateCollectorOptions& options) {
-  // Lives as long as the registry (the state's), which holds the collector.
-  auto collector = std::make_shared<StateCollector>(state, options);
-  state->metrics_registry.AddCollector([collector](Sink& sink) { collector->Collect(sink); });
+void RegisterStateCollector(Registry* registry, StateSources sources,
+                            const StateCollectorOptions& options) {
+  // Lives as long as the registry, which holds the collector.
+  auto collector = std::make_shared<StateCollector>(registry, std::move(sources), options);
+  registry->AddCollector([collector](Sink& sink) { collector->Collect(sink); });
 }
 
 }  // namespace spikeguard::metrics

@@ -21,10 +21,16 @@
 // or a document).
 #pragma once
 
+#include <string>
+
 #include "absl/time/time.h"
+#include "base/clock.h"
+#include "daemon/ingest/counters.h"
+#include "daemon/ingest/run_registry.h"
+#include "storage/catalog/catalog.h"
 
 namespace spikeguard::daemon {
-struct DaemonState;
+class Supervisor;
 }
 
 namespace spikeguard::metrics {
@@ -34,7 +40,23 @@ struct StateCollectorOptions {
   absl::Duration catalog_refresh = absl::Seconds(1);
 };
 
-void RegisterStateCollector(spikeguard::daemon::DaemonState* state,
+class Registry;
+
+// What the collector reads; everything outlives the registry.
+struct StateSources {
+  storage::Catalog* catalog = nullptr;
+  // The catalog's file (its size, with the WAL's, is a gauge).
+  std::string catalog_path;
+  Clock* clock = nullptr;
+  absl::Time started;
+  // Live precursor warnings; null: the stored ones only.
+  daemon::Supervisor* supervisor = nullptr;
+  daemon::RunRegistry* registry = nullptr;
+  const daemon::Counters* counters = nullptr;
+};
+
+// Adds the collector to `registry` (which keeps it).
+void RegisterStateCollector(Registry* registry, StateSources sources,
                             const StateCollectorOptions& options = {});
 
 }  // namespace spikeguard::metrics

@@ -45,7 +45,7 @@ grpc::Status ReplyAction(absl::StatusOr<ActionResult> answer, v1::ActionResponse
 
 grpc::Status SupervisorServiceImpl::Allow(Ctx* ctx, auth::Need need, const char* rpc,
                                           const std::string& run, auth::Principal* who) const {
-  if (state_->authorizer == nullptr) {
+  if (authorizer_ == nullptr) {
     if (who != nullptr) {
       who->name = "anonymous";
       who->role = auth::Role::kAdmin;
@@ -53,23 +53,23 @@ grpc::Status SupervisorServiceImpl::Allow(Ctx* ctx, auth::Need need, const char*
     }
     return grpc::Status::OK;
   }
-  return state_->authorizer->Check(*ctx, need, rpc, run, who);
+  return authorizer_->Check(*ctx, need, rpc, run, who);
 }
 
 grpc::Status SupervisorServiceImpl::AllowIncident(Ctx* ctx, auth::Need need, const char* rpc,
                                                   int64_t incident_id) const {
-  if (state_->authorizer == nullptr) return grpc::Status::OK;
+  if (authorizer_ == nullptr) return grpc::Status::OK;
   // The incident's run decides; an unknown incident is the handler's
   // NOT_FOUND, once the caller is known.
-  auto incident = state_->catalog->GetIncident(incident_id);
+  auto incident = catalog_->GetIncident(incident_id);
   if (!incident.ok()) {
-    auto who = state_->authorizer->Authenticate(*ctx);
+    auto who = authorizer_->Authenticate(*ctx);
     if (!who.ok()) {
       return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, std::string(who.status().message()));
     }
     return grpc::Status::OK;
   }
-  return state_->authorizer->Check(*ctx, need, rpc, incident->run());
+  return authorizer_->Check(*ctx, need, rpc, incident->run());
 }
 
 grpc::Status SupervisorServiceImpl::GetStatus(Ctx* ctx, const v1::GetStatusRequest*,
@@ -78,7 +78,7 @@ grpc::Status SupervisorServiceImpl::GetStatus(Ctx* ctx, const v1::GetStatusReque
   if (grpc::Status a = Allow(ctx, auth::Need::kRead, "GetStatus", "", &who); !a.ok()) return a;
   if (grpc::Status s = Reply(handler_->GetStatus(), out); !s.ok()) return s;
   // Who is asking is the transport's to say.
-  out->set_authentication(state_->authorizer != nullptr && state_->authorizer->enabled());
+  out->set_authentication(authorizer_ != nullptr && authorizer_->enabled());
   if (out->authentication()) {
     out->set_principal(who.name);
     out->set_role(auth::RoleName(who.role));
@@ -260,7 +260,7 @@ grpc::Status SupervisorServiceImpl::WatchIncidents(Ctx* ctx, const v1::WatchInci
                                                    grpc::ServerWriter<v1::IncidentUpdate>* writer) {
   auth::Principal who;
   std::atomic<uint64_t> auth_epoch =
-      state_->authorizer != nullptr ? state_->authorizer->epoch() : 0;
+      authorizer_ != nullptr ? authorizer_->epoch() : 0;
   if (grpc::Status a = Allow(ctx, auth::Need::kRead, "WatchIncidents", req->run(), &who);
       !a.ok()) {
     return a;
@@ -270,8 +270,8 @@ grpc::Status SupervisorServiceImpl::WatchIncidents(Ctx* ctx, const v1::WatchInci
   // Short waits, so a cancelled call (or a token revoked meanwhile) is
   // noticed; writes happen with no lock held.
   while (!ctx->IsCancelled()) {
-    if (state_->authorizer != nullptr) {
-      grpc::Status still = state_->authorizer->Recheck(*ctx, auth::Need::kRead, "WatchIncidents",
+    if (authorizer_ != nullptr) {
+      grpc::Status still = authorizer_->Recheck(*ctx, auth::Need::kRead, "WatchIncidents",
                                                        req->run(), &auth_epoch);
       if (!still.ok()) return still;
     }

@@ -10,17 +10,19 @@
 
 #include "daemon/auth/authorizer.h"
 #include "daemon/control/operator_handler.h"
-#include "daemon/server/daemon_state.h"
+#include "storage/catalog/catalog.h"
 #include "spikeguard/v1/supervisor.grpc.pb.h"
 
 namespace spikeguard::daemon {
 
 class SupervisorServiceImpl final : public spikeguard::v1::SupervisorService::Service {
  public:
-  // `state` gives the authorizer (and, for an incident, its run); `handler`
-  // answers. Both outlive the service.
-  SupervisorServiceImpl(DaemonState* state, OperatorHandler* handler)
-      : state_(state), handler_(handler) {}
+  // `authorizer` decides who may call what (null: everyone may), `catalog`
+  // says an incident's run (whose readers may read it), `handler` answers.
+  // All outlive the service.
+  SupervisorServiceImpl(const auth::Authorizer* authorizer, storage::Catalog* catalog,
+                        OperatorHandler* handler)
+      : authorizer_(authorizer), catalog_(catalog), handler_(handler) {}
 
   using Ctx = grpc::ServerContext;
   grpc::Status GetStatus(Ctx*, const spikeguard::v1::GetStatusRequest*,
@@ -86,7 +88,8 @@ class SupervisorServiceImpl final : public spikeguard::v1::SupervisorService::Se
   // The same for a call naming an incident: its run decides.
   grpc::Status AllowIncident(Ctx* ctx, auth::Need need, const char* rpc, int64_t incident_id) const;
 
-  DaemonState* const state_;
+  const auth::Authorizer* const authorizer_;
+  storage::Catalog* const catalog_;
   OperatorHandler* const handler_;
 };
 

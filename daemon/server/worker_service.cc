@@ -148,16 +148,16 @@ class WorkerServiceImpl::AttachReactor final
  public:
   AttachReactor(WorkerServiceImpl* service, grpc::CallbackServerContext* context)
       : service_(service),
-        state_(service->state_),
+        deps_(service->deps_),
         context_(context),
-        session_(state_, [this](const std::string& run) { return Authorize(run); }) {}
+        session_(deps_.session, [this](const std::string& run) { return Authorize(run); }) {}
 
   void Start() {
     // The token is in the call's metadata: a stream without a valid one is
     // answered before anything it sends is read.
-    if (state_->authorizer != nullptr) {
-      auth_epoch_ = state_->authorizer->epoch();
-      auto principal = state_->authorizer->Authenticate(*context_);
+    if (deps_.authorizer != nullptr) {
+      auth_epoch_ = deps_.authorizer->epoch();
+      auto principal = deps_.authorizer->Authenticate(*context_);
       if (!principal.ok()) {
         EndWithError(Refusal(Reject::BAD_TOKEN, principal.status().message(), 0,
                              absl::StatusCode::kUnauthenticated));
@@ -166,7 +166,7 @@ class WorkerServiceImpl::AttachReactor final
       }
       who_ = std::move(*principal);
       // A principal that may attach no rank (a viewer) takes no slot.
-      if (absl::Status s = state_->authorizer->AuthorizeRole(who_, auth::Need::kWorker, "Attach");
+      if (absl::Status s = deps_.authorizer->AuthorizeRole(who_, auth::Need::kWorker, "Attach");
           !s.ok()) {
         EndWithError(Refusal(Reject::BAD_TOKEN, s.message(), 0, absl::StatusCode::kPermissionDenied));
         Pump();
@@ -182,22 +182,22 @@ class WorkerServiceImpl::AttachReactor final
           grpc::StatusCode::RESOURCE_EXHAUSTED,
           absl::StrFormat("principal '%s' has too many streams waiting for their hello "
                           "(limits.max_pending_hellos_per_principal = %d); retry later",
-                          who_.name, state_->limits.max_pending_hellos_per_principal)));
+                          who_.name, deps_.session.limits.max_pending_hellos_per_principal)));
       Pump();
       return;
     }
-    if (pending > state_->limits.max_pending_hellos) {
+    if (pending > deps_.session.limits.max_pending_hellos) {
       EndWith(grpc::Status(
           grpc::StatusCode::RESOURCE_EXHAUSTED,
           absl::StrFormat("too many streams waiting for their hello (limits.max_pending_hellos = "
                           "%d); retry later",
-                          state_->limits.max_pending_hellos)));
+                          deps_.session.limits.max_pending_hellos)));
       Pump();
       return;
     }
     hello_timer_ = service_->hello_watchdog_->Arm(
-        context_, absl::Now() + state_->limits.hello_timeout,
-        absl::StrCat("no hello within ", absl::FormatDuration(state_->limits.hello_timeout),
+        context_, absl::Now() + deps_.session.limits.hello_timeout,
+        absl::StrCat("no hello within ", absl::FormatDuration(deps_.session.limits.hello_timeout),
                      " (limits.hello_timeout): the first message of a stream must be hello"));
     {
       absl::MutexLock lock(&mu_);
@@ -358,8 +358,8 @@ class WorkerServiceImpl::AttachReactor final
       }
       if (finish) {
         Teardown();
-        if (state_->catalog != nullptr) {
-          AuditRefusedStream(state_->authorizer, state_->catalog, *context_, "Attach",
+        if (deps_.session.catalog != nullptr) {
+          AuditRefusedStream(deps_.authorizer, deps_.session.catalog, *context_, "Attach",
                              session_.hello().run(), status);
         }
         Finish(status);
@@ -379,7 +379,7 @@ class WorkerServiceImpl::AttachReactor final
       absl::MutexLock lock(&push_target_->mu);
       push_target_->reactor = nullptr;
     }
-    if (hub_id_ != 0) state_->hub.Remove(hub_id_);
+    if (hub_id_ != 0) deps_.hub->Remove(hub_id_);
     session_.Detach();
     // The hello's timer is disarmed by OnReadDone: a read still pending
     // completes after Finish (failed, or with a message it drops).
@@ -389,10 +389,10 @@ class WorkerServiceImpl::AttachReactor final
   // The principal's pending-hello slot: false (and none taken) when it
   // holds its share already. Only with authentication on.
   bool CountPendingOfPrincipal() {
-    if (state_->authorizer == nullptr || !state_->authorizer->enabled()) return true;
+    if (deps_.authorizer == nullptr || !deps_.authorizer->enabled()) return true;
     absl::MutexLock lock(&service_->pending_mu_);
     int& mine = service_->pending_by_principal_[who_.name];
-    if (mine >= state_->limits.max_pending_hellos_per_principal) {
+    if (mine >= deps_.session.limits.max_pending_hellos_per_principal) {
       if (mine == 0) service_->pending_by_principal_.erase(who_.name);
       return false;
     }
@@ -438,18 +438,18 @@ class WorkerServiceImpl::AttachReactor final
   // The principal authenticated in Start may attach ranks of `run` (checked
   // again if the tokens were re-read since).
   absl::Status Authorize(const std::string& run) {
-    if (state_->authorizer == nullptr) return absl::OkStatus();
-    grpc::Status again = state_->authorizer->Recheck(*context_, auth::Need::kWorker, "Attach",
+    if (deps_.authorizer == nullptr) return absl::OkStatus();
+    grpc::Status again = deps_.authorizer->Recheck(*context_, auth::Need::kWorker, "Attach",
                                                       run, &auth_epoch_);
     if (!again.ok()) return absl::PermissionDeniedError(again.error_message());
-    return state_->authorizer->Authorize(who_, auth::Need::kWorker, "Attach", run);
+    return deps_.authorizer->Authorize(who_, auth::Need::kWorker, "Attach", run);
   }
 
   // An attached stream whose token was revoked (the tokens file re-read)
   // ends with a Reject: false then.
   bool StillAuthorized() {
-    if (state_->authorizer == nullptr) return true;
-    grpc::Status s = state_->authorizer->Recheck(*context_, auth::Need::kWorker, "Attach",
+    if (deps_.authorizer == nullptr) return true;
+    grpc::Status s = deps_.authorizer->Recheck(*context_, auth::Need::kWorker, "Attach",
                                                  session_.run(), &auth_epoch_);
     if (s.ok()) return true;
     EndWithError(Refusal(Reject::BAD_TOKEN, s.error_message(), session_.generation(),
@@ -521,7 +521,7 @@ class WorkerServiceImpl::AttachReactor final
       absl::MutexLock lock(&push_target_->mu);
       push_target_->reactor = this;
     }
-    hub_id_ = state_->hub.Add(
+    hub_id_ = deps_.hub->Add(
         session_.run(), session_.rank(), session_.generation(),
         [target = push_target_](const ControllerMessage& m) {
           AttachReactor* reactor = nullptr;
@@ -648,14 +648,14 @@ class WorkerServiceImpl::AttachReactor final
 
   // An ack, timed from when its batch was read (spikeguard_ack_latency_seconds).
   void SendAck(spikeguard::v1::Ack ack, absl::Time received) {
-    state_->metrics.ack_latency_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - received));
+    deps_.metrics->ack_latency_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - received));
     ControllerMessage out;
     *out.mutable_ack() = std::move(ack);
     Send(std::move(out));
   }
 
   WorkerServiceImpl* const service_;
-  DaemonState* const state_;
+  const WorkerServiceImpl::Deps& deps_;
   grpc::CallbackServerContext* const context_;
   // What the stream's messages mean; the reactor only carries them.
   WorkerSession session_;
@@ -693,8 +693,8 @@ class WorkerServiceImpl::AttachReactor final
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-WorkerServiceImpl::WorkerServiceImpl(DaemonState* state, GroupCommitter* ingest)
-    : state_(state), hello_watchdog_(std::make_unique<HelloWatchdog>()), ingest_(ingest) {
+WorkerServiceImpl::WorkerServiceImpl(const Deps& deps, GroupCommitter* ingest)
+    : deps_(deps), hello_watchdog_(std::make_unique<HelloWatchdog>()), ingest_(ingest) {
   InstallParseErrorCapture();
   // Message handling does SQLite reads (hello, checkpoint notices): a few
   // threads, so one slow statement does not hold every stream.

@@ -43,9 +43,15 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 
+#include "daemon/control/stream_hub.h"
 #include "daemon/ingest/group_commit.h"
-#include "daemon/server/daemon_state.h"
+#include "daemon/ingest/worker_session.h"
+#include "daemon/metrics/daemon_metrics.h"
 #include "spikeguard/v1/worker.grpc.pb.h"
+
+namespace spikeguard::auth {
+class Authorizer;
+}
 
 namespace spikeguard::daemon {
 
@@ -55,9 +61,20 @@ class WorkerServiceImpl final : public spikeguard::v1::WorkerService::CallbackSe
   // stream is not read further until one is answered (backpressure).
   static constexpr int kMaxBatchesInFlight = 8;
 
+  // What the service uses; everything outlives it.
+  struct Deps {
+    // What each stream's session uses.
+    WorkerSession::Deps session;
+    // Who may attach; null: no authentication.
+    const auth::Authorizer* authorizer = nullptr;
+    // Where a stream registers to be pushed its run's commands.
+    StreamHub* hub = nullptr;
+    metrics::DaemonMetrics* metrics = nullptr;
+  };
+
   // `ingest`: the group commit every stream's report batches go to (it
   // outlives the service's streams).
-  WorkerServiceImpl(DaemonState* state, GroupCommitter* ingest);
+  WorkerServiceImpl(const Deps& deps, GroupCommitter* ingest);
   ~WorkerServiceImpl() override;
 
   grpc::ServerBidiReactor<spikeguard::v1::WorkerMessage, spikeguard::v1::ControllerMessage>*
@@ -68,7 +85,7 @@ class WorkerServiceImpl final : public spikeguard::v1::WorkerService::CallbackSe
   class HelloWatchdog;
   class TaskPool;
 
-  DaemonState* const state_;
+  const Deps deps_;
   // Ends streams that keep their hello past the deadline.
   std::unique_ptr<HelloWatchdog> hello_watchdog_;
   std::atomic<int> pending_hellos_{0};

@@ -790,9 +790,9 @@ TEST(CatalogRunViewTest, TheEngineSeesOnlyCheckpointsThatVerify) {
   fs::remove(absl::StrCat(root, "/step-40"));
   fs::create_symlink("/etc/hostname", absl::StrCat(root, "/step-40"));  // out of the root
   daemon::CheckpointGuard guard(catalog->get(), nullptr, dir.path());
-  daemon::CatalogRunView view(catalog->get());
-  ASSERT_EQ(view.Checkpoints("r")->size(), 5u);
-  view.set_checkpoint_guard(&guard);
+  daemon::CatalogRunView unguarded(catalog->get());
+  ASSERT_EQ(unguarded.Checkpoints("r")->size(), 5u);
+  daemon::CatalogRunView view(catalog->get(), &guard);
   auto seen = view.Checkpoints("r");
   ASSERT_TRUE(seen.ok());
   ASSERT_EQ(seen->size(), 1u);

@@ -21,7 +21,7 @@
 #include "gtest/gtest.h"
 #include "storage/catalog/catalog.h"
 #include "storage/checkpoint/checksum.h"
-#include "tests/daemon/daemon_state_test.h"
+#include "tests/daemon/component_fixture.h"
 
 namespace spikeguard::daemon {
 namespace {
@@ -32,28 +32,47 @@ using ::testing::HasSubstr;
 
 constexpr char kRun[] = "run-a";
 
-class OperatorHandlerTest : public testing::DaemonStateTest {
+class OperatorHandlerTest : public testing::ComponentFixture {
  protected:
   void SetUp() override {
-    DaemonStateTest::SetUp();
+    ComponentFixture::SetUp();
     if (HasFatalFailure()) return;
     guard_ = std::make_unique<CheckpointGuard>(catalog_.get(), &profiles_, dir_.path());
-    state_->profiles = &profiles_;
-    state_->checkpoints = guard_.get();
-    handler_ = std::make_unique<DaemonOperatorHandler>(state_.get());
+    handler_ = std::make_unique<DaemonOperatorHandler>(Deps());
     ASSERT_TRUE(handler_->CreateRun(NewRunNamed(kRun)).ok());
   }
 
   void TearDown() override {
     // The supervisor reads the catalog on its threads: it goes first.
-    state_->supervisor = nullptr;
+    handler_.reset();
     supervisor_.reset();
   }
 
-  // A Supervisor as the daemon has it (not started: no tick thread).
+  // What the daemon builds the handler over (no launcher).
+  DaemonOperatorHandler::Deps Deps() {
+    DaemonOperatorHandler::Deps deps;
+    deps.catalog = catalog_.get();
+    deps.catalog_path = catalog_path_;
+    deps.clock = &clock_;
+    deps.limits = limits_;
+    deps.registry = &registry_;
+    deps.counters = &counters_;
+    deps.supervisor = supervisor_.get();
+    deps.profiles = &profiles_;
+    deps.checkpoints = guard_.get();
+    deps.started = started_;
+    return deps;
+  }
+
+  // A Supervisor as the daemon has it (not started: no tick thread), and
+  // the handler built over it.
   void AddSupervisor() {
-    supervisor_ = std::make_unique<Supervisor>(catalog_.get(), &state_->hub, &clock_);
-    state_->supervisor = supervisor_.get();
+    Supervisor::Deps deps;
+    deps.catalog = catalog_.get();
+    deps.hub = &hub_;
+    deps.clock = &clock_;
+    supervisor_ = std::make_unique<Supervisor>(std::move(deps));
+    handler_ = std::make_unique<DaemonOperatorHandler>(Deps());
   }
 
   static RewindArgs RewindTo(int64_t step) {

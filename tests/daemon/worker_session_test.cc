@@ -19,7 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/catalog/catalog.h"
-#include "tests/daemon/daemon_state_test.h"
+#include "tests/daemon/component_fixture.h"
 
 namespace spikeguard::daemon {
 namespace {
@@ -29,10 +29,10 @@ using ::testing::HasSubstr;
 
 constexpr char kRun[] = "run-a";
 
-class WorkerSessionTest : public testing::DaemonStateTest {
+class WorkerSessionTest : public testing::ComponentFixture {
  protected:
   void SetUp() override {
-    DaemonStateTest::SetUp();
+    ComponentFixture::SetUp();
     if (HasFatalFailure()) return;
     v1::Run run;
     run.set_name(kRun);
@@ -45,8 +45,23 @@ class WorkerSessionTest : public testing::DaemonStateTest {
   }
 
   std::unique_ptr<WorkerSession> Session() {
-    return std::make_unique<WorkerSession>(state_.get());
+    return std::make_unique<WorkerSession>(Deps());
   }
+
+  // What the daemon builds a session over (no supervisor; `checkpoints_`
+  // when a test sets one).
+  WorkerSession::Deps Deps() {
+    WorkerSession::Deps deps;
+    deps.catalog = catalog_.get();
+    deps.clock = &clock_;
+    deps.limits = limits_;
+    deps.registry = &registry_;
+    deps.checkpoints = checkpoints_;
+    deps.counters = &counters_;
+    return deps;
+  }
+
+  CheckpointGuard* checkpoints_ = nullptr;
 
   static v1::Hello Hello(uint32_t rank = 0, int64_t generation = 0,
                          const std::string& run = kRun) {
@@ -119,7 +134,7 @@ class WorkerSessionTest : public testing::DaemonStateTest {
   }
 
   bool Connected(uint32_t rank) const {
-    for (const v1::RankState& r : state_->registry.Ranks(kRun)) {
+    for (const v1::RankState& r : registry_.Ranks(kRun)) {
       if (r.rank() == rank) return r.connected();
     }
     return false;
@@ -138,7 +153,7 @@ TEST_F(WorkerSessionTest, HelloForAnUnknownRunIsRefusedNamingIt) {
   EXPECT_EQ(reject.reason(), v1::Reject::UNKNOWN_RUN);
   EXPECT_EQ(reject.message(),
             "unknown run 'no-such-run': create it first (spikectl runs create no-such-run)");
-  EXPECT_TRUE(state_->registry.Ranks("no-such-run").empty());
+  EXPECT_TRUE(registry_.Ranks("no-such-run").empty());
 }
 
 TEST_F(WorkerSessionTest, HelloFromAStaleGenerationIsRefusedWithTheCurrentOne) {
@@ -168,7 +183,7 @@ TEST_F(WorkerSessionTest, HelloWithTheWrongWorldSizeIsRefused) {
 
 TEST_F(WorkerSessionTest, HelloRefusedByAuthorizationNeverRegisters) {
   std::string asked;
-  WorkerSession session(state_.get(), [&](const std::string& run) {
+  WorkerSession session(Deps(), [&](const std::string& run) {
     asked = run;
     return absl::PermissionDeniedError("token 'ci' may not attach to run-a");
   });
@@ -259,7 +274,7 @@ TEST_F(WorkerSessionTest, AcceptedBatchIsTheRanksAndIsAcknowledgedOnceCommitted)
   EXPECT_EQ(ack->seq(), 3u);
   EXPECT_EQ(ack->accepted(), 3);
   EXPECT_EQ(ack->rejected(), 0);
-  EXPECT_EQ(state_->registry.LastStep(kRun), 2);
+  EXPECT_EQ(registry_.LastStep(kRun), 2);
 
   // A resend after a reconnect is answered as duplicates, and the next
   // hello of the rank learns what needs no resend.
@@ -310,8 +325,8 @@ TEST_F(WorkerSessionTest, MalformedBatchesAreRejectedNamingWhatWasWrong) {
   const int64_t far = Limits{}.max_step_ahead + 10;
   EXPECT_THAT(rejected(Batch(4, {far})),
               HasSubstr("(limits.max_step_ahead) past the run's last step"));
-  EXPECT_EQ(state_->counters.reports_rejected.load(), 2 + 1 + 4097 + 1);
-  EXPECT_EQ(state_->counters.reports_accepted.load(), 0);
+  EXPECT_EQ(counters_.reports_rejected.load(), 2 + 1 + 4097 + 1);
+  EXPECT_EQ(counters_.reports_accepted.load(), 0);
 }
 
 TEST_F(WorkerSessionTest, BatchOfAnotherGenerationEndsTheStream) {
@@ -473,7 +488,7 @@ TEST_F(WorkerSessionTest, CheckpointOutsideTheRunsRootIsRefusedBeforeItIsStored)
   const std::string root = dir_.File("runs/run-a");
   std::filesystem::create_directories(root);
   CheckpointGuard guard(catalog_.get(), nullptr, dir_.path());
-  state_->checkpoints = &guard;
+  checkpoints_ = &guard;
   auto session = Attached();
   v1::CheckpointSaved saved;
   saved.set_step(10);
@@ -487,7 +502,7 @@ TEST_F(WorkerSessionTest, CheckpointOutsideTheRunsRootIsRefusedBeforeItIsStored)
   ASSERT_TRUE(listed.ok());
   ASSERT_EQ(listed->size(), 1u);
   EXPECT_EQ(listed->at(0).uri(), root + "/step-10.ckpt");
-  state_->checkpoints = nullptr;
+  checkpoints_ = nullptr;
 }
 
 TEST_F(WorkerSessionTest, ImplausibleHeartbeatDoesNotMoveTheRank) {
@@ -495,10 +510,10 @@ TEST_F(WorkerSessionTest, ImplausibleHeartbeatDoesNotMoveTheRank) {
   v1::Heartbeat beat;
   beat.set_step(Limits{}.max_step_ahead + 5);
   session->Heartbeat(beat);
-  EXPECT_EQ(state_->registry.LastStep(kRun), -1);
+  EXPECT_EQ(registry_.LastStep(kRun), -1);
   beat.set_step(40);
   session->Heartbeat(beat);
-  EXPECT_EQ(state_->registry.LastStep(kRun), 40);
+  EXPECT_EQ(registry_.LastStep(kRun), 40);
 }
 
 // --- the state of a run whose workers the user starts ---------------------------

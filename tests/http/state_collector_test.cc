@@ -12,11 +12,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/clock.h"
-#include "daemon/server/daemon_state.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/catalog/catalog.h"
-#include "tests/daemon/daemon_state_test.h"
+#include "tests/daemon/component_fixture.h"
 
 namespace spikeguard {
 namespace {
@@ -35,7 +34,7 @@ double Sample(const std::string& text, const std::string& series) {
   return -1;
 }
 
-class StateCollectorTest : public daemon::testing::DaemonStateTest {
+class StateCollectorTest : public daemon::testing::ComponentFixture {
  protected:
 
   void CreateRun(const std::string& name, int64_t last_step) {
@@ -49,14 +48,26 @@ class StateCollectorTest : public daemon::testing::DaemonStateTest {
     }
   }
 
+  // What the daemon gives the collector (no supervisor).
+  metrics::StateSources Sources() {
+    metrics::StateSources sources;
+    sources.catalog = catalog_.get();
+    sources.catalog_path = catalog_path_;
+    sources.clock = &clock_;
+    sources.started = started_;
+    sources.registry = &registry_;
+    sources.counters = &counters_;
+    return sources;
+  }
+
   double Reads(const std::string& text) { return Sample(text, "spikeguard_metrics_catalog_reads_total"); }
 
 };
 
 TEST_F(StateCollectorTest, ScrapesWithinTheWindowShareOneCatalogReadAndRefreshAfterIt) {
-  metrics::RegisterStateCollector(state_.get(), {.catalog_refresh = absl::Seconds(1)});
+  metrics::RegisterStateCollector(&metrics_registry_, Sources(), {.catalog_refresh = absl::Seconds(1)});
   CreateRun("a", 10);
-  const std::string first = state_->metrics_registry.Render();
+  const std::string first = metrics_registry_.Render();
   EXPECT_EQ(Reads(first), 1);
   EXPECT_EQ(Sample(first, "spikeguard_run_last_step{run=\"a\"}"), 10);
   EXPECT_EQ(Sample(first, "spikeguard_catalog_up"), 1);
@@ -65,11 +76,11 @@ TEST_F(StateCollectorTest, ScrapesWithinTheWindowShareOneCatalogReadAndRefreshAf
   // catalog-derived ones are the snapshot's and nothing is read again.
   ASSERT_TRUE(catalog_->UpdateRunProgress("a", 20).ok());
   CreateRun("b", 5);
-  state_->counters.reports_accepted += 7;
-  state_->metrics.batches_committed->Inc(3);
-  state_->metrics.commit_latency_seconds->Observe(0.004);
+  counters_.reports_accepted += 7;
+  metrics_.batches_committed->Inc(3);
+  metrics_.commit_latency_seconds->Observe(0.004);
   clock_.Advance(absl::Milliseconds(999));
-  const std::string second = state_->metrics_registry.Render();
+  const std::string second = metrics_registry_.Render();
   EXPECT_EQ(Reads(second), 1) << "a second scrape within the window read the catalog";
   EXPECT_EQ(Sample(second, "spikeguard_run_last_step{run=\"a\"}"), 10);
   EXPECT_THAT(second, Not(HasSubstr("run=\"b\"")));
@@ -80,39 +91,39 @@ TEST_F(StateCollectorTest, ScrapesWithinTheWindowShareOneCatalogReadAndRefreshAf
 
   // Past the window: one more read, fresh values.
   clock_.Advance(absl::Milliseconds(1));
-  const std::string third = state_->metrics_registry.Render();
+  const std::string third = metrics_registry_.Render();
   EXPECT_EQ(Reads(third), 2);
   EXPECT_EQ(Sample(third, "spikeguard_run_last_step{run=\"a\"}"), 20);
   EXPECT_EQ(Sample(third, "spikeguard_run_last_step{run=\"b\"}"), 5);
   EXPECT_EQ(Sample(third, "spikeguard_connected_ranks{run=\"b\"}"), 0);
-  const std::string fourth = state_->metrics_registry.Render();
+  const std::string fourth = metrics_registry_.Render();
   EXPECT_EQ(Reads(fourth), 2);
 }
 
 TEST_F(StateCollectorTest, ConcurrentScrapesInOneWindowReadOnce) {
-  metrics::RegisterStateCollector(state_.get());  // the daemon's default: 1 s
+  metrics::RegisterStateCollector(&metrics_registry_, Sources());  // the daemon's default: 1 s
   CreateRun("a", 3);
   std::vector<std::thread> scrapers;
   std::vector<std::string> texts(16);
   for (size_t i = 0; i < texts.size(); ++i) {
-    scrapers.emplace_back([&, i] { texts[i] = state_->metrics_registry.Render(); });
+    scrapers.emplace_back([&, i] { texts[i] = metrics_registry_.Render(); });
   }
   for (std::thread& t : scrapers) t.join();
   for (const std::string& text : texts) {
     EXPECT_EQ(Sample(text, "spikeguard_run_last_step{run=\"a\"}"), 3);
     EXPECT_EQ(Sample(text, "spikeguard_incidents_opened_total"), 0);
   }
-  EXPECT_EQ(Reads(state_->metrics_registry.Render()), 1);
+  EXPECT_EQ(Reads(metrics_registry_.Render()), 1);
   clock_.Advance(absl::Seconds(1));
-  EXPECT_EQ(Reads(state_->metrics_registry.Render()), 2);
+  EXPECT_EQ(Reads(metrics_registry_.Render()), 2);
 }
 
 TEST_F(StateCollectorTest, ZeroRefreshReadsOnEveryScrape) {
-  metrics::RegisterStateCollector(state_.get(), {.catalog_refresh = absl::ZeroDuration()});
+  metrics::RegisterStateCollector(&metrics_registry_, Sources(), {.catalog_refresh = absl::ZeroDuration()});
   CreateRun("a", 1);
-  EXPECT_EQ(Reads(state_->metrics_registry.Render()), 1);
+  EXPECT_EQ(Reads(metrics_registry_.Render()), 1);
   ASSERT_TRUE(catalog_->UpdateRunProgress("a", 2).ok());
-  const std::string text = state_->metrics_registry.Render();
+  const std::string text = metrics_registry_.Render();
   EXPECT_EQ(Reads(text), 2);
   EXPECT_EQ(Sample(text, "spikeguard_run_last_step{run=\"a\"}"), 2);
 }
