@@ -72,7 +72,7 @@ std::shared_ptr<const CatalogSnapshot> ReadCatalog(daemon::DaemonState* state) {
     if (auto gens = state->catalog->ListGenerations(run.name()); gens.ok() && !gens->empty()) {
       snap->rewinds += static_cast<double>(gens->size() - 1);
     }
-    for (const char* st : {"pending", "sent"}) {
+    for (v1::CommandState st : {v1::COMMAND_PENDING, v1::COMMAND_SENT}) {
       if (auto cmds = state->catalog->ListCommands(run.name(), st); cmds.ok()) {
         snap->commands_pending += static_cast<double>(cmds->size());
       }
