@@ -9,6 +9,7 @@
 #include "cli/table.h"
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
+#include "proto/state_names.h"
 
 namespace spikeguard::cli {
 namespace {
@@ -104,7 +105,7 @@ std::string FormatRunList(const v1::ListRunsResponse& runs) {
   Table t({"NAME", "ID", "MODE", "STATE", "WORLD", "GEN", "LAST STEP", "CREATED"});
   for (size_t c : {1, 4, 5, 6}) t.AlignRight(c);
   for (const v1::Run& r : runs.runs()) {
-    t.AddRow({r.name(), absl::StrCat(r.id()), ModeName(r.mode()), OrDash(r.state()),
+    t.AddRow({r.name(), absl::StrCat(r.id()), ModeName(r.mode()), OrDash(std::string(RunStateName(r.state()))),
               absl::StrCat(r.world_size()), absl::StrCat(r.current_generation()),
               absl::StrCat(r.last_step()), FormatUnixMillis(r.created_unix_ms())});
   }
@@ -115,7 +116,7 @@ std::string FormatRun(const v1::Run& r) {
   KeyValueBlock b;
   b.Add("run", r.name());
   b.Add("id", absl::StrCat(r.id()));
-  b.Add("state", OrDash(r.state()));
+  b.Add("state", OrDash(std::string(RunStateName(r.state()))));
   b.Add("mode", ModeName(r.mode()));
   b.Add("world size", absl::StrCat(r.world_size()));
   b.Add("generation", absl::StrCat(r.current_generation()));

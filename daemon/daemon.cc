@@ -31,6 +31,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
+#include "proto/state_names.h"
 #include "storage/catalog/catalog.h"
 
 namespace spikeguard::daemon {
@@ -189,9 +190,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options) {
           if (!found.ok()) return found.status();
           auth::Authorizer::WorkerRun w;
           w.incarnation = std::move(found->incarnation);
-          w.ended = found->state == "finished" || found->state == "failed" ||
-                    found->state == "stopped";
-          w.state = std::move(found->state);
+          w.ended = RunEnded(found->state);
+          w.state = std::string(RunStateName(found->state));
           return w;
         });
   }

@@ -12,6 +12,7 @@
 #include "absl/time/time.h"
 #include "report/html.h"
 #include "report/svg_plot.h"
+#include "proto/state_names.h"
 
 namespace spikeguard::report {
 namespace {
@@ -449,7 +450,7 @@ std::string RenderIncidentBody(const ReportData& data) {
                                                                          inc.continued_generation())
                                                           : "")});
   if (!data.run.name().empty()) {
-    b += Row({"run", absl::StrCat(E(data.run.name()), ": ", E(data.run.state()), ", world size ",
+    b += Row({"run", absl::StrCat(E(data.run.name()), ": ", E(std::string(RunStateName(data.run.state()))), ", world size ",
                                   data.run.world_size(), ", mode ", E(v1::Mode_Name(data.run.mode())))});
   }
   b += Row({"opened", E(TimeText(inc.opened_unix_ms()))});

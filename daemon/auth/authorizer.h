@@ -77,7 +77,7 @@ class Authorizer {
   // accepted.
   struct WorkerRun {
     std::string incarnation;
-    std::string state;
+    std::string state;  // the state's name ("finished"), for messages
     bool ended = false;
   };
   using WorkerRunLookup = std::function<absl::StatusOr<WorkerRun>(const std::string& run)>;

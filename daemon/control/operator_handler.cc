@@ -366,7 +366,7 @@ absl::StatusOr<v1::Run> DaemonOperatorHandler::CreateRun(const NewRun& r) {
   run.set_name(r.name);
   run.set_world_size(r.world_size);
   run.set_mode(r.mode == v1::MODE_UNSPECIFIED ? v1::MODE_OBSERVE : r.mode);
-  run.set_state("created");
+  run.set_state(v1::RUN_CREATED);
   run.set_created_unix_ms(deps_.clock->NowUnixMillis());
   *run.mutable_spec() = r.spec;
   auto created = deps_.catalog->CreateRun(run);
@@ -383,7 +383,7 @@ absl::StatusOr<v1::Run> DaemonOperatorHandler::CreateRun(const NewRun& r) {
   }
   if (deps_.launcher == nullptr) return absl::UnavailableError("the launcher is not running");
   if (auto s = deps_.launcher->Launch(r.name); !s.ok()) return s;
-  created->set_state("running");
+  created->set_state(v1::RUN_RUNNING);
   return created;
 }
 

@@ -5,6 +5,7 @@
 #include "daemon/control/rolling_pin.h"
 #include "daemon/ingest/limits.h"
 #include "base/status_macros.h"
+#include "proto/state_names.h"
 
 namespace spikeguard::daemon {
 namespace {
@@ -52,7 +53,7 @@ void RunControl::Send(const std::string& run, const v1::ControllerMessage& messa
 int RunControl::SendNow(const std::string& run, const v1::ControllerMessage& message,
                         bool mark_sent) {
   const int sent = hub_->SendToRun(run, message);
-  if (mark_sent && sent > 0) (void)catalog_->UpdateCommandState(message.command().id(), "sent");
+  if (mark_sent && sent > 0) (void)catalog_->UpdateCommandState(message.command().id(), v1::COMMAND_SENT);
   SG_LOG(INFO) << "run " << run << ": command " << message.command().id() << " ("
                << KindName(message.command().kind()) << ") sent to " << sent << " stream(s)";
   return sent;
@@ -70,7 +71,7 @@ absl::Status RunControl::Issue(const std::string& run, int64_t generation, v1::C
   pinned.insert(retained.begin(), retained.end());
   for (const auto& uri : pinned) command.add_pinned_uris(uri);
   absl::Status put = catalog_->PutCommand(command.id(), run, generation, KindName(command.kind()),
-                                          command.SerializeAsString(), "pending");
+                                          command.SerializeAsString(), v1::COMMAND_PENDING);
   if (absl::IsAlreadyExists(put)) {
     // The same command issued again (after a crash) while the pins changed:
     // it is the same command; the stored one goes out again.
@@ -86,7 +87,7 @@ absl::Status RunControl::Issue(const std::string& run, int64_t generation, v1::C
         before.SerializeAsString() != now.SerializeAsString()) {
       return put;
     }
-    if (stored.state != "pending" && stored.state != "sent") return absl::OkStatus();
+    if (CommandFinal(stored.state)) return absl::OkStatus();
     before.ParseFromString(stored.payload);
     command = before;
   } else if (!put.ok()) {
@@ -106,7 +107,7 @@ absl::StatusOr<int64_t> RunControl::Rewind(const std::string& run, const inciden
     if (!command.ParseFromString(existing->payload)) {
       return absl::DataLossError(absl::StrCat("command ", spec.request_id, ": corrupt payload"));
     }
-    if (existing->state == "pending" || existing->state == "sent") {
+    if (!CommandFinal(existing->state)) {
       v1::ControllerMessage msg;
       *msg.mutable_command() = command;
       Send(run, msg, /*mark_sent=*/false);
@@ -162,9 +163,9 @@ absl::StatusOr<int64_t> RunControl::Rewind(const std::string& run, const inciden
   command.set_reason(spec.reason);
   SG_RETURN_IF_ERROR(Issue(run, next, command));
   // A paused run trains again in the new generation (`runs show` said
-  // "paused" until then).
-  if (current.state() == "paused") {
-    if (absl::Status s = catalog_->SetRunState(run, "running"); !s.ok()) {
+  // paused until then).
+  if (current.state() == v1::RUN_PAUSED) {
+    if (absl::Status s = catalog_->SetRunState(run, v1::RUN_RUNNING); !s.ok()) {
       SG_LOG(WARNING) << "run " << run << ": rewind sent, but its state stays paused: " << s;
     }
   }
@@ -201,8 +202,8 @@ absl::Status RunControl::Continue(const std::string& run, const std::string& req
   command.set_kind(v1::Command::CONTINUE);
   SG_RETURN_IF_ERROR(Issue(run, current.current_generation(), command));
   // A paused run shows as running again once CONTINUE is out.
-  if (current.state() == "paused") {
-    if (absl::Status s = catalog_->SetRunState(run, "running"); !s.ok()) {
+  if (current.state() == v1::RUN_PAUSED) {
+    if (absl::Status s = catalog_->SetRunState(run, v1::RUN_RUNNING); !s.ok()) {
       SG_LOG(WARNING) << "run " << run << ": continue sent, but its state stays paused: " << s;
     }
   }
@@ -219,8 +220,8 @@ absl::Status RunControl::Pause(const std::string& run, const std::string& reques
   SG_RETURN_IF_ERROR(Issue(run, current.current_generation(), command));
   // The run shows as paused from the command on (by the incident engine or
   // an operator); a run that already ended keeps its final state.
-  if (current.state() == "created" || current.state() == "running") {
-    if (absl::Status s = catalog_->SetRunState(run, "paused"); !s.ok()) {
+  if (current.state() == v1::RUN_CREATED || current.state() == v1::RUN_RUNNING) {
+    if (absl::Status s = catalog_->SetRunState(run, v1::RUN_PAUSED); !s.ok()) {
       SG_LOG(WARNING) << "run " << run << ": pause sent, but its state was not updated: " << s;
     }
   }
@@ -230,8 +231,8 @@ absl::Status RunControl::Pause(const std::string& run, const std::string& reques
 std::vector<v1::Command> RunControl::Unacknowledged(const std::string& run,
                                                     int64_t stream_generation) {
   std::vector<v1::Command> out;
-  auto pending = catalog_->ListCommands(run, "pending");
-  auto sent = catalog_->ListCommands(run, "sent");
+  auto pending = catalog_->ListCommands(run, v1::COMMAND_PENDING);
+  auto sent = catalog_->ListCommands(run, v1::COMMAND_SENT);
   if (!pending.ok() || !sent.ok()) return out;
   std::vector<storage::StoredCommand> all = *pending;
   all.insert(all.end(), sent->begin(), sent->end());
@@ -257,7 +258,7 @@ bool RunControl::RewindPendingInto(const std::string& run, int64_t generation) {
 void RunControl::OnCommandResult(const std::string& run, uint32_t rank,
                                  const v1::CommandResult& result) {
   if (!result.ok()) {
-    (void)catalog_->UpdateCommandState(result.command_id(), "failed", result.message());
+    (void)catalog_->UpdateCommandState(result.command_id(), v1::COMMAND_FAILED, result.message());
     SG_LOG(ERROR) << "run " << run << " rank " << rank << ": command "
                   << LogText(result.command_id(), 128) << " failed: " << LogText(result.message());
     return;
@@ -271,7 +272,7 @@ void RunControl::OnCommandResult(const std::string& run, uint32_t rank,
     ranks.insert(rank);
     acked = ranks.size();
   }
-  if (acked >= world) (void)catalog_->UpdateCommandState(result.command_id(), "acked");
+  if (acked >= world) (void)catalog_->UpdateCommandState(result.command_id(), v1::COMMAND_ACKED);
 }
 
 }  // namespace spikeguard::daemon

@@ -14,6 +14,7 @@
 #include "base/logging.h"
 #include "daemon/auth/authorizer.h"
 #include "daemon/metrics/registry.h"
+#include "proto/state_names.h"
 #include "report/html.h"
 #include "report/incident_report.h"
 #include "report/svg_plot.h"
@@ -122,8 +123,9 @@ class Caller {
   std::string bearer_;
 };
 
-std::string StateBadge(const std::string& state) {
-  return absl::StrCat("<span class=\"sg-state\">", HtmlEscape(state), "</span>");
+std::string StateBadge(v1::RunState state) {
+  return absl::StrCat("<span class=\"sg-state\">", HtmlEscape(std::string(RunStateName(state))),
+                      "</span>");
 }
 
 void RunsPage(const Caller& call, httplib::Response& res) {

@@ -165,12 +165,12 @@ absl::StatusOr<spikeguard::v1::Welcome> WorkerSession::Hello(const spikeguard::v
     rank_last_step_ = *committed;
   }
   stream_id_ = deps_.registry->Connect(hello_.run(), hello_.rank(), generation_, hello_.host());
-  if (run->state() == "created") {
+  if (run->state() == spikeguard::v1::RUN_CREATED) {
     // Workers started outside the daemon (the launcher moves its own runs
     // on): the run is running from its first rank on, and finished once
     // every rank ended the generation and left (Detach).
     deps_.registry->MarkSelfStarted(hello_.run());
-    if (absl::Status s = deps_.catalog->SetRunState(hello_.run(), "running"); !s.ok()) {
+    if (absl::Status s = deps_.catalog->SetRunState(hello_.run(), spikeguard::v1::RUN_RUNNING); !s.ok()) {
       SG_LOG(WARNING) << "run " << hello_.run() << ": a rank attached, but its state stays "
                       << "created: " << s;
     }
@@ -453,9 +453,9 @@ void WorkerSession::Detach() {
   stream_id_.reset();
   if (!deps_.registry->SelfStarted(run())) return;
   absl::StatusOr<spikeguard::v1::Run> row = deps_.catalog->GetRunWithoutRanks(run());
-  if (row.ok() && row->state() == "running" &&
+  if (row.ok() && row->state() == spikeguard::v1::RUN_RUNNING &&
       deps_.registry->AllRanksDone(run(), row->current_generation(), row->world_size())) {
-    if (absl::Status s = deps_.catalog->SetRunState(run(), "finished"); !s.ok()) {
+    if (absl::Status s = deps_.catalog->SetRunState(run(), spikeguard::v1::RUN_FINISHED); !s.ok()) {
       SG_LOG(WARNING) << "run " << run() << ": its workers are done, but it stays running: " << s;
     } else {
       SG_LOG(INFO) << "run " << run() << " finished: every rank ended generation "

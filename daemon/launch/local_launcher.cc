@@ -117,7 +117,7 @@ absl::Status LocalLauncher::Launch(const std::string& run) {
   for (uint32_t rank = 0; rank < r.world_size; ++rank) {
     SG_RETURN_IF_ERROR(StartRank(run, r, rank, /*restart=*/false));
   }
-  (void)catalog_->SetRunState(run, "running");
+  (void)catalog_->SetRunState(run, v1::RUN_RUNNING);
   return absl::OkStatus();
 }
 
@@ -243,7 +243,7 @@ absl::StatusOr<int> LocalLauncher::AdoptRecorded() {
       continue;
     }
     auto row = catalog_->GetRun(rec.run);
-    if (!row.ok() || row->state() == "finished" || row->state() == "failed" ||
+    if (!row.ok() || row->state() == v1::RUN_FINISHED || row->state() == v1::RUN_FAILED ||
         rank >= std::max<uint32_t>(1, row->world_size())) {
       (void)catalog_->DeleteLaunches(rec.run, rec.slot);
       continue;
@@ -401,7 +401,7 @@ void LocalLauncher::MonitorLoop() {
       }
       if (!r.finished && all_done) {
         r.finished = true;
-        (void)catalog_->EndRun(name, "finished");
+        (void)catalog_->EndRun(name, v1::RUN_FINISHED);
         SG_LOG(INFO) << "run " << name << " finished";
       }
     }
@@ -418,7 +418,7 @@ void LocalLauncher::Fail(const std::string& run, Run& r, const std::string& reas
       !a.ok()) {
     SG_LOG(ERROR) << "run " << run << ": could not record why it failed: " << a.status();
   }
-  if (absl::Status s = catalog_->EndRun(run, "failed"); !s.ok()) {
+  if (absl::Status s = catalog_->EndRun(run, v1::RUN_FAILED); !s.ok()) {
     SG_LOG(ERROR) << "run " << run << ": could not record the run failed: " << s;
   }
 }

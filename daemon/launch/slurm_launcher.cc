@@ -17,6 +17,7 @@
 #include "base/status_macros.h"
 #include "daemon/control/catalog_adapters.h"
 #include "daemon/launch/slurm_script.h"
+#include "proto/state_names.h"
 
 namespace spikeguard::daemon {
 
@@ -33,7 +34,7 @@ std::string BesideThisProgram(const std::string& name) {
   return (self.parent_path() / name).string();
 }
 
-bool RunOver(const std::string& state) { return state == "finished" || state == "failed"; }
+bool RunOver(v1::RunState state) { return state == v1::RUN_FINISHED || state == v1::RUN_FAILED; }
 
 // Writes `token` to `path`, readable by this user only (0600 whatever the
 // umask), atomically (a task reading it sees the old or the new file).
@@ -142,7 +143,7 @@ absl::Status SlurmLauncher::Launch(const std::string& run) {
     runs_.erase(run);  // nothing was submitted: a later Launch may try again
     return s;
   }
-  (void)catalog_->SetRunState(run, "running");
+  (void)catalog_->SetRunState(run, v1::RUN_RUNNING);
   return absl::OkStatus();
 }
 
@@ -299,38 +300,39 @@ absl::StatusOr<int> SlurmLauncher::AdoptRecorded() {
   return adopted;
 }
 
-void SlurmLauncher::Finish(const std::string& run, Run& r, const std::string& state,
+void SlurmLauncher::Finish(const std::string& run, Run& r, v1::RunState state,
                            const std::string& reason) {
   r.finished = true;
   // The reason is on record and the token file gone before the state says
   // the run is over: whoever sees it finished or failed (spikectl, a
   // watcher) finds why in the audit log, and no launch record (EndRun
   // changes both in one transaction).
-  if (state == "failed") {
+  if (state == v1::RUN_FAILED) {
     SG_LOG(ERROR) << "run " << run << " failed: " << reason;
     (void)catalog_->AppendAudit("launcher", "run-failed", run, reason);
   } else {
-    SG_LOG(INFO) << "run " << run << " " << state << ": " << reason;
+    SG_LOG(INFO) << "run " << run << " " << RunStateName(state) << ": " << reason;
   }
   // No job of the run runs any more: its token file goes.
   unlink(TokenFile(run).c_str());
   if (auto s = catalog_->EndRun(run, state, kSlot); !s.ok()) {
-    SG_LOG(ERROR) << "run " << run << ": could not record the run " << state << ": " << s;
+    SG_LOG(ERROR) << "run " << run << ": could not record the run " << RunStateName(state)
+                  << ": " << s;
   }
 }
 
 void SlurmLauncher::Ended(const std::string& run, Run& r, const std::string& reason, bool spend) {
   const int max = MaxRestarts(run, r);
   if (spend && r.restarts >= max) {
-    Finish(run, r, "failed",
+    Finish(run, r, v1::RUN_FAILED,
            absl::StrCat(reason, "; out of restarts (", r.restarts, " of ", max, " spent)"));
     return;
   }
   SG_LOG(WARNING) << "run " << run << ": " << reason << "; restarting (restart " << r.restarts + 1
                   << " of " << max << ")";
   if (auto s = Submit(run, r, /*restart=*/true); !s.ok()) {
-    Finish(run, r, "failed", absl::StrCat(reason, "; the restart could not be submitted: ",
-                                          s.message()));
+    Finish(run, r, v1::RUN_FAILED,
+           absl::StrCat(reason, "; the restart could not be submitted: ", s.message()));
   }
 }
 
@@ -418,9 +420,9 @@ void SlurmLauncher::MonitorLoop() {
       if (r.cancelled_for_restart) {
         Ended(run, r, what, /*spend=*/true);
       } else if (job->state == SlurmJobState::kCompleted && job->exit_code == 0) {
-        Finish(run, r, "finished", what);
+        Finish(run, r, v1::RUN_FINISHED, what);
       } else if (job->exit_code == 3) {
-        Finish(run, r, "failed", absl::StrCat(what, ": a rank was rejected by the daemon"));
+        Finish(run, r, v1::RUN_FAILED, absl::StrCat(what, ": a rank was rejected by the daemon"));
       } else {
         Ended(run, r, what, /*spend=*/true);
       }

@@ -153,7 +153,7 @@ class SlurmLauncher : public Launcher {
   // or fail the run with `reason`.
   void Ended(const std::string& run, Run& r, const std::string& reason, bool spend)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Finish(const std::string& run, Run& r, const std::string& state, const std::string& reason)
+  void Finish(const std::string& run, Run& r, spikeguard::v1::RunState state, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Record(const std::string& run, const Run& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int MaxRestarts(const std::string& run, const Run& r);

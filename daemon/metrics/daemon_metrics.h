@@ -1,16 +1,16 @@
 // daemon_metrics.h
 // -----------------------------------------------------------------------------
-// The daemon's own instruments, registered once in DaemonState's registry.
-// The ingest and control code records into them (cache nothing: the pointers
-// live as long as DaemonState):
+// The daemon's own instruments, registered once in the daemon's metrics
+// registry (both owned by `Daemon`). The ingest and control code is given a
+// pointer and records into them (the instruments live as long as it):
 //
-//   state->metrics.batches_committed->Inc(batches.size());
-//   state->metrics.commit_latency_seconds->Observe(absl::ToDoubleSeconds(took));
+//   metrics->batches_committed->Inc(batches.size());
+//   metrics->commit_latency_seconds->Observe(absl::ToDoubleSeconds(took));
 //
 // What can be computed from existing state (runs, ranks, incidents, commands,
-// catalog size, the runs' last telemetry, the reports counted in
-// DaemonState::counters) is collected at scrape time by
-// daemon/metrics/state_collector.h instead.
+// catalog size, the runs' last telemetry, the reports ingest counted in its
+// Counters) is collected at scrape time by daemon/metrics/state_collector.h
+// instead.
 #pragma once
 
 #include <optional>

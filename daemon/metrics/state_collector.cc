@@ -71,7 +71,7 @@ std::shared_ptr<const CatalogSnapshot> ReadCatalog(const StateSources& sources) 
     if (auto gens = sources.catalog->ListGenerations(run.name()); gens.ok() && !gens->empty()) {
       snap->rewinds += static_cast<double>(gens->size() - 1);
     }
-    for (const char* st : {"pending", "sent"}) {
+    for (v1::CommandState st : {v1::COMMAND_PENDING, v1::COMMAND_SENT}) {
       if (auto cmds = sources.catalog->ListCommands(run.name(), st); cmds.ok()) {
         snap->commands_pending += static_cast<double>(cmds->size());
       }

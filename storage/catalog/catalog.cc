@@ -109,7 +109,7 @@ absl::StatusOr<std::vector<v1::Run>> Catalog::ListRuns() {
   return runs_.List();
 }
 
-absl::Status Catalog::SetRunState(std::string_view name, std::string_view state) {
+absl::Status Catalog::SetRunState(std::string_view name, v1::RunState state) {
   absl::MutexLock lock(&mu_);
   return runs_.SetState(name, state);
 }
@@ -336,14 +336,14 @@ absl::StatusOr<std::vector<v1::PrecursorWarning>> Catalog::ListWarnings(
 
 absl::Status Catalog::PutCommand(std::string_view id, std::string_view run, int64_t generation,
                                  std::string_view kind, std::string_view payload,
-                                 std::string_view state) {
+                                 v1::CommandState state) {
   absl::MutexLock lock(&mu_);
   SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
   SG_RETURN_IF_ERROR(commands_.Put(id, run, generation, kind, payload, state));
   return txn.Commit();
 }
 
-absl::Status Catalog::UpdateCommandState(std::string_view id, std::string_view state,
+absl::Status Catalog::UpdateCommandState(std::string_view id, v1::CommandState state,
                                          std::string_view message) {
   absl::MutexLock lock(&mu_);
   SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
@@ -357,7 +357,7 @@ absl::StatusOr<StoredCommand> Catalog::GetCommand(std::string_view id) {
 }
 
 absl::StatusOr<std::vector<StoredCommand>> Catalog::ListCommands(std::string_view run,
-                                                                 std::string_view state) {
+                                                                 v1::CommandState state) {
   absl::MutexLock lock(&mu_);
   return commands_.List(run, state);
 }
@@ -425,7 +425,7 @@ absl::Status Catalog::DeleteLaunches(std::string_view run, std::string_view slot
   return launches_.Delete(run, slot);
 }
 
-absl::Status Catalog::EndRun(std::string_view run, std::string_view state, std::string_view slot) {
+absl::Status Catalog::EndRun(std::string_view run, v1::RunState state, std::string_view slot) {
   absl::MutexLock lock(&mu_);
   SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_.get()));
   SG_RETURN_IF_ERROR(runs_.SetState(run, state));

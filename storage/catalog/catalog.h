@@ -113,7 +113,7 @@ class Catalog {
   const std::string& path() const { return path_; }
 
   // --- Runs -----------------------------------------------------------------
-  // Stores name, mode, world_size, state (default "created"), spec and
+  // Stores name, mode, world_size, state (default RUN_CREATED), spec and
   // created_unix_ms (default now); assigns id; creates generation 0 (parent -1,
   // reason "initial"). Returns the stored run as GetRun would.
   absl::StatusOr<v1::Run> CreateRun(const v1::Run& run);
@@ -130,8 +130,8 @@ class Catalog {
   absl::StatusOr<RunIncarnation> GetRunIncarnation(std::string_view name);
   // All runs by id, without generations or ranks.
   absl::StatusOr<std::vector<v1::Run>> ListRuns();
-  // state: "created", "running", "paused", "stopped", "finished", "failed".
-  absl::Status SetRunState(std::string_view name, std::string_view state);
+  // Any state but RUN_STATE_UNSPECIFIED.
+  absl::Status SetRunState(std::string_view name, v1::RunState state);
   absl::Status UpdateRunProgress(std::string_view name, int64_t last_step);
   // Replaces the run's spec (an admin mapping a run to a launch profile).
   absl::Status SetRunSpec(std::string_view name, const v1::RunSpec& spec);
@@ -284,15 +284,15 @@ class Catalog {
   // OK and leaves the stored state alone; other content is ALREADY_EXISTS.
   absl::Status PutCommand(std::string_view id, std::string_view run, int64_t generation,
                           std::string_view kind, std::string_view payload,
-                          std::string_view state = "pending");
-  // "acked" and "failed" are final: moving out of them is FAILED_PRECONDITION
-  // (setting the same final state again is OK).
-  absl::Status UpdateCommandState(std::string_view id, std::string_view state,
+                          v1::CommandState state = v1::COMMAND_PENDING);
+  // COMMAND_ACKED and COMMAND_FAILED are final: moving out of them is
+  // FAILED_PRECONDITION (setting the same final state again is OK).
+  absl::Status UpdateCommandState(std::string_view id, v1::CommandState state,
                                   std::string_view message = "");
   absl::StatusOr<StoredCommand> GetCommand(std::string_view id);
-  // Empty state: all. In creation order.
-  absl::StatusOr<std::vector<StoredCommand>> ListCommands(std::string_view run,
-                                                          std::string_view state = "");
+  // COMMAND_STATE_UNSPECIFIED: all. In creation order.
+  absl::StatusOr<std::vector<StoredCommand>> ListCommands(
+      std::string_view run, v1::CommandState state = v1::COMMAND_STATE_UNSPECIFIED);
 
   // --- Quarantine -----------------------------------------------------------
   // Idempotent by (run, domain, document_id): returns the stored entry, which
@@ -327,11 +327,11 @@ class Catalog {
   // Drops the run's records (all slots when `slot` is empty).
   absl::Status DeleteLaunches(std::string_view run, std::string_view slot = "");
   // A launcher's end of a run, in one transaction: the run's state becomes
-  // `state` ("finished", "failed", ...) and its launch records in `slot`
+  // `state` (RUN_FINISHED, RUN_FAILED, ...) and its launch records in `slot`
   // (all slots when empty) go. Whoever reads the state over finds nothing
   // left to adopt, and a daemon that dies cannot leave a run that is still
-  // "running" with no record of its job.
-  absl::Status EndRun(std::string_view run, std::string_view state, std::string_view slot = "");
+  // running with no record of its job.
+  absl::Status EndRun(std::string_view run, v1::RunState state, std::string_view slot = "");
 
  private:
   Catalog(std::unique_ptr<Database> db, std::string path, Clock* clock);

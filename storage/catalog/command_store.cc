@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "proto/state_names.h"
 #include "storage/catalog/store_util.h"
 
 namespace spikeguard::storage {
@@ -23,36 +24,42 @@ constexpr char kListCommandsSql[] =
 constexpr char kUpdateCommandStateSql[] =
     "UPDATE commands SET state = ?, message = ?, updated_unix_ms = ? WHERE id = ?";
 
-constexpr std::string_view kCommandStates[] = {"pending", "sent", "acked", "failed"};
-
-StoredCommand ReadCommandRow(const Statement& row) {
+absl::StatusOr<StoredCommand> ReadCommandRow(const Statement& row) {
   StoredCommand c;
   c.id = row.ColumnText(0);
   c.run = row.ColumnText(1);
   c.generation = row.ColumnInt64(2);
   c.kind = row.ColumnText(3);
   c.payload = row.ColumnBlob(4);
-  c.state = row.ColumnText(5);
+  const std::string state = row.ColumnText(5);
+  std::optional<v1::CommandState> parsed = ParseCommandState(state);
+  if (!parsed) {
+    return absl::DataLossError(absl::StrCat("command '", c.id, "' of run '", c.run, "' has state '",
+                                            state, "' in the catalog, which is not a command state"));
+  }
+  c.state = *parsed;
   c.message = row.ColumnText(6);
   c.created_unix_ms = row.ColumnInt64(7);
   c.updated_unix_ms = row.ColumnInt64(8);
   return c;
 }
 
-absl::Status CheckState(std::string_view state) {
-  if (!internal::OneOf(state, kCommandStates)) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown command state '", Sv(state), "'"));
+// The stored name of a command state (CommandStateName).
+absl::StatusOr<std::string_view> StoredName(v1::CommandState state) {
+  if (!v1::CommandState_IsValid(state) || state == v1::COMMAND_STATE_UNSPECIFIED) {
+    return absl::InvalidArgumentError(absl::StrCat("command state ", static_cast<int>(state),
+                                                   " is not a command state"));
   }
-  return absl::OkStatus();
+  return CommandStateName(state);
 }
 
 }  // namespace
 
 absl::Status CommandStore::Put(std::string_view id, std::string_view run, int64_t generation,
                                std::string_view kind, std::string_view payload,
-                               std::string_view state) {
+                               v1::CommandState state) {
   if (id.empty()) return absl::InvalidArgumentError("command id is empty");
-  SG_RETURN_IF_ERROR(CheckState(state));
+  SG_ASSIGN_OR_RETURN(std::string_view stored, StoredName(state));
   SG_ASSIGN_OR_RETURN(int64_t run_id, internal::RunId(*db_, run));
   if (absl::StatusOr<StoredCommand> existing = Get(id); existing.ok()) {
     if (existing->run == run && existing->generation == generation && existing->kind == kind &&
@@ -71,23 +78,24 @@ absl::Status CommandStore::Put(std::string_view id, std::string_view run, int64_
       .BindInt64(3, generation)
       .BindText(4, kind)
       .BindBlob(5, payload)
-      .BindText(6, state)
+      .BindText(6, stored)
       .BindInt64(7, now)
       .BindInt64(8, now);
   return insert.Run();
 }
 
-absl::Status CommandStore::SetState(std::string_view id, std::string_view state,
+absl::Status CommandStore::SetState(std::string_view id, v1::CommandState state,
                                     std::string_view message) {
-  SG_RETURN_IF_ERROR(CheckState(state));
+  SG_ASSIGN_OR_RETURN(std::string_view stored, StoredName(state));
   SG_ASSIGN_OR_RETURN(StoredCommand existing, Get(id));
-  if (existing.state == "acked" || existing.state == "failed") {
+  if (CommandFinal(existing.state)) {
     if (existing.state == state) return absl::OkStatus();
-    return absl::FailedPreconditionError(absl::StrCat(
-        "command '", Sv(id), "' is already ", existing.state, "; cannot become ", Sv(state)));
+    return absl::FailedPreconditionError(
+        absl::StrCat("command '", Sv(id), "' is already ", Sv(CommandStateName(existing.state)),
+                     "; cannot become ", Sv(stored)));
   }
   SG_ASSIGN_OR_RETURN(Statement update, db_->Prepare(kUpdateCommandStateSql));
-  update.BindText(1, state)
+  update.BindText(1, stored)
       .BindText(2, message)
       .BindInt64(3, clock_->NowUnixMillis())
       .BindText(4, id);
@@ -103,16 +111,19 @@ absl::StatusOr<StoredCommand> CommandStore::Get(std::string_view id) {
 }
 
 absl::StatusOr<std::vector<StoredCommand>> CommandStore::List(std::string_view run,
-                                                              std::string_view state) {
-  if (!state.empty()) SG_RETURN_IF_ERROR(CheckState(state));
+                                                              v1::CommandState state) {
+  std::string_view stored = "";  // every state (a null view would bind NULL)
+  if (state != v1::COMMAND_STATE_UNSPECIFIED) {
+    SG_ASSIGN_OR_RETURN(stored, StoredName(state));
+  }
   SG_ASSIGN_OR_RETURN(int64_t run_id, internal::RunId(*db_, run));
   SG_ASSIGN_OR_RETURN(Statement select, db_->Prepare(kListCommandsSql));
-  select.BindInt64(1, run_id).BindText(2, state);
+  select.BindInt64(1, run_id).BindText(2, stored);
   std::vector<StoredCommand> out;
   while (true) {
     SG_ASSIGN_OR_RETURN(bool row, select.Step());
     if (!row) break;
-    out.push_back(ReadCommandRow(select));
+    SG_ASSIGN_OR_RETURN(out.emplace_back(), ReadCommandRow(select));
   }
   return out;
 }

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "proto/state_names.h"
 #include "storage/catalog/store_util.h"
 
 namespace spikeguard::storage {
@@ -40,8 +41,24 @@ constexpr char kMaxGenerationSql[] =
 constexpr char kGenerationExistsSql[] =
     "SELECT 1 FROM generations WHERE run_id = ? AND generation = ?";
 
-constexpr std::string_view kRunStates[] = {"created", "running",  "paused",
-                                           "stopped", "finished", "failed"};
+// The stored name of a run state (RunStateName); INVALID_ARGUMENT for
+// UNSPECIFIED or a number this binary does not know.
+absl::StatusOr<std::string_view> StoredName(v1::RunState state) {
+  if (!v1::RunState_IsValid(state) || state == v1::RUN_STATE_UNSPECIFIED) {
+    return absl::InvalidArgumentError(absl::StrCat("run state ", static_cast<int>(state),
+                                                   " is not a run state"));
+  }
+  return RunStateName(state);
+}
+
+absl::StatusOr<v1::RunState> StoredState(std::string_view run, const std::string& name) {
+  std::optional<v1::RunState> state = ParseRunState(name);
+  if (!state) {
+    return absl::DataLossError(absl::StrCat("run '", Sv(run), "' has state '", name,
+                                            "' in the catalog, which is not a run state"));
+  }
+  return *state;
+}
 
 absl::StatusOr<v1::Run> ReadRunRow(const Statement& row) {
   v1::Run run;
@@ -51,7 +68,8 @@ absl::StatusOr<v1::Run> ReadRunRow(const Statement& row) {
   run.set_mode(static_cast<v1::Mode>(row.ColumnInt64(3)));
   run.set_world_size(static_cast<uint32_t>(row.ColumnInt64(4)));
   run.set_current_generation(row.ColumnInt64(5));
-  run.set_state(row.ColumnText(6));
+  SG_ASSIGN_OR_RETURN(v1::RunState state, StoredState(run.name(), row.ColumnText(6)));
+  run.set_state(state);
   run.set_last_step(row.ColumnInt64(7));
   SG_ASSIGN_OR_RETURN(*run.mutable_spec(),
                       Parse<v1::RunSpec>(row.ColumnBlob(8), absl::StrCat("run spec of ", run.name())));
@@ -67,10 +85,9 @@ absl::StatusOr<v1::Run> ReadRunRow(const Statement& row) {
 
 absl::StatusOr<int64_t> RunStore::Create(const v1::Run& run) {
   if (run.name().empty()) return absl::InvalidArgumentError("run.name is empty");
-  const std::string state = run.state().empty() ? "created" : run.state();
-  if (!internal::OneOf(state, kRunStates)) {
-    return absl::InvalidArgumentError(absl::StrCat("run.state: unknown state '", Sv(state), "'"));
-  }
+  SG_ASSIGN_OR_RETURN(
+      std::string_view state,
+      StoredName(run.state() == v1::RUN_STATE_UNSPECIFIED ? v1::RUN_CREATED : run.state()));
   if (absl::StatusOr<int64_t> existing = internal::RunId(*db_, run.name()); existing.ok()) {
     return absl::AlreadyExistsError(absl::StrCat("run '", run.name(), "' already exists"));
   } else if (!absl::IsNotFound(existing.status())) {
@@ -119,7 +136,7 @@ absl::StatusOr<RunIncarnation> RunStore::Incarnation(std::string_view name) {
   if (!row) return absl::NotFoundError(RunNotFound(name));
   RunIncarnation out;
   out.incarnation = select.ColumnText(0);
-  out.state = select.ColumnText(1);
+  SG_ASSIGN_OR_RETURN(out.state, StoredState(name, select.ColumnText(1)));
   return out;
 }
 
@@ -142,12 +159,10 @@ absl::StatusOr<RunStore::Key> RunStore::Lookup(std::string_view name) {
   return Key{select.ColumnInt64(0), select.ColumnInt64(1)};
 }
 
-absl::Status RunStore::SetState(std::string_view name, std::string_view state) {
-  if (!internal::OneOf(state, kRunStates)) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown run state '", Sv(state), "'"));
-  }
+absl::Status RunStore::SetState(std::string_view name, v1::RunState state) {
+  SG_ASSIGN_OR_RETURN(std::string_view stored, StoredName(state));
   SG_ASSIGN_OR_RETURN(Statement update, db_->Prepare(kUpdateRunStateSql));
-  update.BindText(1, state).BindText(2, name);
+  update.BindText(1, stored).BindText(2, name);
   SG_RETURN_IF_ERROR(update.Run());
   if (db_->Changes() == 0) return absl::NotFoundError(RunNotFound(name));
   return absl::OkStatus();

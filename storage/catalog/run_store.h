@@ -11,7 +11,11 @@
 //
 // Errors: NOT_FOUND for an unknown run or generation; ALREADY_EXISTS for a
 // duplicate run name or generation; INVALID_ARGUMENT for an empty name, an
-// unknown state or a negative step count.
+// unknown state or a negative step count; DATA_LOSS for a row whose state
+// is not a run state's name (the message names the run and the value).
+//
+// The state column holds the state's name (RunStateName, "running"), not
+// its number; see docs/ARCHITECTURE.md, "The catalog schema".
 //
 // Like every store, it is not thread-safe and opens no transaction: its
 // owner (Catalog) holds the lock and the transaction around each call.
@@ -35,14 +39,14 @@ namespace spikeguard::storage {
 // a launched worker's token is checked against.
 struct RunIncarnation {
   std::string incarnation;
-  std::string state;
+  v1::RunState state = v1::RUN_STATE_UNSPECIFIED;
 };
 
 class RunStore {
  public:
   RunStore(Database* db, Clock* clock) : db_(db), clock_(clock) {}
 
-  // Stores name, mode, world_size, state (default "created"), spec and
+  // Stores name, mode, world_size, state (default RUN_CREATED), spec and
   // created_unix_ms (default now), and generation 0 (parent -1, reason
   // "initial"). Returns the run's id.
   absl::StatusOr<int64_t> Create(const v1::Run& run);
@@ -60,8 +64,8 @@ class RunStore {
   };
   absl::StatusOr<Key> Lookup(std::string_view name);
 
-  // state: "created", "running", "paused", "stopped", "finished", "failed".
-  absl::Status SetState(std::string_view name, std::string_view state);
+  // Any state but RUN_STATE_UNSPECIFIED.
+  absl::Status SetState(std::string_view name, v1::RunState state);
   absl::Status SetLastStep(std::string_view name, int64_t last_step);
   absl::Status SetSpec(std::string_view name, const v1::RunSpec& spec);
   absl::Status SetDataOrder(std::string_view name, const v1::DataOrder& order,

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
+#include "proto/state_names.h"
 
 namespace spikeguard::storage {
 namespace {
@@ -251,9 +252,66 @@ ALTER TABLE runs ADD COLUMN incarnation TEXT NOT NULL DEFAULT '';
 UPDATE runs SET incarnation = lower(hex(randomblob(16))) WHERE incarnation = '';
 )sql";
 
-// One migration step: `sql` then user_version = `to`, atomically.
-absl::Status Step(Database& db, const char* sql, int to) {
+// Version 10: run and command states are enums (RunState, CommandState in
+// supervisor.proto) that the columns keep by name ("running", "acked";
+// proto/state_names.h), so the text rows of earlier versions are already in
+// the stored form. The step refuses a catalog holding a state that is not
+// one (CheckStoredStates, before this SQL) and makes `runs` refuse one from
+// now on, as `commands` has since v1 (its CHECK). The names are frozen here:
+// a new state needs a migration that recreates these triggers.
+constexpr char kSchemaV10Sql[] = R"sql(
+CREATE TRIGGER runs_state_is_known_on_insert BEFORE INSERT ON runs
+WHEN NEW.state NOT IN ('created', 'running', 'paused', 'stopped', 'finished', 'failed')
+BEGIN
+  SELECT RAISE(ABORT, 'runs.state: not a run state');
+END;
+CREATE TRIGGER runs_state_is_known_on_update BEFORE UPDATE OF state ON runs
+WHEN NEW.state NOT IN ('created', 'running', 'paused', 'stopped', 'finished', 'failed')
+BEGIN
+  SELECT RAISE(ABORT, 'runs.state: not a run state');
+END;
+)sql";
+
+// The first run, then the first command, whose state is not a state's name:
+// an error naming the row and the value (rows an earlier binary could not
+// have written, edited by hand or by another tool).
+absl::Status CheckStoredStates(Database& db) {
+  {
+    SG_ASSIGN_OR_RETURN(Statement runs, db.Prepare("SELECT name, state FROM runs ORDER BY id"));
+    while (true) {
+      SG_ASSIGN_OR_RETURN(bool row, runs.Step());
+      if (!row) break;
+      const std::string state = runs.ColumnText(1);
+      if (!ParseRunState(state)) {
+        return absl::DataLossError(absl::StrCat(
+            "catalog ", db.path(), ": run '", runs.ColumnText(0), "' has state '", state,
+            "', which is not a run state (created, running, paused, stopped, finished, failed); "
+            "correct the row (sqlite3), then open the catalog again"));
+      }
+    }
+  }
+  SG_ASSIGN_OR_RETURN(Statement commands,
+                      db.Prepare("SELECT id, state FROM commands ORDER BY rowid"));
+  while (true) {
+    SG_ASSIGN_OR_RETURN(bool row, commands.Step());
+    if (!row) break;
+    const std::string state = commands.ColumnText(1);
+    if (!ParseCommandState(state)) {
+      return absl::DataLossError(absl::StrCat(
+          "catalog ", db.path(), ": command '", commands.ColumnText(0), "' has state '", state,
+          "', which is not a command state (pending, sent, acked, failed); correct the row "
+          "(sqlite3), then open the catalog again"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// One migration step: `check`, then `sql`, then user_version = `to`,
+// atomically.
+absl::Status Step(Database& db, const char* sql, int to,
+                  absl::Status (*check)(Database&) = nullptr) {
   SG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&db));
+  if (check != nullptr) SG_RETURN_IF_ERROR(check(db));
   SG_RETURN_IF_ERROR(db.Execute(sql));
   SG_RETURN_IF_ERROR(db.SetUserVersion(to));
   SG_RETURN_IF_ERROR(txn.Commit());
@@ -300,6 +358,9 @@ absl::Status MigrateSchema(Database& db) {
       [[fallthrough]];
     case 8:
       SG_RETURN_IF_ERROR(Step(db, kSchemaV9Sql, 9));
+      [[fallthrough]];
+    case 9:
+      SG_RETURN_IF_ERROR(Step(db, kSchemaV10Sql, 10, &CheckStoredStates));
       [[fallthrough]];
     case kSchemaVersion:
       break;

@@ -22,7 +22,7 @@
 namespace spikeguard::storage {
 
 // The schema version this binary writes.
-inline constexpr int kSchemaVersion = 9;
+inline constexpr int kSchemaVersion = 10;
 
 // Every table of the current schema (for tests and `spikectl` diagnostics).
 inline constexpr std::array<std::string_view, 14> kCatalogTables = {

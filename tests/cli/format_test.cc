@@ -203,7 +203,7 @@ TEST(JsonTest, ParsesBackToTheSameProto) {
 TEST(FormatRunTest, ShowsRanksWithLastStepAndLastSeenAndGenerations) {
   const auto run = ParseText<v1::Run>(R"pb(
     name: "gpt-small" id: 3 mode: MODE_PROPOSE world_size: 2 current_generation: 2
-    state: "running" last_step: 812 created_unix_ms: 1700000000000
+    state: RUN_RUNNING last_step: 812 created_unix_ms: 1700000000000
     ranks { rank: 0 connected: true last_step: 812 last_seen_unix_ms: 1700000100000 host: "node-a" generation: 2 }
     ranks { rank: 1 connected: false last_step: 640 last_seen_unix_ms: 1700000050000 host: "node-b" generation: 1 }
     generations { generation: 1 parent: -1 created_unix_ms: 1700000000000 reason: "start" }
@@ -214,6 +214,7 @@ TEST(FormatRunTest, ShowsRanksWithLastStepAndLastSeenAndGenerations) {
     }
   )pb");
   const std::string text = FormatRun(run);
+  EXPECT_THAT(text, HasSubstr("state:       running"));
   EXPECT_THAT(text, HasSubstr("mode:        propose"));
   EXPECT_THAT(text, ContainsRegex("1 +node-b +no +1 +640 +2023-11-14 22:14:10"));
   EXPECT_THAT(text, ContainsRegex("0 +node-a +yes +2 +812 +2023-11-14 22:15:00"));

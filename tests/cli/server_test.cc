@@ -86,8 +86,8 @@ TEST_F(SpikectlServerTest, StatusPrintsCounters) {
 
 TEST_F(SpikectlServerTest, RunsListAsTableAndAsJson) {
   const auto runs = ParseText<v1::ListRunsResponse>(R"pb(
-    runs { name: "gpt-small" id: 1 mode: MODE_AUTO state: "running" world_size: 8 last_step: 1200 }
-    runs { name: "gpt-large" id: 2 mode: MODE_OBSERVE state: "created" world_size: 512 }
+    runs { name: "gpt-small" id: 1 mode: MODE_AUTO state: RUN_RUNNING world_size: 8 last_step: 1200 }
+    runs { name: "gpt-large" id: 2 mode: MODE_OBSERVE state: RUN_CREATED world_size: 512 }
   )pb");
   supervisor_.SetResponse("ListRuns", runs);
   Result table = Spikectl({"runs", "list"});
@@ -99,6 +99,8 @@ TEST_F(SpikectlServerTest, RunsListAsTableAndAsJson) {
   EXPECT_EQ(json.code, 0) << json.err;
   EXPECT_EQ(std::count(json.out.begin(), json.out.end(), '\n'), 1);
   EXPECT_TRUE(MessageDifferencer::Equals(ParseJson<v1::ListRunsResponse>(json.out), runs));
+  // JSON is the proto's mapping: the enumerator's name, as for mode.
+  EXPECT_THAT(json.out, HasSubstr("\"state\":\"RUN_RUNNING\""));
   EXPECT_THAT(supervisor_.methods(), ElementsAre("ListRuns", "ListRuns"));
 }
 

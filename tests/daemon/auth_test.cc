@@ -181,15 +181,15 @@ class AuthTest : public DaemonFixture {
   // Lets the dumper rank of `run` exit 0 and waits for the run to finish.
   void EndDumper(const std::string& run) {
     std::ofstream(dir_.File("stop-" + run)) << "stop\n";
-    std::string state;
-    for (int i = 0; i < 600 && state != "finished"; ++i) {
+    v1::RunState state = v1::RUN_STATE_UNSPECIFIED;
+    for (int i = 0; i < 600 && state != v1::RUN_FINISHED; ++i) {
       v1::GetRunRequest req;
       req.set_name(run);
       v1::Run out;
       if (supervisor_->GetRun(As(kAdmin).get(), req, &out).ok()) state = out.state();
-      if (state != "finished") absl::SleepFor(absl::Milliseconds(50));
+      if (state != v1::RUN_FINISHED) absl::SleepFor(absl::Milliseconds(50));
     }
-    EXPECT_EQ(state, "finished");
+    EXPECT_EQ(state, v1::RUN_FINISHED);
   }
 
   grpc::Status GetRunAs(const std::string& token, const std::string& run) {

@@ -356,7 +356,7 @@ TEST_F(RunStateTest, PauseAndResumeShowInTheRunState) {
     EXPECT_TRUE(supervisor_->GetRun(&ctx, req, &run).ok());
     return run.state();
   };
-  EXPECT_EQ(state(), "created");
+  EXPECT_EQ(state(), v1::RUN_CREATED);
   auto a = Attach("r1");
   ASSERT_FALSE(a.first.has_reject()) << a.first.DebugString();
 
@@ -373,7 +373,7 @@ TEST_F(RunStateTest, PauseAndResumeShowInTheRunState) {
   ASSERT_TRUE(a.stream->Read(&in));
   ASSERT_TRUE(in.has_command()) << in.DebugString();
   EXPECT_EQ(in.command().kind(), v1::Command::PAUSE);
-  EXPECT_EQ(state(), "paused");
+  EXPECT_EQ(state(), v1::RUN_PAUSED);
 
   {
     grpc::ClientContext ctx;
@@ -384,7 +384,7 @@ TEST_F(RunStateTest, PauseAndResumeShowInTheRunState) {
   }
   ASSERT_TRUE(a.stream->Read(&in));
   EXPECT_EQ(in.command().kind(), v1::Command::CONTINUE);
-  EXPECT_EQ(state(), "running");
+  EXPECT_EQ(state(), v1::RUN_RUNNING);
   a.stream->WritesDone();
   a.ctx->TryCancel();
 }

@@ -474,7 +474,7 @@ TEST_F(LaunchSecurityTest, AnExternalProfileConfinesCheckpointsAndIsNeverLaunche
   get.set_name("torchrun2");
   v1::Run run;
   ASSERT_TRUE(supervisor_->GetRun(&ctx, get, &run).ok());
-  EXPECT_EQ(run.state(), "created");
+  EXPECT_EQ(run.state(), v1::RUN_CREATED);
   EXPECT_EQ(Register("torchrun2", 5, "file:///etc/passwd").error_code(),
             grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_TRUE(Register("torchrun2", 5, absl::StrCat(root_, "/torchrun2/step-5")).ok());
@@ -726,14 +726,14 @@ TEST_F(LaunchSecurityTest, TheLauncherResumesOnlyFromAVerifiedCheckpoint) {
   // The profile's max_restarts (1): the restarted rank fails again and the
   // run is failed, not restarted a second time.
   v1::Run run;
-  for (int i = 0; i < 100 && run.state() != "failed"; ++i) {
+  for (int i = 0; i < 100 && run.state() != v1::RUN_FAILED; ++i) {
     grpc::ClientContext ctx;
     v1::GetRunRequest get;
     get.set_name("l");
     ASSERT_TRUE(supervisor_->GetRun(&ctx, get, &run).ok());
-    if (run.state() != "failed") absl::SleepFor(absl::Milliseconds(100));
+    if (run.state() != v1::RUN_FAILED) absl::SleepFor(absl::Milliseconds(100));
   }
-  EXPECT_EQ(run.state(), "failed");
+  EXPECT_EQ(run.state(), v1::RUN_FAILED);
   // Why, for whoever finds it failed: on record before the state said so.
   {
     grpc::ClientContext ctx;

@@ -127,7 +127,7 @@ TEST_F(OperatorHandlerTest, CreateRunRefusesABadNameNamingTheFieldAndStoresAGood
   auto stored = handler_->GetRun("gpt-7b");
   ASSERT_TRUE(stored.ok()) << stored.status();
   EXPECT_EQ(stored->world_size(), 8u);
-  EXPECT_EQ(stored->state(), "created");
+  EXPECT_EQ(stored->state(), v1::RUN_CREATED);
   // No mode given: the run only observes.
   EXPECT_EQ(stored->mode(), v1::MODE_OBSERVE);
   EXPECT_EQ(stored->created_unix_ms(), clock_.NowUnixMillis());

@@ -530,35 +530,35 @@ TEST_F(WorkerSessionTest, SelfStartedRunGoesRunningThenFinishedWhenEveryRankEnde
   v1::Run own;
   own.set_name("own");
   own.set_world_size(2);
-  own.set_state("created");
+  own.set_state(v1::RUN_CREATED);
   ASSERT_TRUE(catalog_->CreateRun(own).ok());
   auto state = [&] {
     auto row = catalog_->GetRunWithoutRanks("own");
     EXPECT_TRUE(row.ok()) << row.status();
-    return row.ok() ? row->state() : std::string();
+    return row.ok() ? row->state() : v1::RUN_STATE_UNSPECIFIED;
   };
   auto rank0 = Session();
   ASSERT_TRUE(rank0->Hello(Hello(0, 0, "own")).ok());
-  EXPECT_EQ(state(), "running");
+  EXPECT_EQ(state(), v1::RUN_RUNNING);
   auto rank1 = Session();
   ASSERT_TRUE(rank1->Hello(Hello(1, 0, "own")).ok());
   rank0->GenerationEnded(Ended(0, 599));
   rank0->Detach();
-  EXPECT_EQ(state(), "running");  // rank 1 still trains
+  EXPECT_EQ(state(), v1::RUN_RUNNING);  // rank 1 still trains
   rank1->Detach();                // gone without ending its generation: a crash
-  EXPECT_EQ(state(), "running");
+  EXPECT_EQ(state(), v1::RUN_RUNNING);
   auto again = Session();
   ASSERT_TRUE(again->Hello(Hello(1, 0, "own")).ok());
   again->GenerationEnded(Ended(0, 599));
   again->Detach();
-  EXPECT_EQ(state(), "finished");
+  EXPECT_EQ(state(), v1::RUN_FINISHED);
 }
 
 TEST_F(WorkerSessionTest, ALaunchedRunsStateIsLeftToItsLauncher) {
   v1::Run launched;
   launched.set_name("launched");
   launched.set_world_size(1);
-  launched.set_state("running");
+  launched.set_state(v1::RUN_RUNNING);
   ASSERT_TRUE(catalog_->CreateRun(launched).ok());
   v1::Hello hello = Hello(0, 0, "launched");
   hello.set_world_size(1);
@@ -568,7 +568,7 @@ TEST_F(WorkerSessionTest, ALaunchedRunsStateIsLeftToItsLauncher) {
   rank0->Detach();
   auto row = catalog_->GetRunWithoutRanks("launched");
   ASSERT_TRUE(row.ok());
-  EXPECT_EQ(row->state(), "running");
+  EXPECT_EQ(row->state(), v1::RUN_RUNNING);
 }
 
 }  // namespace

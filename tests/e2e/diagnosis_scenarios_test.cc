@@ -127,7 +127,7 @@ TEST_F(DiagnosisScenario, SpikeNearTheEndOfTheRun) {
   }
   for (const auto& e : echoes) EXPECT_THAT(similar, ::testing::Contains(e));
   ExpectNoTimeout(i);
-  EXPECT_NE(ShowRun("tail").state(), "paused");
+  EXPECT_NE(ShowRun("tail").state(), v1::RUN_PAUSED);
   // Telemetry as JSON without --metrics carries every stored scalar.
   v1::QueryTelemetryResponse t;
   ASSERT_TRUE(cluster_.SpikectlJson({"telemetry", "--run", "tail", "--gen", "0", "--from", "100", "--to", "100"},
@@ -155,7 +155,7 @@ TEST_F(DiagnosisScenario, NumericsPausesOnceWithoutCascading) {
   EXPECT_EQ(i.verdict(), v1::NUMERICS) << i.ShortDebugString();
   ExpectNoTimeout(i);
   const v1::Run run = ShowRun("nan");
-  EXPECT_EQ(run.state(), "paused");
+  EXPECT_EQ(run.state(), v1::RUN_PAUSED);
   // Original, replay, skip: no generation piled up after the verdict.
   EXPECT_LE(run.current_generation(), 2) << run.ShortDebugString();
   Figures("numerics", i);
@@ -347,7 +347,7 @@ TEST_F(DiagnosisScenario, ALongRunStaysOnItsLineThroughEveryIncidentToItsEnd) {
   EXPECT_LE(fragility, 2) << summary;
   EXPECT_EQ(transient, 1) << summary;
   EXPECT_THAT(Quarantined("life"), UnorderedElementsAreArray(all_poison));
-  EXPECT_NE(run.state(), "paused") << run.ShortDebugString();
+  EXPECT_NE(run.state(), v1::RUN_PAUSED) << run.ShortDebugString();
   // The listing says which checkpoints the current line may rewind to; the
   // rolling pin is one of them.
   v1::ListCheckpointsResponse ckpts;
@@ -458,10 +458,10 @@ TEST_F(DiagnosisScenario, DocumentsAreNamedFromTheWorkersDataOrder) {
   v1::Run free;
   for (int k = 0; k < 600; ++k) {
     free = ShowRun("free");
-    if (free.state() == "finished" || free.state() == "failed") break;
+    if (free.state() == v1::RUN_FINISHED || free.state() == v1::RUN_FAILED) break;
     absl::SleepFor(absl::Milliseconds(200));
   }
-  ASSERT_EQ(free.state(), "finished") << WorkerLog("free").substr(0, 3000);
+  ASSERT_EQ(free.state(), v1::RUN_FINISHED) << WorkerLog("free").substr(0, 3000);
   EXPECT_THAT(WorkerLog("contra"), HasSubstr("seed"));
   EXPECT_EQ(ShowRun("contra").last_step(), 0);
 

@@ -180,10 +180,10 @@ TEST_F(IncidentE2E, LauncherRestartsACrashedWorkerFromItsNewestCheckpoint) {
   for (int k = 0; k < 900; ++k) {
     run.Clear();
     ASSERT_TRUE(cluster_.SpikectlJson({"runs", "show", "relaunch"}, "run", &run));
-    if (run.state() == "finished" || run.state() == "failed") break;
+    if (run.state() == v1::RUN_FINISHED || run.state() == v1::RUN_FAILED) break;
     absl::SleepFor(absl::Milliseconds(200));
   }
-  EXPECT_EQ(run.state(), "finished") << WorkerLog("relaunch").substr(0, 3000);
+  EXPECT_EQ(run.state(), v1::RUN_FINISHED) << WorkerLog("relaunch").substr(0, 3000);
   EXPECT_GE(run.last_step(), 599);
   // The second process resumed from a checkpoint, not from step 0.
   EXPECT_THAT(WorkerLog("relaunch"), HasSubstr("loaded checkpoint"));
@@ -204,10 +204,10 @@ TEST_F(IncidentE2E, CleanRunHasNoIncident) {
   for (int i = 0; i < 600; ++i) {
     run.Clear();
     ASSERT_TRUE(cluster_.SpikectlJson({"runs", "show", "clean"}, "show", &run));
-    if (run.state() == "finished" || run.state() == "failed") break;
+    if (run.state() == v1::RUN_FINISHED || run.state() == v1::RUN_FAILED) break;
     absl::SleepFor(absl::Milliseconds(500));
   }
-  ASSERT_EQ(run.state(), "finished") << WorkerLog("clean").substr(0, 3000);
+  ASSERT_EQ(run.state(), v1::RUN_FINISHED) << WorkerLog("clean").substr(0, 3000);
   EXPECT_GE(run.last_step(), 1999);
   v1::ListIncidentsResponse list;
   ASSERT_TRUE(cluster_.SpikectlJson({"incidents", "list", "--run", "clean"}, "list", &list));
@@ -253,7 +253,7 @@ TEST_F(IncidentE2E, RepeatedDataIncidentsWithNamedCulpritsStayDataToTheRunsEnd) 
     absl::SleepFor(absl::Milliseconds(500));
   }
   EXPECT_GE(run.last_step(), 1299);
-  EXPECT_NE(run.state(), "paused");
+  EXPECT_NE(run.state(), v1::RUN_PAUSED);
 }
 
 TEST_F(IncidentE2E, KillNineDuringReplayResumesFromTheEventLog) {

@@ -217,10 +217,10 @@ TEST_F(SlurmE2E, ScancelMidRunRestartsTheJobFromItsNewestCheckpoint) {
   for (int k = 0; k < 1500; ++k) {
     run.Clear();
     ASSERT_TRUE(cluster_.SpikectlJson({"runs", "show", "relaunch"}, "run", &run));
-    if (run.state() == "finished" || run.state() == "failed") break;
+    if (run.state() == v1::RUN_FINISHED || run.state() == v1::RUN_FAILED) break;
     absl::SleepFor(absl::Milliseconds(200));
   }
-  EXPECT_EQ(run.state(), "finished") << JobOutput("relaunch", second).substr(0, 3000);
+  EXPECT_EQ(run.state(), v1::RUN_FINISHED) << JobOutput("relaunch", second).substr(0, 3000);
   EXPECT_GE(run.last_step(), 599);
   // The second job resumed from a checkpoint, not from step 0.
   EXPECT_THAT(JobOutput("relaunch", second), HasSubstr("loaded checkpoint"));

@@ -205,8 +205,13 @@ TEST_F(WebViewE2E, IncidentPagesInABrowserAndMetricsWithTlsAndTokens) {
   RunResult runs = Browser(Url(viewer, "/"), "--dump-dom", "runs");
   ASSERT_EQ(runs.code, 0) << runs.err;
   EXPECT_THAT(runs.out, HasSubstr("href=\"/runs/web\""));
+  // A run's state by its name, as spikectl shows it ("paused"), not the enumerator.
+  const std::string state_badge =
+      "<span class=\"sg-state\">(created|running|paused|stopped|finished|failed)</span>";
+  EXPECT_THAT(runs.out, ::testing::ContainsRegex(state_badge));
   RunResult run = Browser(Url(viewer, "/runs/web"), "--dump-dom", "run");
   ASSERT_EQ(run.code, 0) << run.err;
+  EXPECT_THAT(run.out, ::testing::ContainsRegex(state_badge));
   EXPECT_EQ(Count(run.out, "<svg class=\"sg-plot"), 3);
   EXPECT_THAT(run.out, HasSubstr("data-name=\"gen 0\""));
   EXPECT_THAT(run.out, HasSubstr("href=\"/incidents/" + id + "\""));

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/strip.h"
@@ -39,6 +40,76 @@ TEST(IncidentStateTest, NamesRoundTripAndAreThePersistedStrings) {
   EXPECT_EQ(ParseProbeKind(""), ProbeKind::kNone);
   EXPECT_STREQ(ProbeOutcomeName(ProbeOutcome::kNonFinite), "nonfinite");
   EXPECT_EQ(ParseProbeOutcome("clean"), ProbeOutcome::kClean);
+}
+
+// Every name the incident log stores (incident_events.kind, the payloads'
+// action, probe kind and outcome, incidents.trigger_kind), written out: a
+// reordered or renamed enumerator must not change what a stored log says,
+// and a new one must be added here (docs/ARCHITECTURE.md, "The catalog
+// schema").
+TEST(IncidentStateTest, EveryPersistedNameIsPinned) {
+  const std::vector<std::pair<EventKind, std::string>> events = {
+      {EventKind::kOpened, "opened"},
+      {EventKind::kLocalized, "localized"},
+      {EventKind::kCheckpoint, "checkpoint"},
+      {EventKind::kRewindRequested, "rewind_requested"},
+      {EventKind::kContinueRequested, "continue_requested"},
+      {EventKind::kPauseRequested, "pause_requested"},
+      {EventKind::kQuarantineRequested, "quarantine_requested"},
+      {EventKind::kAbortRequested, "abort_requested"},
+      {EventKind::kApproved, "approved"},
+      {EventKind::kProbeStarted, "probe_started"},
+      {EventKind::kContinued, "continued"},
+      {EventKind::kPaused, "paused"},
+      {EventKind::kQuarantined, "quarantined"},
+      {EventKind::kNondeterminism, "nondeterminism"},
+      {EventKind::kProbeFinished, "probe_finished"},
+      {EventKind::kVerdict, "verdict"},
+      {EventKind::kBisectResult, "bisect_result"},
+      {EventKind::kTransplantSkipped, "transplant_skipped"},
+      {EventKind::kVerified, "verified"},
+      {EventKind::kVerificationFailed, "verification_failed"},
+      {EventKind::kNote, "note"},
+      {EventKind::kClosed, "closed"},
+      {EventKind::kAborted, "aborted"},
+      {EventKind::kWindowCheckpoint, "window_checkpoint"},
+  };
+  ASSERT_EQ(static_cast<size_t>(EventKind::kWindowCheckpoint) + 1, events.size())
+      << "a new event kind needs a row here";
+  for (const auto& [kind, name] : events) {
+    EXPECT_EQ(EventKindName(kind), name);
+    EXPECT_EQ(ParseEventKind(name), kind) << name;
+  }
+  const std::vector<std::pair<ActionKind, std::string>> actions = {
+      {ActionKind::kRewind, "rewind"},
+      {ActionKind::kContinue, "continue"},
+      {ActionKind::kPause, "pause"},
+      {ActionKind::kQuarantine, "quarantine"}};
+  for (const auto& [kind, name] : actions) {
+    EXPECT_EQ(ActionKindName(kind), name);
+    EXPECT_EQ(ParseActionKind(name), kind) << name;
+  }
+  const std::vector<std::pair<ProbeKind, std::string>> probes = {
+      {ProbeKind::kNone, ""},          {ProbeKind::kReplay, "replay"},
+      {ProbeKind::kSkip, "skip"},      {ProbeKind::kBisect, "bisect"},
+      {ProbeKind::kSampleBisect, "bisect_samples"},
+      {ProbeKind::kTransplant, "transplant"}, {ProbeKind::kFix, "fix"}};
+  for (const auto& [kind, name] : probes) {
+    EXPECT_EQ(ProbeKindName(kind), name);
+    EXPECT_EQ(ParseProbeKind(name), kind) << name;
+  }
+  const std::vector<std::pair<ProbeOutcome, std::string>> outcomes = {
+      {ProbeOutcome::kPending, "pending"},     {ProbeOutcome::kClean, "clean"},
+      {ProbeOutcome::kSpiked, "spiked"},       {ProbeOutcome::kNonFinite, "nonfinite"},
+      {ProbeOutcome::kFailed, "failed"}};
+  for (const auto& [outcome, name] : outcomes) {
+    EXPECT_EQ(ProbeOutcomeName(outcome), name);
+    EXPECT_EQ(ParseProbeOutcome(name), outcome) << name;
+  }
+  EXPECT_EQ(TriggerName(Detection::Kind::kLossSpike), "loss_spike");
+  EXPECT_EQ(TriggerName(Detection::Kind::kGradNormSpike), "grad_norm_spike");
+  EXPECT_EQ(TriggerName(Detection::Kind::kNonFinite), "nonfinite");
+  EXPECT_EQ(TriggerName(Detection::Kind::kPrecursor), "precursor");
 }
 
 // Detection::Kind is persisted by explicit number (Opened.kind), not by the

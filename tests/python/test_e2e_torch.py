@@ -170,7 +170,10 @@ def named(inc: Dict) -> List[str]:
 
 
 def run_state(daemon, run: str) -> str:
-    return daemon.spikectl_json("runs", "show", run).get("state", "")
+    """The run's state as spikectl's text shows it ("finished"); its JSON
+    carries the RunState enumerator ("RUN_FINISHED")."""
+    state = daemon.spikectl_json("runs", "show", run).get("state", "")
+    return state.removeprefix("RUN_").lower()
 
 
 def test_data_poison_is_data_with_its_documents(daemon, tmp_path):

@@ -28,6 +28,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "spikeguard/v1/policy.pb.h"
+#include "proto/state_names.h"
 #include "storage/catalog/catalog.h"
 #include "storage/checkpoint/checksum.h"
 #include "tests/slurm/slurm_cluster.h"
@@ -148,7 +149,7 @@ class LauncherFixture : public ::testing::Test {
 
   std::string RunState(const std::string& run) {
     auto r = catalog_->GetRun(run);
-    return r.ok() ? r->state() : "?";
+    return r.ok() ? std::string(RunStateName(r->state())) : "?";
   }
 
   std::string AuditOf(const std::string& run) {

@@ -73,7 +73,7 @@ std::vector<v1::StepReport> Batch(int64_t from, int64_t to, uint32_t rank) {
 TEST_F(CatalogTest, CreateRunStoresItAndStartsGenerationZero) {
   v1::Run run = MakeRun("gpt-small");
   EXPECT_GT(run.id(), 0);
-  EXPECT_EQ(run.state(), "created");
+  EXPECT_EQ(run.state(), v1::RUN_CREATED);
   EXPECT_EQ(run.world_size(), 8u);
   EXPECT_EQ(run.mode(), v1::MODE_AUTO);
   EXPECT_EQ(run.created_unix_ms(), clock_.NowUnixMillis());
@@ -102,7 +102,7 @@ TEST_F(CatalogTest, UnknownRunIsNotFound) {
   auto run = catalog_->GetRun("nope");
   EXPECT_EQ(run.status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(std::string(run.status().message()), "run 'nope' not found");
-  EXPECT_EQ(catalog_->SetRunState("nope", "running").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(catalog_->SetRunState("nope", v1::RUN_RUNNING).code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(catalog_->UpdateRunProgress("nope", 3).code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(catalog_->ListGenerations("nope").status().code(), absl::StatusCode::kNotFound);
 }
@@ -110,15 +110,15 @@ TEST_F(CatalogTest, UnknownRunIsNotFound) {
 TEST_F(CatalogTest, ListRunsStateAndProgress) {
   MakeRun("b");
   MakeRun("a");
-  ASSERT_TRUE(catalog_->SetRunState("a", "running").ok());
-  EXPECT_EQ(catalog_->SetRunState("a", "exploded").code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(catalog_->SetRunState("a", v1::RUN_RUNNING).ok());
+  EXPECT_EQ(catalog_->SetRunState("a", v1::RUN_STATE_UNSPECIFIED).code(), absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(catalog_->UpdateRunProgress("a", 1234).ok());
   auto runs = catalog_->ListRuns();
   ASSERT_TRUE(runs.ok());
   ASSERT_EQ(runs->size(), 2u);
   EXPECT_EQ((*runs)[0].name(), "b");  // creation order
   EXPECT_EQ((*runs)[1].name(), "a");
-  EXPECT_EQ((*runs)[1].state(), "running");
+  EXPECT_EQ((*runs)[1].state(), v1::RUN_RUNNING);
   EXPECT_EQ((*runs)[1].last_step(), 1234);
 }
 
@@ -215,13 +215,13 @@ TEST(CatalogLogTest, DeferredCheckpointsWaitForTheOwnerUpToFourTimesTheLimit) {
 TEST_F(CatalogTest, EndRunChangesTheStateAndDropsTheLaunchRecordsTogether) {
   MakeRun("a");
   MakeRun("b");
-  ASSERT_TRUE(catalog_->SetRunState("a", "running").ok());
+  ASSERT_TRUE(catalog_->SetRunState("a", v1::RUN_RUNNING).ok());
   ASSERT_TRUE(catalog_->PutLaunch({.run = "a", .slot = "job", .kind = "slurm", .handle = 7}).ok());
   ASSERT_TRUE(catalog_->PutLaunch({.run = "a", .slot = "rank-0", .kind = "local", .handle = 9}).ok());
   ASSERT_TRUE(catalog_->PutLaunch({.run = "b", .slot = "job", .kind = "slurm", .handle = 8}).ok());
   // One slot: the run is failed, its other slot and the other run stay.
-  ASSERT_TRUE(catalog_->EndRun("a", "failed", "job").ok());
-  EXPECT_EQ(catalog_->GetRun("a")->state(), "failed");
+  ASSERT_TRUE(catalog_->EndRun("a", v1::RUN_FAILED, "job").ok());
+  EXPECT_EQ(catalog_->GetRun("a")->state(), v1::RUN_FAILED);
   auto left = catalog_->ListLaunches();
   ASSERT_TRUE(left.ok());
   ASSERT_EQ(left->size(), 2u);
@@ -229,13 +229,13 @@ TEST_F(CatalogTest, EndRunChangesTheStateAndDropsTheLaunchRecordsTogether) {
   EXPECT_EQ((*left)[0].slot, "rank-0");
   EXPECT_EQ((*left)[1].run, "b");
   // Every slot.
-  ASSERT_TRUE(catalog_->EndRun("a", "finished").ok());
-  EXPECT_EQ(catalog_->GetRun("a")->state(), "finished");
+  ASSERT_TRUE(catalog_->EndRun("a", v1::RUN_FINISHED).ok());
+  EXPECT_EQ(catalog_->GetRun("a")->state(), v1::RUN_FINISHED);
   EXPECT_EQ(catalog_->ListLaunches()->size(), 1u);
   // Refused whole: an unknown state or run changes nothing.
-  EXPECT_EQ(catalog_->EndRun("b", "exploded").code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(catalog_->EndRun("nope", "failed").code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(catalog_->GetRun("b")->state(), "created");
+  EXPECT_EQ(catalog_->EndRun("b", static_cast<v1::RunState>(99)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(catalog_->EndRun("nope", v1::RUN_FAILED).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(catalog_->GetRun("b")->state(), v1::RUN_CREATED);
   EXPECT_EQ(catalog_->ListLaunches()->size(), 1u);
 }
 
@@ -283,9 +283,9 @@ TEST_F(CatalogTest, EachRunIsItsOwnIncarnation) {
   ASSERT_TRUE(r.ok() && s.ok());
   EXPECT_EQ(r->incarnation.size(), 32u);
   EXPECT_NE(r->incarnation, s->incarnation);
-  EXPECT_EQ(r->state, "created");
-  ASSERT_TRUE(catalog_->SetRunState("r", "finished").ok());
-  EXPECT_EQ(catalog_->GetRunIncarnation("r")->state, "finished");
+  EXPECT_EQ(r->state, v1::RUN_CREATED);
+  ASSERT_TRUE(catalog_->SetRunState("r", v1::RUN_FINISHED).ok());
+  EXPECT_EQ(catalog_->GetRunIncarnation("r")->state, v1::RUN_FINISHED);
   EXPECT_EQ(catalog_->GetRunIncarnation("r")->incarnation, r->incarnation);
   CatalogOptions options;
   options.path = ":memory:";
@@ -787,21 +787,21 @@ TEST_F(CatalogTest, CommandsAreIdempotentAndFinalStatesStick) {
   MakeRun("r");
   ASSERT_TRUE(catalog_->PutCommand("cmd-1", "r", 1, "REWIND", "payload").ok());
   ASSERT_TRUE(catalog_->PutCommand("cmd-2", "r", 1, "PAUSE", "").ok());
-  ASSERT_TRUE(catalog_->UpdateCommandState("cmd-1", "sent").ok());
+  ASSERT_TRUE(catalog_->UpdateCommandState("cmd-1", v1::COMMAND_SENT).ok());
   // Re-put after a restart: same content is fine and does not reset the state.
   ASSERT_TRUE(catalog_->PutCommand("cmd-1", "r", 1, "REWIND", "payload").ok());
-  EXPECT_EQ(catalog_->GetCommand("cmd-1")->state, "sent");
+  EXPECT_EQ(catalog_->GetCommand("cmd-1")->state, v1::COMMAND_SENT);
   EXPECT_EQ(catalog_->PutCommand("cmd-1", "r", 1, "STOP", "payload").code(),
             absl::StatusCode::kAlreadyExists);
-  ASSERT_TRUE(catalog_->UpdateCommandState("cmd-1", "acked", "rank 0 ok").ok());
-  EXPECT_TRUE(catalog_->UpdateCommandState("cmd-1", "acked").ok());
-  EXPECT_EQ(catalog_->UpdateCommandState("cmd-1", "sent").code(),
+  ASSERT_TRUE(catalog_->UpdateCommandState("cmd-1", v1::COMMAND_ACKED, "rank 0 ok").ok());
+  EXPECT_TRUE(catalog_->UpdateCommandState("cmd-1", v1::COMMAND_ACKED).ok());
+  EXPECT_EQ(catalog_->UpdateCommandState("cmd-1", v1::COMMAND_SENT).code(),
             absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(catalog_->UpdateCommandState("cmd-1", "lost").code(),
+  EXPECT_EQ(catalog_->UpdateCommandState("cmd-1", static_cast<v1::CommandState>(9)).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(catalog_->UpdateCommandState("nope", "sent").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(catalog_->UpdateCommandState("nope", v1::COMMAND_SENT).code(), absl::StatusCode::kNotFound);
 
-  auto pending = catalog_->ListCommands("r", "pending");
+  auto pending = catalog_->ListCommands("r", v1::COMMAND_PENDING);
   ASSERT_TRUE(pending.ok());
   ASSERT_EQ(pending->size(), 1u);
   EXPECT_EQ(pending->front().id, "cmd-2");

@@ -21,7 +21,7 @@ TEST_F(RunStoreTest, CreateStoresTheRunWithGenerationZero) {
   auto stored = runs.Get("gpt");
   ASSERT_TRUE(stored.ok()) << stored.status();
   EXPECT_EQ(stored->id(), *id);
-  EXPECT_EQ(stored->state(), "created");
+  EXPECT_EQ(stored->state(), v1::RUN_CREATED);
   EXPECT_EQ(stored->world_size(), 8u);
   EXPECT_EQ(stored->mode(), v1::MODE_AUTO);
   EXPECT_EQ(stored->spec().command(0), "train");
@@ -42,7 +42,7 @@ TEST_F(RunStoreTest, RefusesADuplicateNameAnEmptyNameAndAnUnknownState) {
   EXPECT_EQ(runs.Create(v1::Run()).status().code(), absl::StatusCode::kInvalidArgument);
   v1::Run odd;
   odd.set_name("odd");
-  odd.set_state("sleeping");
+  odd.set_state(static_cast<v1::RunState>(42));
   EXPECT_EQ(runs.Create(odd).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(runs.Get("odd").status().code(), absl::StatusCode::kNotFound);
 }
@@ -90,9 +90,11 @@ TEST_F(RunStoreTest, AGenerationNeedsItsParentAndANewNumber) {
 TEST_F(RunStoreTest, StateSpecProgressAndDataOrderAreUpdatedInPlace) {
   RunStore runs(db_.get(), &clock_);
   AddRun("gpt");
-  ASSERT_TRUE(runs.SetState("gpt", "running").ok());
-  EXPECT_EQ(runs.SetState("gpt", "sleeping").code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(runs.SetState("nope", "running").code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(runs.SetState("gpt", v1::RUN_RUNNING).ok());
+  EXPECT_EQ(runs.SetState("gpt", static_cast<v1::RunState>(42)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(runs.SetState("gpt", v1::RUN_STATE_UNSPECIFIED).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(runs.SetState("nope", v1::RUN_RUNNING).code(), absl::StatusCode::kNotFound);
   ASSERT_TRUE(runs.SetLastStep("gpt", 42).ok());
   v1::RunSpec spec;
   spec.set_profile("big");
@@ -103,7 +105,7 @@ TEST_F(RunStoreTest, StateSpecProgressAndDataOrderAreUpdatedInPlace) {
   EXPECT_EQ(runs.SetDataOrder("gpt", order, -1).code(), absl::StatusCode::kInvalidArgument);
   auto stored = runs.Get("gpt");
   ASSERT_TRUE(stored.ok());
-  EXPECT_EQ(stored->state(), "running");
+  EXPECT_EQ(stored->state(), v1::RUN_RUNNING);
   EXPECT_EQ(stored->last_step(), 42);
   EXPECT_EQ(stored->spec().profile(), "big");
   EXPECT_EQ(stored->data_order().seed(), 7u);
@@ -123,8 +125,31 @@ TEST_F(RunStoreTest, EachRunOfANameHasItsOwnIncarnation) {
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_EQ(a->incarnation.size(), 32u);
   EXPECT_NE(a->incarnation, b->incarnation);
-  EXPECT_EQ(a->state, "created");
+  EXPECT_EQ(a->state, v1::RUN_CREATED);
   EXPECT_EQ(runs.Incarnation("c").status().code(), absl::StatusCode::kNotFound);
+}
+
+// The column holds the state's name, so the rows of an earlier binary read
+// back and no enum reordering can change what is stored; a row holding
+// anything else is an error naming the run and the value.
+TEST_F(RunStoreTest, TheStateColumnHoldsTheNameAndAnUnknownOneIsAnError) {
+  RunStore runs(db_.get(), &clock_);
+  AddRun("gpt");
+  ASSERT_TRUE(runs.SetState("gpt", v1::RUN_PAUSED).ok());
+  auto stored = db_->Prepare("SELECT state FROM runs WHERE name = 'gpt'");
+  ASSERT_TRUE(stored.ok());
+  ASSERT_TRUE(*stored->Step());
+  EXPECT_EQ(stored->ColumnText(0), "paused");
+
+  ASSERT_TRUE(db_->Execute("DROP TRIGGER runs_state_is_known_on_update").ok());
+  ASSERT_TRUE(db_->Execute("UPDATE runs SET state = 'Running' WHERE name = 'gpt'").ok());
+  const std::string want =
+      "run 'gpt' has state 'Running' in the catalog, which is not a run state";
+  absl::StatusOr<v1::Run> got = runs.Get("gpt");
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(got.status().message(), want);
+  EXPECT_EQ(runs.List().status().message(), want);
+  EXPECT_EQ(runs.Incarnation("gpt").status().message(), want);
 }
 
 }  // namespace

@@ -11,8 +11,10 @@
 #include <limits>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
+#include "proto/state_names.h"
 #include "storage/catalog/catalog.h"
 #include "storage/catalog/database.h"
 #include "tests/storage/catalog/temp_dir.h"
@@ -86,7 +88,7 @@ TEST(Schema, VersionOneFileMigratesToTheCurrentSchemaKeepingItsData) {
   }
   // Turn the file into what a version-1 binary left behind.
   RawExec(path,
-          "ALTER TABLE runs DROP COLUMN incarnation; ALTER TABLE checkpoints DROP COLUMN file_identity; DROP TABLE precursor_warnings; ALTER TABLE checkpoints DROP COLUMN rolling; "
+          "DROP TRIGGER runs_state_is_known_on_insert; DROP TRIGGER runs_state_is_known_on_update; ALTER TABLE runs DROP COLUMN incarnation; ALTER TABLE checkpoints DROP COLUMN file_identity; DROP TABLE precursor_warnings; ALTER TABLE checkpoints DROP COLUMN rolling; "
           "DROP TABLE launches; DROP INDEX audit_by_target; ALTER TABLE audit DROP COLUMN role; "
           "ALTER TABLE audit DROP COLUMN outcome; ALTER TABLE audit DROP COLUMN peer; "
           "DROP TABLE policies; ALTER TABLE runs DROP COLUMN data_order; "
@@ -118,7 +120,7 @@ TEST(Schema, VersionTwoFileGainsTheRunsDataOrder) {
   }
   // What a version-2 binary left behind: runs without the two columns.
   RawExec(path,
-          "ALTER TABLE runs DROP COLUMN incarnation; ALTER TABLE checkpoints DROP COLUMN file_identity; DROP TABLE precursor_warnings; ALTER TABLE checkpoints DROP COLUMN rolling; "
+          "DROP TRIGGER runs_state_is_known_on_insert; DROP TRIGGER runs_state_is_known_on_update; ALTER TABLE runs DROP COLUMN incarnation; ALTER TABLE checkpoints DROP COLUMN file_identity; DROP TABLE precursor_warnings; ALTER TABLE checkpoints DROP COLUMN rolling; "
           "DROP TABLE launches; DROP INDEX audit_by_target; ALTER TABLE audit DROP COLUMN role; "
           "ALTER TABLE audit DROP COLUMN outcome; ALTER TABLE audit DROP COLUMN peer; "
           "ALTER TABLE runs DROP COLUMN data_order; ALTER TABLE runs DROP COLUMN total_steps; "
@@ -146,7 +148,7 @@ TEST(Schema, VersionThreeFileKeepsItsAuditRowsAndGainsWhoAndHow) {
     ASSERT_TRUE((*catalog)->AppendAudit("operator", "rewind", "old-run", "to 200").ok());
   }
   // What a version-3 binary left behind: audit without role/outcome/peer.
-  RawExec(path, std::string("ALTER TABLE runs DROP COLUMN incarnation; ALTER TABLE checkpoints DROP COLUMN file_identity; DROP TABLE precursor_warnings; ALTER TABLE checkpoints DROP COLUMN rolling; "
+  RawExec(path, std::string("DROP TRIGGER runs_state_is_known_on_insert; DROP TRIGGER runs_state_is_known_on_update; ALTER TABLE runs DROP COLUMN incarnation; ALTER TABLE checkpoints DROP COLUMN file_identity; DROP TABLE precursor_warnings; ALTER TABLE checkpoints DROP COLUMN rolling; "
                             "DROP TABLE launches; DROP INDEX audit_by_target; ALTER TABLE audit DROP COLUMN role; "
           "ALTER TABLE audit DROP COLUMN outcome; ALTER TABLE audit DROP COLUMN peer; "
           "PRAGMA user_version = 3;"));
@@ -193,7 +195,7 @@ TEST(Schema, VersionFourFileGainsTheLaunchesTableAndKeepsItsRuns) {
     ASSERT_TRUE((*catalog)->CreateRun(run).ok());
   }
   RawExec(path,
-          "ALTER TABLE runs DROP COLUMN incarnation; ALTER TABLE checkpoints DROP COLUMN file_identity; DROP TABLE precursor_warnings; ALTER TABLE checkpoints DROP COLUMN rolling; DROP TABLE launches; "
+          "DROP TRIGGER runs_state_is_known_on_insert; DROP TRIGGER runs_state_is_known_on_update; ALTER TABLE runs DROP COLUMN incarnation; ALTER TABLE checkpoints DROP COLUMN file_identity; DROP TABLE precursor_warnings; ALTER TABLE checkpoints DROP COLUMN rolling; DROP TABLE launches; "
           "PRAGMA user_version = 4;");
   auto catalog = Catalog::Open({.path = path});
   ASSERT_TRUE(catalog.ok()) << catalog.status();
@@ -236,7 +238,7 @@ TEST(Schema, VersionFiveFileKeepsItsCheckpointsAndGainsTheRollingPin) {
     c.set_complete(true);
     ASSERT_TRUE((*catalog)->UpsertCheckpoint(c).ok());
   }
-  RawExec(path, "ALTER TABLE runs DROP COLUMN incarnation; ALTER TABLE checkpoints DROP COLUMN file_identity; DROP TABLE precursor_warnings; ALTER TABLE checkpoints DROP COLUMN rolling; PRAGMA user_version = 5;");
+  RawExec(path, "DROP TRIGGER runs_state_is_known_on_insert; DROP TRIGGER runs_state_is_known_on_update; ALTER TABLE runs DROP COLUMN incarnation; ALTER TABLE checkpoints DROP COLUMN file_identity; DROP TABLE precursor_warnings; ALTER TABLE checkpoints DROP COLUMN rolling; PRAGMA user_version = 5;");
   auto catalog = Catalog::Open({.path = path});
   ASSERT_TRUE(catalog.ok()) << catalog.status();
   auto listed = (*catalog)->ListCheckpoints("old-run");
@@ -259,7 +261,7 @@ TEST(Schema, VersionSixFileGainsThePrecursorWarningsTableKeepingItsData) {
     run.set_name("old-run");
     ASSERT_TRUE((*catalog)->CreateRun(run).ok());
   }
-  RawExec(path, "ALTER TABLE runs DROP COLUMN incarnation; ALTER TABLE checkpoints DROP COLUMN file_identity; DROP TABLE precursor_warnings; PRAGMA user_version = 6;");
+  RawExec(path, "DROP TRIGGER runs_state_is_known_on_insert; DROP TRIGGER runs_state_is_known_on_update; ALTER TABLE runs DROP COLUMN incarnation; ALTER TABLE checkpoints DROP COLUMN file_identity; DROP TABLE precursor_warnings; PRAGMA user_version = 6;");
   auto catalog = Catalog::Open({.path = path});
   ASSERT_TRUE(catalog.ok()) << catalog.status();
   EXPECT_TRUE((*catalog)->GetRun("old-run").ok());
@@ -289,7 +291,7 @@ TEST(Schema, VersionSevenFileGainsCheckpointFileIdentities) {
     c.set_checksum("0123456789abcdef");
     ASSERT_TRUE((*catalog)->UpsertCheckpoint(c).ok());
   }
-  RawExec(path, "ALTER TABLE runs DROP COLUMN incarnation; ALTER TABLE checkpoints DROP COLUMN file_identity; PRAGMA user_version = 7;");
+  RawExec(path, "DROP TRIGGER runs_state_is_known_on_insert; DROP TRIGGER runs_state_is_known_on_update; ALTER TABLE runs DROP COLUMN incarnation; ALTER TABLE checkpoints DROP COLUMN file_identity; PRAGMA user_version = 7;");
   auto catalog = Catalog::Open({.path = path});
   ASSERT_TRUE(catalog.ok()) << catalog.status();
   EXPECT_EQ((*catalog)->schema_version(), kSchemaVersion);
@@ -313,7 +315,7 @@ TEST(Schema, VersionEightFileGivesEveryRunAnIncarnation) {
       ASSERT_TRUE((*catalog)->CreateRun(run).ok());
     }
   }
-  RawExec(path, "ALTER TABLE runs DROP COLUMN incarnation; PRAGMA user_version = 8;");
+  RawExec(path, "DROP TRIGGER runs_state_is_known_on_insert; DROP TRIGGER runs_state_is_known_on_update; ALTER TABLE runs DROP COLUMN incarnation; PRAGMA user_version = 8;");
   auto catalog = Catalog::Open({.path = path});
   ASSERT_TRUE(catalog.ok()) << catalog.status();
   EXPECT_EQ((*catalog)->schema_version(), kSchemaVersion);
@@ -322,10 +324,151 @@ TEST(Schema, VersionEightFileGivesEveryRunAnIncarnation) {
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_EQ(a->incarnation.size(), 32u);
   EXPECT_NE(a->incarnation, b->incarnation);
-  EXPECT_EQ(a->state, "created");
+  EXPECT_EQ(a->state, v1::RUN_CREATED);
   // The same again: kept.
   EXPECT_EQ((*catalog)->GetRunIncarnation("old-a")->incarnation, a->incarnation);
   EXPECT_EQ((*catalog)->GetRunIncarnation("none").status().code(), absl::StatusCode::kNotFound);
+}
+
+// What a version-9 binary left behind: the schema without version 10's
+// triggers, and rows written as that binary wrote them (states as text).
+std::string VersionNineFile(TempDir& dir, const std::string& rows) {
+  const std::string path = dir.File("catalog.db");
+  { EXPECT_TRUE(Catalog::Open({.path = path}).ok()); }
+  RawExec(path,
+          "DROP TRIGGER runs_state_is_known_on_insert; DROP TRIGGER runs_state_is_known_on_update; "
+          "PRAGMA user_version = 9;" + rows);
+  return path;
+}
+
+// One run per state, generation 0 each, and one command per state on the
+// first, with the column values a version-9 binary stored.
+std::string VersionNineRows(const std::string& bad_run_state = "failed",
+                            const std::string& bad_command_state = "failed") {
+  std::string sql;
+  const std::vector<std::string> states = {"created",  "running", "paused",
+                                           "stopped",  "finished", bad_run_state};
+  for (size_t i = 0; i < states.size(); ++i) {
+    const std::string id = std::to_string(i + 1);
+    sql += "INSERT INTO runs (id, name, created_unix_ms, mode, world_size, current_generation, "
+           "state, last_step, spec, incarnation) VALUES (" + id + ", 'r" + id + "', 1, 1, 1, 0, '" +
+           states[i] + "', 0, x'', 'inc" + id + "');"
+           "INSERT INTO generations (run_id, generation, parent, from_checkpoint_step, reason, "
+           "created_unix_ms, record) VALUES (" + id + ", 0, -1, 0, 'initial', 1, x'');";
+  }
+  sql += "PRAGMA ignore_check_constraints = ON;";
+  for (const std::string& state : {std::string("pending"), std::string("sent"),
+                                   std::string("acked"), bad_command_state}) {
+    sql += "INSERT INTO commands (id, run_id, generation, kind, payload, state, message, "
+           "created_unix_ms, updated_unix_ms) VALUES ('cmd-" + state + "', 1, 0, 'PAUSE', x'', '" +
+           state + "', '', 1, 1);";
+  }
+  return sql;
+}
+
+// Version 10 makes run and command states enums; their columns keep the
+// names, so a version-9 catalog reads back unchanged, state for state.
+TEST(Schema, VersionNineFileReadsItsTextStatesAsEnums) {
+  TempDir dir;
+  const std::string path = VersionNineFile(dir, VersionNineRows());
+  auto catalog = Catalog::Open({.path = path});
+  ASSERT_TRUE(catalog.ok()) << catalog.status();
+  EXPECT_EQ((*catalog)->schema_version(), 10);
+  const std::vector<v1::RunState> want = {v1::RUN_CREATED, v1::RUN_RUNNING,  v1::RUN_PAUSED,
+                                          v1::RUN_STOPPED, v1::RUN_FINISHED, v1::RUN_FAILED};
+  auto runs = (*catalog)->ListRuns();
+  ASSERT_TRUE(runs.ok()) << runs.status();
+  ASSERT_EQ(runs->size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ((*runs)[i].state(), want[i]) << (*runs)[i].name();
+    const std::string name = "r" + std::to_string(i + 1);
+    EXPECT_EQ((*catalog)->GetRun(name)->state(), want[i]) << name;
+    EXPECT_EQ((*catalog)->GetRunIncarnation(name)->state, want[i]) << name;
+  }
+  auto commands = (*catalog)->ListCommands("r1");
+  ASSERT_TRUE(commands.ok()) << commands.status();
+  ASSERT_EQ(commands->size(), 4u);
+  EXPECT_EQ((*commands)[0].state, v1::COMMAND_PENDING);
+  EXPECT_EQ((*commands)[1].state, v1::COMMAND_SENT);
+  EXPECT_EQ((*commands)[2].state, v1::COMMAND_ACKED);
+  EXPECT_EQ((*commands)[3].state, v1::COMMAND_FAILED);
+  EXPECT_EQ((*catalog)->ListCommands("r1", v1::COMMAND_SENT)->size(), 1u);
+  // The old rows go on like new ones.
+  ASSERT_TRUE((*catalog)->UpdateCommandState("cmd-sent", v1::COMMAND_ACKED).ok());
+  EXPECT_EQ((*catalog)->GetCommand("cmd-sent")->state, v1::COMMAND_ACKED);
+  ASSERT_TRUE((*catalog)->SetRunState("r3", v1::RUN_RUNNING).ok());
+  EXPECT_EQ((*catalog)->GetRun("r3")->state(), v1::RUN_RUNNING);
+}
+
+// A state no binary writes (a row edited by hand) stops the migration with
+// the run or command and the value, and leaves the file at version 9 to be
+// corrected and opened again.
+TEST(Schema, VersionNineFileWithAStateThatIsNotOneIsRefusedNamingTheRow) {
+  TempDir dir;
+  const std::string path = VersionNineFile(dir, VersionNineRows("Done"));
+  auto catalog = Catalog::Open({.path = path});
+  ASSERT_FALSE(catalog.ok());
+  EXPECT_EQ(catalog.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(std::string(catalog.status().message()),
+            "catalog " + path + ": run 'r6' has state 'Done', which is not a run state (created, "
+            "running, paused, stopped, finished, failed); correct the row (sqlite3), then open "
+            "the catalog again");
+  {
+    auto db = Database::Open({.path = path});
+    ASSERT_TRUE(db.ok());
+    EXPECT_EQ(*(*db)->UserVersion(), 9);
+  }
+  RawExec(path, "UPDATE runs SET state = 'failed' WHERE name = 'r6';");
+  auto fixed = Catalog::Open({.path = path});
+  ASSERT_TRUE(fixed.ok()) << fixed.status();
+  EXPECT_EQ((*fixed)->GetRun("r6")->state(), v1::RUN_FAILED);
+}
+
+TEST(Schema, VersionNineFileWithACommandStateThatIsNotOneIsRefusedNamingTheCommand) {
+  TempDir dir;
+  const std::string path = VersionNineFile(dir, VersionNineRows("failed", "delivered"));
+  auto catalog = Catalog::Open({.path = path});
+  ASSERT_FALSE(catalog.ok());
+  EXPECT_EQ(catalog.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(std::string(catalog.status().message()),
+            "catalog " + path + ": command 'cmd-delivered' has state 'delivered', which is not a "
+            "command state (pending, sent, acked, failed); correct the row (sqlite3), then open "
+            "the catalog again");
+}
+
+// From version 10 `runs` refuses a state that is not one, as `commands`
+// does (CHECK), and accepts every name the code stores: the names frozen in
+// the migration and the ones in proto/state_names.cc agree.
+TEST(Schema, RunsRefuseAStateThatIsNotOneAndAcceptEveryName) {
+  auto db = OpenMemory();
+  ASSERT_TRUE(OpenSchema(*db).ok());
+  EXPECT_EQ(db->Execute("INSERT INTO runs (name, created_unix_ms, mode, world_size, "
+                        "current_generation, state, last_step, spec) "
+                        "VALUES ('r', 0, 0, 1, 0, 'RUN_RUNNING', 0, x'')")
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(db->Execute("INSERT INTO runs (name, created_unix_ms, mode, world_size, "
+                          "current_generation, state, last_step, spec) "
+                          "VALUES ('r', 0, 0, 1, 0, 'created', 0, x'')")
+                  .ok());
+  for (v1::RunState state : AllRunStates()) {
+    EXPECT_TRUE(db->Execute("UPDATE runs SET state = '" + std::string(RunStateName(state)) +
+                            "' WHERE name = 'r'")
+                    .ok())
+        << RunStateName(state);
+  }
+  absl::Status bad = db->Execute("UPDATE runs SET state = '2' WHERE name = 'r'");
+  EXPECT_FALSE(bad.ok());
+  EXPECT_NE(std::string(bad.message()).find("runs.state: not a run state"), std::string::npos)
+      << bad;
+  for (v1::CommandState state : AllCommandStates()) {
+    EXPECT_TRUE(db->Execute("INSERT INTO commands (id, run_id, generation, kind, payload, state, "
+                            "message, created_unix_ms, updated_unix_ms) VALUES ('" +
+                            std::string(CommandStateName(state)) + "', 1, 0, 'PAUSE', x'', '" +
+                            std::string(CommandStateName(state)) + "', '', 0, 0)")
+                    .ok())
+        << CommandStateName(state);
+  }
 }
 
 TEST(Schema, InMemoryDatabaseMigratesToo) {
