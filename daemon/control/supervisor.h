@@ -32,6 +32,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "base/clock.h"
+#include "base/task_pool.h"
 #include "daemon/control/catalog_adapters.h"
 #include "daemon/control/precursor_warnings.h"
 #include "daemon/control/run_control.h"
@@ -151,7 +152,9 @@ class Supervisor {
   void OnCompleted(std::vector<CompletedStep> completed, absl::Time arrived)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(dispatch_mu_);
   void AwaitRoomLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_);
-  void PipelineLoop();
+  // One turn of a scheduled pipeline on the pool: the tasks it holds, then
+  // another turn queued when more arrived meanwhile.
+  void RunPipeline(Pipeline* p) ABSL_LOCKS_EXCLUDED(exec_mu_);
   // On the run's pipeline.
   // Records each delivered record's latency from `arrived` (the others
   // were stale or delivered before).
@@ -201,13 +204,15 @@ class Supervisor {
 
   absl::Mutex exec_mu_;
   std::map<std::string, std::unique_ptr<Pipeline>> pipelines_ ABSL_GUARDED_BY(exec_mu_);
-  std::deque<Pipeline*> runnable_ ABSL_GUARDED_BY(exec_mu_);
   int64_t queued_records_ ABSL_GUARDED_BY(exec_mu_) = 0;
-  int busy_ ABSL_GUARDED_BY(exec_mu_) = 0;
+  // Pipelines with a turn queued or running on the pool.
+  int scheduled_ ABSL_GUARDED_BY(exec_mu_) = 0;
   bool exec_started_ ABSL_GUARDED_BY(exec_mu_) = false;
   bool exec_stopping_ ABSL_GUARDED_BY(exec_mu_) = false;
   const int pipeline_threads_;
-  std::vector<std::thread> pipeline_workers_;
+  // The pipelines' threads: made by Start, gone after Stop; posted to under
+  // exec_mu_ while started and not stopping.
+  std::unique_ptr<TaskPool> pipeline_pool_;
 
   absl::Mutex watch_mu_;
   std::vector<std::shared_ptr<Watcher>> watchers_ ABSL_GUARDED_BY(watch_mu_);
