@@ -120,8 +120,7 @@ void Supervisor::Stop() {
   // Runs the pipelines' turns still queued (each returns at once: stopping)
   // and joins.
   pipeline_pool_.reset();
-  absl::MutexLock lock(&watch_mu_);
-  for (auto& w : watchers_) {
+  for (auto& w : watchers_.All()) {
     absl::MutexLock wl(&w->mu);
     w->closed = true;
     w->cv.SignalAll();
@@ -555,16 +554,11 @@ int Supervisor::OpenIncidents() {
 
 std::shared_ptr<Supervisor::Watcher> Supervisor::Watch(const std::string& run) {
   auto w = std::make_shared<Watcher>();
-  w->run = run;
-  absl::MutexLock lock(&watch_mu_);
-  watchers_.push_back(w);
+  w->id = watchers_.Add(run, w);
   return w;
 }
 
-void Supervisor::Unwatch(const std::shared_ptr<Watcher>& watcher) {
-  absl::MutexLock lock(&watch_mu_);
-  watchers_.erase(std::remove(watchers_.begin(), watchers_.end(), watcher), watchers_.end());
-}
+void Supervisor::Unwatch(const std::shared_ptr<Watcher>& watcher) { watchers_.Remove(watcher->id); }
 
 void Supervisor::Publish(const v1::Incident& incident, const v1::IncidentEvent& event) {
   v1::IncidentUpdate update;
@@ -604,8 +598,7 @@ void Supervisor::PublishWarning(const v1::PrecursorWarning& warning, std::string
 
 void Supervisor::Broadcast(const std::string& run, const v1::IncidentUpdate& update) {
   absl::MutexLock lock(&watch_mu_);
-  for (auto& w : watchers_) {
-    if (!w->run.empty() && w->run != run) continue;
+  for (auto& w : watchers_.For(run)) {
     absl::MutexLock wl(&w->mu);
     // Bounded: a watcher that does not read loses the oldest updates.
     if (w->updates.size() >= 1024) w->updates.pop_front();

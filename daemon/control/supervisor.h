@@ -34,6 +34,7 @@
 #include "base/clock.h"
 #include "base/task_pool.h"
 #include "daemon/control/catalog_adapters.h"
+#include "daemon/control/live_streams.h"
 #include "daemon/control/precursor_warnings.h"
 #include "daemon/control/run_control.h"
 #include "daemon/control/stream_hub.h"
@@ -106,9 +107,10 @@ class Supervisor {
     return warnings_.Active(run);
   }
 
-  // Watchers (WatchIncidents): a queue of updates for an optional run filter.
+  // Watchers (WatchIncidents): a queue of updates of one run ("": every
+  // run), registered in watchers_ (LiveStreams) under `id`.
   struct Watcher {
-    std::string run;
+    uint64_t id = 0;
     absl::Mutex mu;
     absl::CondVar cv;
     std::deque<spikeguard::v1::IncidentUpdate> updates ABSL_GUARDED_BY(mu);
@@ -214,8 +216,10 @@ class Supervisor {
   // exec_mu_ while started and not stopping.
   std::unique_ptr<TaskPool> pipeline_pool_;
 
+  // One broadcast at a time, so that every watcher queues updates in the
+  // same order.
   absl::Mutex watch_mu_;
-  std::vector<std::shared_ptr<Watcher>> watchers_ ABSL_GUARDED_BY(watch_mu_);
+  LiveStreams<Watcher> watchers_;
 
   absl::Mutex tick_mu_;
   bool stopping_ ABSL_GUARDED_BY(tick_mu_) = false;

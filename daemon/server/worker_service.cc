@@ -477,7 +477,7 @@ class WorkerServiceImpl::AttachReactor final
       push_target_->reactor = this;
     }
     hub_id_ = state_->hub.Add(
-        session_.run(), session_.rank(), session_.generation(),
+        session_.run(),
         [target = push_target_](const ControllerMessage& m) {
           AttachReactor* reactor = nullptr;
           {
