@@ -48,7 +48,98 @@ bool MakePipe(Fd& read_end, Fd& write_end) {
   return true;
 }
 
+// An argv and environment as exec takes them, built before fork: after it,
+// a child of a threaded process may only call async-signal-safe functions.
+class ExecArgs {
+ public:
+  ExecArgs(const std::vector<std::string>& argv, const std::optional<std::vector<std::string>>& env)
+      : argv_strings_(argv) {
+    for (auto& a : argv_strings_) argv_.push_back(a.data());
+    argv_.push_back(nullptr);
+    if (env.has_value()) {
+      env_strings_ = *env;
+      for (auto& e : env_strings_) envp_.push_back(e.data());
+      envp_.push_back(nullptr);
+    }
+  }
+  ExecArgs(const ExecArgs&) = delete;
+  ExecArgs& operator=(const ExecArgs&) = delete;
+
+  // Async-signal-safe; returns only when exec fails (errno says why).
+  void Exec(bool search_path) const {
+    char* const* envp = envp_.empty() ? environ : envp_.data();
+    if (search_path) {
+      ::execvpe(argv_[0], argv_.data(), envp);
+    } else {
+      ::execve(argv_[0], argv_.data(), envp);
+    }
+  }
+
+ private:
+  std::vector<std::string> argv_strings_;
+  std::vector<std::string> env_strings_;
+  std::vector<char*> argv_;
+  std::vector<char*> envp_;
+};
+
+// What a child that could not exec reports through its error pipe.
+struct ExecFailure {
+  int chdir_failed = 0;
+  int error = 0;
+};
+
 }  // namespace
+
+absl::StatusOr<pid_t> SpawnProcess(const std::vector<std::string>& argv,
+                                   const SpawnOptions& options) {
+  if (argv.empty() || argv[0].empty()) return absl::InvalidArgumentError("empty command");
+  const ExecArgs exec_args(argv, options.env);
+  const char* workdir = options.workdir.empty() ? nullptr : options.workdir.c_str();
+  // Closed on a successful exec (O_CLOEXEC): the parent reads end of file.
+  Fd exec_r, exec_w;
+  if (!MakePipe(exec_r, exec_w)) return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
+  const pid_t pid = ::fork();
+  if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
+  if (pid == 0) {
+    // Child: only async-signal-safe calls until exec.
+    if (options.new_process_group) ::setpgid(0, 0);
+    if (options.stdin_fd >= 0) ::dup2(options.stdin_fd, 0);
+    if (options.stdout_fd >= 0) ::dup2(options.stdout_fd, 1);
+    if (options.stderr_fd >= 0) ::dup2(options.stderr_fd, 2);
+    ExecFailure failure;
+    if (workdir != nullptr && ::chdir(workdir) != 0) {
+      failure = {1, errno};
+    } else {
+      exec_args.Exec(options.search_path);
+      failure = {0, errno};
+    }
+    (void)!::write(exec_w.fd, &failure, sizeof failure);
+    ::_exit(failure.chdir_failed ? 126 : 127);
+  }
+  exec_w.Close();
+  ExecFailure failure;
+  ssize_t got;
+  while ((got = ::read(exec_r.fd, &failure, sizeof failure)) < 0 && errno == EINTR) {
+  }
+  if (got == sizeof failure) {
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    if (failure.chdir_failed) {
+      return absl::NotFoundError(absl::StrCat("cannot run ", argv[0], ": working directory ",
+                                              options.workdir, ": ", strerror(failure.error)));
+    }
+    return absl::NotFoundError(absl::StrCat("cannot run ", argv[0], ": ", strerror(failure.error)));
+  }
+  return pid;
+}
+
+absl::Status ExecProcess(const std::vector<std::string>& argv) {
+  if (argv.empty() || argv[0].empty()) return absl::InvalidArgumentError("empty command");
+  const ExecArgs exec_args(argv, std::nullopt);
+  exec_args.Exec(/*search_path=*/false);
+  return absl::NotFoundError(absl::StrCat("cannot execute ", argv[0], ": ", strerror(errno)));
+}
 
 std::string ArgvForDisplay(const std::vector<std::string>& argv) {
   std::vector<std::string> shown;
@@ -63,53 +154,33 @@ std::string ArgvForDisplay(const std::vector<std::string>& argv) {
 absl::StatusOr<SubprocessResult> RunSubprocess(const std::vector<std::string>& argv,
                                                const SubprocessOptions& options) {
   if (argv.empty() || argv[0].empty()) return absl::InvalidArgumentError("empty command");
-  // Everything the child needs is built before fork: after it, a child of a
-  // threaded process may only call async-signal-safe functions.
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  std::vector<std::string> env_strings;
+  std::vector<std::string> env;
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
     const char* eq = std::strchr(*e, '=');
     const std::string key = eq ? std::string(*e, eq - *e) : std::string(*e);
-    if (options.env.count(key) == 0) env_strings.emplace_back(*e);
+    if (options.env.count(key) == 0) env.emplace_back(*e);
   }
-  for (const auto& [k, v] : options.env) env_strings.push_back(absl::StrCat(k, "=", v));
-  std::vector<char*> envp;
-  for (auto& s : env_strings) envp.push_back(s.data());
-  envp.push_back(nullptr);
+  for (const auto& [k, v] : options.env) env.push_back(absl::StrCat(k, "=", v));
 
-  Fd in_r, in_w, out_r, out_w, err_r, err_w, exec_r, exec_w;
-  if (!MakeStdinPair(in_r, in_w) || !MakePipe(out_r, out_w) || !MakePipe(err_r, err_w) ||
-      !MakePipe(exec_r, exec_w)) {
+  Fd in_r, in_w, out_r, out_w, err_r, err_w;
+  if (!MakeStdinPair(in_r, in_w) || !MakePipe(out_r, out_w) || !MakePipe(err_r, err_w)) {
     return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
   }
-  const pid_t pid = ::fork();
-  if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
-  if (pid == 0) {
-    ::setpgid(0, 0);
-    ::dup2(in_r.fd, 0);
-    ::dup2(out_w.fd, 1);
-    ::dup2(err_w.fd, 2);
-    ::execvpe(args[0], args.data(), envp.data());
-    const int e = errno;
-    (void)!::write(exec_w.fd, &e, sizeof e);
-    ::_exit(127);
-  }
+  SpawnOptions spawn;
+  spawn.env = std::move(env);
+  spawn.stdin_fd = in_r.fd;
+  spawn.stdout_fd = out_w.fd;
+  spawn.stderr_fd = err_w.fd;
+  spawn.new_process_group = true;
+  spawn.search_path = true;
+  absl::StatusOr<pid_t> spawned = SpawnProcess(argv, spawn);
+  if (!spawned.ok()) return spawned.status();
+  const pid_t pid = *spawned;
   in_r.Close();
   out_w.Close();
   err_w.Close();
-  exec_w.Close();
 
   SubprocessResult result;
-  int exec_errno = 0;
-  if (::read(exec_r.fd, &exec_errno, sizeof exec_errno) == sizeof exec_errno) {
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    return absl::NotFoundError(
-        absl::StrCat("cannot run ", argv[0], ": ", strerror(exec_errno)));
-  }
-
   ::fcntl(in_w.fd, F_SETFL, O_NONBLOCK);
   size_t written = 0;
   if (options.stdin_text.empty()) in_w.Close();

@@ -88,12 +88,10 @@ absl::Status Supervisor::Start() {
     }
   }
   tick_thread_ = std::thread([this] { TickLoop(); });
+  pipeline_pool_ = std::make_unique<TaskPool>(pipeline_threads_);
   {
     absl::MutexLock lock(&exec_mu_);
     exec_started_ = true;
-  }
-  for (int i = 0; i < pipeline_threads_; ++i) {
-    pipeline_workers_.emplace_back([this] { PipelineLoop(); });
   }
   if (completed_ != nullptr) {
     completed_->Open();
@@ -120,10 +118,10 @@ void Supervisor::Stop() {
     absl::MutexLock lock(&exec_mu_);
     exec_stopping_ = true;
   }
-  for (auto& t : pipeline_workers_) t.join();
-  pipeline_workers_.clear();
-  absl::MutexLock lock(&watch_mu_);
-  for (auto& w : watchers_) {
+  // Runs the pipelines' turns still queued (each returns at once: stopping)
+  // and joins.
+  pipeline_pool_.reset();
+  for (auto& w : watchers_.All()) {
     absl::MutexLock wl(&w->mu);
     w->closed = true;
     w->cv.SignalAll();
@@ -169,7 +167,8 @@ bool Supervisor::Post(const std::string& run, int64_t records, std::function<voi
   queued_records_ += records;
   if (!p->scheduled) {
     p->scheduled = true;
-    runnable_.push_back(p);
+    ++scheduled_;
+    pipeline_pool_->Post([this, p] { RunPipeline(p); });
   }
   return true;
 }
@@ -186,42 +185,36 @@ void Supervisor::DispatchPending() {
   }
 }
 
-void Supervisor::PipelineLoop() {
-  exec_mu_.Lock();
-  while (true) {
-    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_) {
-      return exec_stopping_ || !runnable_.empty();
-    };
-    exec_mu_.Await(absl::Condition(&ready));
-    if (exec_stopping_) break;
-    Pipeline* p = runnable_.front();
-    runnable_.pop_front();
-    // The pipeline stays `scheduled` while it runs: no other thread takes it.
-    auto tasks = std::move(p->tasks);
+void Supervisor::RunPipeline(Pipeline* p) {
+  std::deque<std::pair<int64_t, std::function<void()>>> tasks;
+  {
+    absl::MutexLock lock(&exec_mu_);
+    if (exec_stopping_) return;
+    // The pipeline stays `scheduled` while it runs: no other turn of it is
+    // queued, so its tasks run one at a time, in order.
+    tasks = std::move(p->tasks);
     p->tasks.clear();
-    ++busy_;
-    exec_mu_.Unlock();
-    int64_t records = 0;
-    for (auto& [n, task] : tasks) {
-      task();
-      records += n;
-    }
-    exec_mu_.Lock();
-    --busy_;
-    queued_records_ -= records;
-    if (p->tasks.empty()) {
-      p->scheduled = false;
-    } else {
-      runnable_.push_back(p);
-    }
   }
-  exec_mu_.Unlock();
+  int64_t records = 0;
+  for (auto& [n, task] : tasks) {
+    task();
+    records += n;
+  }
+  absl::MutexLock lock(&exec_mu_);
+  queued_records_ -= records;
+  if (p->tasks.empty() || exec_stopping_) {
+    p->scheduled = false;
+    --scheduled_;
+  } else {
+    // Behind the other runs' turns already queued.
+    pipeline_pool_->Post([this, p] { RunPipeline(p); });
+  }
 }
 
 void Supervisor::Drain() {
   absl::MutexLock lock(&exec_mu_);
   auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_) {
-    return exec_stopping_ || (runnable_.empty() && busy_ == 0);
+    return exec_stopping_ || scheduled_ == 0;
   };
   exec_mu_.Await(absl::Condition(&idle));
 }
@@ -562,16 +555,11 @@ int Supervisor::OpenIncidents() {
 
 std::shared_ptr<Supervisor::Watcher> Supervisor::Watch(const std::string& run) {
   auto w = std::make_shared<Watcher>();
-  w->run = run;
-  absl::MutexLock lock(&watch_mu_);
-  watchers_.push_back(w);
+  w->id = watchers_.Add(run, w);
   return w;
 }
 
-void Supervisor::Unwatch(const std::shared_ptr<Watcher>& watcher) {
-  absl::MutexLock lock(&watch_mu_);
-  watchers_.erase(std::remove(watchers_.begin(), watchers_.end(), watcher), watchers_.end());
-}
+void Supervisor::Unwatch(const std::shared_ptr<Watcher>& watcher) { watchers_.Remove(watcher->id); }
 
 void Supervisor::Publish(const v1::Incident& incident, const v1::IncidentEvent& event) {
   v1::IncidentUpdate update;
@@ -611,8 +599,7 @@ void Supervisor::PublishWarning(const v1::PrecursorWarning& warning, std::string
 
 void Supervisor::Broadcast(const std::string& run, const v1::IncidentUpdate& update) {
   absl::MutexLock lock(&watch_mu_);
-  for (auto& w : watchers_) {
-    if (!w->run.empty() && w->run != run) continue;
+  for (auto& w : watchers_.For(run)) {
     absl::MutexLock wl(&w->mu);
     // Bounded: a watcher that does not read loses the oldest updates.
     if (w->updates.size() >= 1024) w->updates.pop_front();

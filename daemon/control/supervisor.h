@@ -32,7 +32,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "base/clock.h"
+#include "base/task_pool.h"
 #include "daemon/control/catalog_adapters.h"
+#include "daemon/control/live_streams.h"
 #include "daemon/control/precursor_warnings.h"
 #include "daemon/control/run_control.h"
 #include "daemon/control/stream_hub.h"
@@ -118,9 +120,10 @@ class Supervisor {
     return warnings_.Active(run);
   }
 
-  // Watchers (WatchIncidents): a queue of updates for an optional run filter.
+  // Watchers (WatchIncidents): a queue of updates of one run ("": every
+  // run), registered in watchers_ (LiveStreams) under `id`.
   struct Watcher {
-    std::string run;
+    uint64_t id = 0;
     absl::Mutex mu;
     absl::CondVar cv;
     std::deque<spikeguard::v1::IncidentUpdate> updates ABSL_GUARDED_BY(mu);
@@ -164,7 +167,9 @@ class Supervisor {
   void OnCompleted(std::vector<CompletedStep> completed, absl::Time arrived)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(dispatch_mu_);
   void AwaitRoomLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_);
-  void PipelineLoop();
+  // One turn of a scheduled pipeline on the pool: the tasks it holds, then
+  // another turn queued when more arrived meanwhile.
+  void RunPipeline(Pipeline* p) ABSL_LOCKS_EXCLUDED(exec_mu_);
   // On the run's pipeline.
   // Records each delivered record's latency from `arrived` (the others
   // were stale or delivered before).
@@ -214,16 +219,20 @@ class Supervisor {
 
   absl::Mutex exec_mu_;
   std::map<std::string, std::unique_ptr<Pipeline>> pipelines_ ABSL_GUARDED_BY(exec_mu_);
-  std::deque<Pipeline*> runnable_ ABSL_GUARDED_BY(exec_mu_);
   int64_t queued_records_ ABSL_GUARDED_BY(exec_mu_) = 0;
-  int busy_ ABSL_GUARDED_BY(exec_mu_) = 0;
+  // Pipelines with a turn queued or running on the pool.
+  int scheduled_ ABSL_GUARDED_BY(exec_mu_) = 0;
   bool exec_started_ ABSL_GUARDED_BY(exec_mu_) = false;
   bool exec_stopping_ ABSL_GUARDED_BY(exec_mu_) = false;
   const int pipeline_threads_;
-  std::vector<std::thread> pipeline_workers_;
+  // The pipelines' threads: made by Start, gone after Stop; posted to under
+  // exec_mu_ while started and not stopping.
+  std::unique_ptr<TaskPool> pipeline_pool_;
 
+  // One broadcast at a time, so that every watcher queues updates in the
+  // same order.
   absl::Mutex watch_mu_;
-  std::vector<std::shared_ptr<Watcher>> watchers_ ABSL_GUARDED_BY(watch_mu_);
+  LiveStreams<Watcher> watchers_;
 
   absl::Mutex tick_mu_;
   bool stopping_ ABSL_GUARDED_BY(tick_mu_) = false;

@@ -5,7 +5,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cstring>
 #include <filesystem>
 #include <algorithm>
 #include <memory>
@@ -18,8 +17,10 @@
 #include "absl/strings/str_split.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
+#include "storage/checkpoint/checkpoint.h"
 #include "storage/checkpoint/checkpoint_uri.h"
 #include "storage/checkpoint/checksum.h"
+#include "storage/checkpoint/torch_checkpoint.h"
 
 namespace spikeguard::daemon {
 
@@ -27,10 +28,6 @@ namespace v1 = spikeguard::v1;
 namespace fs = std::filesystem;
 
 namespace {
-
-constexpr char kRefMagic[8] = {'S', 'G', 'C', 'K', 'P', 'T', '\0', '\0'};
-constexpr char kRefEnd[8] = {'S', 'G', 'C', 'K', 'E', 'N', 'D', '\0'};
-constexpr char kTorchMagic[8] = {'S', 'G', 'T', 'O', 'R', 'C', 'H', '1'};
 
 // The names of an absolute path's components ("//" and a trailing '/' add
 // none; CheckpointPathOfUri has refused "." and "..").
@@ -96,28 +93,48 @@ struct Sha256 {
   EVP_MD_CTX* ctx;
 };
 
-uint32_t TorchHeaderLength(const char* head) {
-  return static_cast<uint8_t>(head[8]) | static_cast<uint8_t>(head[9]) << 8 |
-         static_cast<uint8_t>(head[10]) << 16 |
-         static_cast<uint32_t>(static_cast<uint8_t>(head[11])) << 24;
+// The checksum a reference-worker checkpoint's trailer carries
+// (storage::ParseCheckpointTrailer), read from the file's last bytes.
+absl::StatusOr<uint64_t> RefTrailerChecksum(int fd, int64_t size, const std::string& path) {
+  char trailer[storage::kCheckpointTrailerSize];
+  if (size < static_cast<int64_t>(storage::kCheckpointMinSize) ||
+      pread(fd, trailer, sizeof(trailer), size - static_cast<int64_t>(sizeof(trailer))) !=
+          static_cast<ssize_t>(sizeof(trailer))) {
+    return absl::FailedPreconditionError(absl::StrCat(path, " has no end marker (truncated)"));
+  }
+  absl::StatusOr<uint64_t> stored =
+      storage::ParseCheckpointTrailer(absl::string_view(trailer, sizeof(trailer)), path);
+  if (!stored.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(path, " has no end marker (truncated)"));
+  }
+  return *stored;
 }
 
-// The payload's sha256 a spikeguard.checkpoint file's JSON header names (""
-// when it names none), given its first 12 bytes.
-absl::StatusOr<std::string> TorchHeaderSha256(int fd, int64_t size, const char* head,
-                                              const std::string& path) {
-  const uint32_t header_len = TorchHeaderLength(head);
-  if (header_len > (1u << 20) || 12 + static_cast<int64_t>(header_len) > size) {
+// The header of a spikeguard PyTorch checkpoint (storage/checkpoint/
+// torch_checkpoint.h), given its first bytes, checked against the file's
+// size: the payload it describes must end where the file does.
+absl::StatusOr<storage::TorchCheckpointHeader> TorchHeader(int fd, int64_t size,
+                                                           absl::string_view prefix,
+                                                           const std::string& path) {
+  absl::StatusOr<uint32_t> header_len = storage::TorchCheckpointHeaderLength(prefix, path);
+  if (!header_len.ok() ||
+      static_cast<int64_t>(storage::kTorchCheckpointPrefixSize + *header_len) > size) {
     return absl::FailedPreconditionError(absl::StrCat(path, " has a bad header"));
   }
-  std::string header(header_len, '\0');
-  if (pread(fd, header.data(), header_len, 12) != static_cast<ssize_t>(header_len)) {
+  std::string json(*header_len, '\0');
+  if (pread(fd, json.data(), json.size(), storage::kTorchCheckpointPrefixSize) !=
+      static_cast<ssize_t>(json.size())) {
     return absl::FailedPreconditionError(absl::StrCat(path, ": cannot read its header"));
   }
-  const std::string key = "\"sha256\": \"";
-  const size_t at = header.find(key);
-  if (at == std::string::npos) return std::string();
-  return absl::AsciiStrToLower(header.substr(at + key.size(), 64));
+  absl::StatusOr<storage::TorchCheckpointHeader> header =
+      storage::ParseTorchCheckpointHeader(json, path);
+  if (!header.ok()) return absl::FailedPreconditionError(header.status().message());
+  if (header->payload_offset + header->payload_bytes != size) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, " has ", size, " bytes; its header says ", header->payload_offset, " + a ",
+        header->payload_bytes, "-byte payload (truncated or extended)"));
+  }
+  return header;
 }
 
 }  // namespace
@@ -280,17 +297,13 @@ absl::Status CheckpointGuard::CheckFile(int fd, const std::string& path,
 absl::Status CheckpointGuard::CheckRegisteredChecksum(int fd, int64_t size, const std::string& path,
                                                       const v1::Checkpoint& c) {
   const std::string registered = absl::AsciiStrToLower(c.checksum());
-  char head[12] = {};
-  const bool has_head = size >= 12 && pread(fd, head, sizeof(head), 0) == sizeof(head);
-  if (has_head && std::memcmp(head, kRefMagic, 8) == 0) {
+  char head[storage::kTorchCheckpointPrefixSize] = {};
+  const bool has_head = size >= static_cast<int64_t>(sizeof(head)) &&
+                        pread(fd, head, sizeof(head), 0) == sizeof(head);
+  const absl::string_view prefix(head, has_head ? sizeof(head) : 0);
+  if (storage::HasCheckpointMagic(prefix)) {
     // The XXH64 in its trailer is what the reference worker checks on load.
-    unsigned char trailer[16];
-    if (size < 8 + 8 + 16 || pread(fd, trailer, 16, size - 16) != 16 ||
-        std::memcmp(trailer + 8, kRefEnd, 8) != 0) {
-      return absl::FailedPreconditionError(absl::StrCat(path, " has no end marker (truncated)"));
-    }
-    uint64_t stored = 0;
-    for (int i = 7; i >= 0; --i) stored = (stored << 8) | trailer[i];
+    SG_ASSIGN_OR_RETURN(const uint64_t stored, RefTrailerChecksum(fd, size, path));
     if (!registered.empty() && registered != storage::ChecksumHex(stored)) {
       return absl::FailedPreconditionError(absl::StrCat(
           path, ": its trailer says XXH64 ", storage::ChecksumHex(stored),
@@ -298,16 +311,13 @@ absl::Status CheckpointGuard::CheckRegisteredChecksum(int fd, int64_t size, cons
     }
     return absl::OkStatus();
   }
-  if (has_head && std::memcmp(head, kTorchMagic, 8) == 0) {
-    SG_ASSIGN_OR_RETURN(std::string in_header, TorchHeaderSha256(fd, size, head, path));
-    if (!registered.empty() && !in_header.empty() && registered != in_header) {
+  if (storage::HasTorchCheckpointMagic(prefix)) {
+    SG_ASSIGN_OR_RETURN(const storage::TorchCheckpointHeader header,
+                        TorchHeader(fd, size, prefix, path));
+    if (!registered.empty() && registered != header.sha256) {
       return absl::FailedPreconditionError(absl::StrCat(
-          path, ": its header says sha256 ", in_header, "; it was registered with ",
+          path, ": its header says sha256 ", header.sha256, "; it was registered with ",
           Quoted(c.checksum())));
-    }
-    const std::string want = registered.empty() ? in_header : registered;
-    if (want.size() != 64 || !IsHex(want)) {
-      return absl::FailedPreconditionError(absl::StrCat(path, ": no sha256 checksum to check"));
     }
     return absl::OkStatus();
   }
@@ -339,19 +349,18 @@ absl::Status CheckpointGuard::CheckContents(int fd, const struct stat& st, const
   auto check = [&]() -> absl::Status {
     const int64_t size = st.st_size;
     const std::string registered = absl::AsciiStrToLower(c.checksum());
-    char head[12] = {};
-    const bool has_head = size >= 12 && pread(fd, head, sizeof(head), 0) == sizeof(head);
-    if (has_head && std::memcmp(head, kRefMagic, 8) == 0) {
-      if (size < 8 + 8 + 16) return absl::FailedPreconditionError(absl::StrCat(path, " is truncated"));
-      storage::Xxh64 h;
-      SG_RETURN_IF_ERROR(ReadRange(fd, 0, size - 16, path,
-                                   [&](const char* d, size_t n) { h.Update(d, n); }));
-      unsigned char trailer[16];
-      if (pread(fd, trailer, 16, size - 16) != 16 || std::memcmp(trailer + 8, kRefEnd, 8) != 0) {
-        return absl::FailedPreconditionError(absl::StrCat(path, " has no end marker (truncated)"));
+    char head[storage::kTorchCheckpointPrefixSize] = {};
+    const bool has_head = size >= static_cast<int64_t>(sizeof(head)) &&
+                          pread(fd, head, sizeof(head), 0) == sizeof(head);
+    const absl::string_view prefix(head, has_head ? sizeof(head) : 0);
+    if (storage::HasCheckpointMagic(prefix)) {
+      if (size < static_cast<int64_t>(storage::kCheckpointMinSize)) {
+        return absl::FailedPreconditionError(absl::StrCat(path, " is truncated"));
       }
-      uint64_t stored = 0;
-      for (int i = 7; i >= 0; --i) stored = (stored << 8) | trailer[i];
+      SG_ASSIGN_OR_RETURN(const uint64_t stored, RefTrailerChecksum(fd, size, path));
+      storage::Xxh64 h;
+      SG_RETURN_IF_ERROR(ReadRange(fd, 0, size - static_cast<int64_t>(storage::kCheckpointTrailerSize),
+                                   path, [&](const char* d, size_t n) { h.Update(d, n); }));
       const std::string actual = storage::ChecksumHex(h.Digest());
       if (storage::ChecksumHex(stored) != actual) {
         return absl::FailedPreconditionError(absl::StrCat(path, " is corrupt: its contents hash to ",
@@ -364,14 +373,15 @@ absl::Status CheckpointGuard::CheckContents(int fd, const struct stat& st, const
       }
       return absl::OkStatus();
     }
-    if (has_head && std::memcmp(head, kTorchMagic, 8) == 0) {
-      SG_ASSIGN_OR_RETURN(std::string in_header, TorchHeaderSha256(fd, size, head, path));
-      const std::string want = registered.empty() ? in_header : registered;
+    if (storage::HasTorchCheckpointMagic(prefix)) {
+      SG_ASSIGN_OR_RETURN(const storage::TorchCheckpointHeader header,
+                          TorchHeader(fd, size, prefix, path));
+      const std::string want = registered.empty() ? header.sha256 : registered;
       if (want.size() != 64 || !IsHex(want)) {
         return absl::FailedPreconditionError(absl::StrCat(path, ": no sha256 checksum to check"));
       }
       Sha256 sha;
-      SG_RETURN_IF_ERROR(ReadRange(fd, 12 + TorchHeaderLength(head), size, path,
+      SG_RETURN_IF_ERROR(ReadRange(fd, header.payload_offset, size, path,
                                    [&](const char* d, size_t n) { sha.Update(d, n); }));
       const std::string actual = sha.Hex();
       if (actual != want) {

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
+#include "base/subprocess.h"
 #include "daemon/control/catalog_adapters.h"
 #include "daemon/incident/checkpoint_choice.h"
 #include "daemon/incident/plan_proto.h"
@@ -154,10 +155,6 @@ absl::Status LocalLauncher::StartRank(const std::string& run, Run& r, uint32_t r
   const std::string log_path = absl::StrCat(log_dir, "/rank-", rank, ".log");
   const int log_fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (log_fd < 0) return absl::UnavailableError(absl::StrCat("cannot open ", log_path));
-  std::vector<char*> args;
-  std::vector<std::string> storage(argv);
-  for (auto& a : storage) args.push_back(a.data());
-  args.push_back(nullptr);
   std::vector<std::string> env_storage;
   std::map<std::string, std::string> ours = {
       {"RANK", absl::StrCat(rank)},
@@ -181,25 +178,15 @@ absl::Status LocalLauncher::StartRank(const std::string& run, Run& r, uint32_t r
     if (ours.count(k) == 0) env_storage.push_back(k + "=" + v);
   }
   for (const auto& [k, v] : ours) env_storage.push_back(k + "=" + v);
-  std::vector<char*> envp;
-  for (auto& e : env_storage) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  const std::string workdir = command.workdir;
-
-  const pid_t pid = fork();
-  if (pid < 0) {
-    close(log_fd);
-    return absl::UnavailableError("fork failed");
-  }
-  if (pid == 0) {
-    // Child: only async-signal-safe calls until exec.
-    dup2(log_fd, 1);
-    dup2(log_fd, 2);
-    if (!workdir.empty() && chdir(workdir.c_str()) != 0) _exit(126);
-    execve(args[0], args.data(), envp.data());
-    _exit(127);
-  }
+  SpawnOptions spawn;
+  spawn.env = std::move(env_storage);
+  spawn.stdout_fd = log_fd;
+  spawn.stderr_fd = log_fd;
+  spawn.workdir = command.workdir;
+  absl::StatusOr<pid_t> spawned = SpawnProcess(argv, spawn);
   close(log_fd);
+  if (!spawned.ok()) return spawned.status();
+  const pid_t pid = *spawned;
   Rank& rk = r.ranks[rank];
   rk.pid = pid;
   rk.done = false;

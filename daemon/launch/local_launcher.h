@@ -25,7 +25,9 @@
 // world size), MASTER_ADDR=127.0.0.1 and MASTER_PORT (a free port, new at
 // each start of the ranks, so a restarted group never meets the old one),
 // plus SPIKEGUARD_ADDR, SPIKEGUARD_RUN and SPIKEGUARD_GENERATION, which win.
-// The working directory is the profile's. No shell: execve with the argv.
+// The working directory is the profile's. No shell: execve with the argv
+// (SpawnProcess, base/subprocess.h); a rank whose program or working
+// directory cannot be used fails to start, naming which and why.
 // A rank's output goes to DATA_DIR/runs/RUN/rank-R.log.
 //
 // A rank that exits 0 is done; when every rank of a run is done the run is

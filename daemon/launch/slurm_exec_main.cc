@@ -9,12 +9,8 @@
 //       environment, sets RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE
 //       MASTER_ADDR MASTER_PORT, and executes ARGV.
 // Exit status 2 with a message naming what was wrong when it cannot.
-#include <unistd.h>
-
 #include <cstdio>
-#include <cerrno>
 #include <cstdlib>
-#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -22,6 +18,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/subprocess.h"
 #include "daemon/launch/slurm_script.h"
 
 namespace {
@@ -32,11 +29,7 @@ int Fail(const std::string& message) {
 }
 
 int Exec(const std::vector<std::string>& argv) {
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  execv(args[0], args.data());
-  return Fail(absl::StrCat("cannot execute ", argv[0], ": ", std::strerror(errno)));
+  return Fail(std::string(spikeguard::ExecProcess(argv).message()));
 }
 
 int TaskMode(int argc, char** argv) {

@@ -90,51 +90,6 @@ class WorkerServiceImpl::HelloWatchdog {
 };
 
 
-// The threads that handle the streams' messages. A stream posts one task at
-// a time (its next message is read only once the task is done), so a
-// stream's messages are handled in order.
-class WorkerServiceImpl::TaskPool {
- public:
-  explicit TaskPool(int threads) {
-    for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Loop(); });
-  }
-  // Runs what is queued, then joins.
-  ~TaskPool() {
-    {
-      absl::MutexLock lock(&mu_);
-      stop_ = true;
-    }
-    for (auto& t : threads_) t.join();
-  }
-  void Post(std::function<void()> task) {
-    absl::MutexLock lock(&mu_);
-    tasks_.push_back(std::move(task));
-  }
-
- private:
-  void Loop() {
-    while (true) {
-      std::function<void()> task;
-      {
-        absl::MutexLock lock(&mu_);
-        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return stop_ || !tasks_.empty();
-        };
-        mu_.Await(absl::Condition(&ready));
-        if (tasks_.empty()) return;
-        task = std::move(tasks_.front());
-        tasks_.pop_front();
-      }
-      task();
-    }
-  }
-
-  absl::Mutex mu_;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::thread> threads_;
-};
-
 // One Attach stream. Every gRPC operation (StartRead, StartWrite, Finish) is
 // started outside mu_, by Pump, which decides under mu_ what to start; a
 // flag set under mu_ (reading_, writing_, finished_) makes each start happen
@@ -522,7 +477,7 @@ class WorkerServiceImpl::AttachReactor final
       push_target_->reactor = this;
     }
     hub_id_ = deps_.hub->Add(
-        session_.run(), session_.rank(), session_.generation(),
+        session_.run(),
         [target = push_target_](const ControllerMessage& m) {
           AttachReactor* reactor = nullptr;
           {

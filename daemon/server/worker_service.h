@@ -43,6 +43,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 
+#include "base/task_pool.h"
 #include "daemon/control/stream_hub.h"
 #include "daemon/ingest/group_commit.h"
 #include "daemon/ingest/worker_session.h"
@@ -83,7 +84,6 @@ class WorkerServiceImpl final : public spikeguard::v1::WorkerService::CallbackSe
  private:
   class AttachReactor;
   class HelloWatchdog;
-  class TaskPool;
 
   const Deps deps_;
   // Ends streams that keep their hello past the deadline.
@@ -94,7 +94,9 @@ class WorkerServiceImpl final : public spikeguard::v1::WorkerService::CallbackSe
   std::map<std::string, int> pending_by_principal_ ABSL_GUARDED_BY(pending_mu_);
   // Group commit of every stream's report batches.
   GroupCommitter* const ingest_;
-  // Where the streams' messages are handled (declared last: destroyed
+  // Where the streams' messages are handled, one task per stream at a time
+  // (its next message is read only once the task is done), so a stream's
+  // messages are handled in order (declared last: destroyed
   // first, after the server has ended every stream).
   std::unique_ptr<TaskPool> pool_;
 };

@@ -38,11 +38,6 @@ absl::StatusOr<Message> Parse(const std::string& blob, std::string_view what) {
   return message;
 }
 
-template <size_t N>
-bool OneOf(std::string_view value, const std::string_view (&set)[N]) {
-  return std::find(std::begin(set), std::end(set), value) != std::end(set);
-}
-
 std::string RunNotFound(std::string_view run);
 
 // The row id of run `name`; NOT_FOUND when there is none.

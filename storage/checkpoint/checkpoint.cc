@@ -20,9 +20,10 @@
 namespace spikeguard::storage {
 namespace {
 
-constexpr char kMagic[8] = {'S', 'G', 'C', 'K', 'P', 'T', '\0', '\0'};
+constexpr char kMagic[kCheckpointMagicSize] = {'S', 'G', 'C', 'K', 'P', 'T', '\0', '\0'};
 constexpr char kEndMagic[8] = {'S', 'G', 'C', 'K', 'E', 'N', 'D', '\0'};
-constexpr size_t kTrailerSize = 16;
+constexpr size_t kTrailerSize = kCheckpointTrailerSize;
+static_assert(kTrailerSize == 8 + sizeof(kEndMagic));
 constexpr char kPrefix[] = "ckpt-g";
 constexpr char kSuffix[] = ".sgck";
 constexpr char kTempMarker[] = ".tmp";
@@ -181,6 +182,23 @@ const CheckpointSection* Checkpoint::FindSection(absl::string_view name) const {
   return nullptr;
 }
 
+bool HasCheckpointMagic(absl::string_view head) {
+  return head.size() >= sizeof(kMagic) && std::memcmp(head.data(), kMagic, sizeof(kMagic)) == 0;
+}
+
+absl::StatusOr<uint64_t> ParseCheckpointTrailer(absl::string_view trailer,
+                                                absl::string_view source) {
+  if (trailer.size() != kTrailerSize ||
+      std::memcmp(trailer.data() + 8, kEndMagic, sizeof(kEndMagic)) != 0) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", source,
+                                            " is corrupt: truncated or damaged: no end marker"));
+  }
+  uint64_t stored = 0;
+  Reader r(trailer.substr(0, 8), source);
+  SG_RETURN_IF_ERROR(r.U64(&stored, "checksum"));
+  return stored;
+}
+
 absl::StatusOr<std::string> SerializeCheckpoint(const Checkpoint& ckpt) {
   std::string out;
   size_t total = 128 + ckpt.config_fingerprint.size() + ckpt.rng_state.size();
@@ -215,10 +233,10 @@ absl::StatusOr<Checkpoint> ParseCheckpoint(absl::string_view bytes, absl::string
   auto corrupt = [&](absl::string_view what) {
     return absl::DataLossError(absl::StrCat("checkpoint ", source, " is corrupt: ", what));
   };
-  if (bytes.size() < sizeof(kMagic) || std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) {
+  if (!HasCheckpointMagic(bytes)) {
     return corrupt("bad magic (not a spikeguard checkpoint)");
   }
-  if (bytes.size() < sizeof(kMagic) + 8 + kTrailerSize) {
+  if (bytes.size() < kCheckpointMinSize) {
     return corrupt(absl::StrCat("truncated: only ", bytes.size(), " bytes"));
   }
   {
@@ -232,17 +250,8 @@ absl::StatusOr<Checkpoint> ParseCheckpoint(absl::string_view bytes, absl::string
                        "; this build reads version ", kCheckpointFormatVersion));
     }
   }
-  absl::string_view end_magic = bytes.substr(bytes.size() - sizeof(kEndMagic));
-  if (std::memcmp(end_magic.data(), kEndMagic, sizeof(kEndMagic)) != 0) {
-    return corrupt(absl::StrCat("truncated or damaged: no end marker at byte ",
-                                bytes.size() - sizeof(kEndMagic)));
-  }
   absl::string_view body = bytes.substr(0, bytes.size() - kTrailerSize);
-  uint64_t stored = 0;
-  {
-    Reader r(bytes.substr(body.size(), 8), source);
-    SG_RETURN_IF_ERROR(r.U64(&stored, "checksum"));
-  }
+  SG_ASSIGN_OR_RETURN(uint64_t stored, ParseCheckpointTrailer(bytes.substr(body.size()), source));
   uint64_t actual = Xxh64Of(body);
   if (stored != actual) {
     return corrupt(absl::StrCat("checksum mismatch: trailer says ", ChecksumHex(stored),
@@ -327,8 +336,8 @@ absl::StatusOr<Checkpoint> ReadCheckpoint(const std::string& path,
     info->step = ckpt.step;
     info->bytes = bytes.size();
     // ParseCheckpoint verified the trailer, so it is the checksum of the body.
-    Reader r(absl::string_view(bytes).substr(bytes.size() - kTrailerSize, 8), path);
-    SG_RETURN_IF_ERROR(r.U64(&info->checksum, "checksum"));
+    SG_ASSIGN_OR_RETURN(info->checksum, ParseCheckpointTrailer(
+                                            absl::string_view(bytes).substr(bytes.size() - kTrailerSize), path));
   }
   if (expected_fingerprint.has_value() && ckpt.config_fingerprint != *expected_fingerprint) {
     return absl::FailedPreconditionError(

@@ -95,6 +95,23 @@ struct CheckpointFileInfo {
   uint64_t checksum = 0;  // XXH64 from the trailer; 0 when only listed
 };
 
+// The file's head and trailer by the layout above, for readers that check a
+// file without parsing it whole (the daemon's CheckpointGuard reads only
+// these, or hashes the body itself).
+inline constexpr size_t kCheckpointMagicSize = 8;
+inline constexpr size_t kCheckpointTrailerSize = 16;
+// The smallest well-formed file: magic, version and flags, trailer.
+inline constexpr size_t kCheckpointMinSize = kCheckpointMagicSize + 8 + kCheckpointTrailerSize;
+
+// Whether `head` (at least the file's first 8 bytes) starts with the magic.
+bool HasCheckpointMagic(absl::string_view head);
+
+// The XXH64 the trailer carries, given the file's last kCheckpointTrailerSize
+// bytes: the u64 before "SGCKEND\0". DATA_LOSS naming `source` when the
+// bytes are not a trailer (short, or no end marker: truncated or damaged).
+absl::StatusOr<uint64_t> ParseCheckpointTrailer(absl::string_view trailer,
+                                                absl::string_view source);
+
 // Serializes `ckpt` (format above). Fails only on names/blobs over 4 GiB.
 absl::StatusOr<std::string> SerializeCheckpoint(const Checkpoint& ckpt);
 

@@ -1,6 +1,14 @@
 #include "base/subprocess.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
 
 #include "gtest/gtest.h"
 
@@ -70,6 +78,49 @@ TEST(Subprocess, CutsOutputAtTheLimitAndReportsSignals) {
   auto killed = RunSubprocess({"/bin/sh", "-c", "kill -TERM $$"});
   ASSERT_TRUE(killed.ok());
   EXPECT_EQ(killed->exit_code, 128 + SIGTERM);
+}
+
+TEST(Spawn, StartsWithExactlyTheGivenEnvironmentWorkdirAndOutput) {
+  const std::string log = testing::TempDir() + "/spawn_test_" + std::to_string(::getpid()) + ".log";
+  const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0);
+  SpawnOptions o;
+  o.env = std::vector<std::string>{"ONLY=this"};
+  o.stdout_fd = fd;
+  o.stderr_fd = fd;
+  o.workdir = "/";
+  auto pid = SpawnProcess({"/bin/sh", "-c", "pwd; env | grep -c =; echo \"$ONLY\" >&2; exit 4"}, o);
+  ::close(fd);
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  int status = 0;
+  ASSERT_EQ(::waitpid(*pid, &status, 0), *pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 4);
+  std::ifstream in(log);
+  std::stringstream text;
+  text << in.rdbuf();
+  // sh itself adds PWD (and may add SHLVL, _): none of the caller's variables.
+  EXPECT_EQ(text.str().substr(0, 2), "/\n") << text.str();
+  EXPECT_NE(text.str().find("this\n"), std::string::npos) << text.str();
+  EXPECT_EQ(text.str().find("PATH="), std::string::npos) << text.str();
+  std::remove(log.c_str());
+}
+
+TEST(Spawn, NamesWhatCouldNotBeExecuted) {
+  auto missing = SpawnProcess({"/nonexistent/rank", "x"});
+  EXPECT_TRUE(absl::IsNotFound(missing.status())) << missing.status();
+  EXPECT_NE(missing.status().message().find("/nonexistent/rank"), std::string::npos);
+  // execve does not search PATH unless asked.
+  EXPECT_TRUE(absl::IsNotFound(SpawnProcess({"true"}).status()));
+  SpawnOptions o;
+  o.workdir = "/nonexistent/dir";
+  auto bad_dir = SpawnProcess({"/bin/true"}, o);
+  EXPECT_TRUE(absl::IsNotFound(bad_dir.status())) << bad_dir.status();
+  EXPECT_NE(bad_dir.status().message().find("/nonexistent/dir"), std::string::npos);
+  EXPECT_TRUE(absl::IsInvalidArgument(SpawnProcess({}).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(ExecProcess({})));
+  auto exec = ExecProcess({"/nonexistent/srun"});
+  EXPECT_TRUE(absl::IsNotFound(exec)) << exec;
 }
 
 TEST(Subprocess, DisplayQuotesWhatAShellWouldSplit) {

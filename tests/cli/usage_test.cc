@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_join.h"
-#include "cli/args.h"
+#include "base/args.h"
 #include "cli/spikectl.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -23,9 +23,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "base/args.h"
 #include "base/logging.h"
 #include "storage/corpus/corpus_tools.h"
 #include "storage/corpus/data_order.h"
@@ -51,54 +53,30 @@ constexpr char kUsage[] =
     "      SPIKEGUARD_TLS_CERT, SPIKEGUARD_TLS_KEY, SPIKEGUARD_TLS_SERVER_NAME)\n"
     "exit codes: 0 done, 1 failure, 2 usage, 3 rejected by spikeguardd\n";
 
+// The command line (base/args.h), read as the subcommands want it.
 struct Args {
-  std::vector<std::string> positional;
-  std::multimap<std::string, std::string> flags;
-  std::string error;
+  spikeguard::ParsedArgs parsed;
 
-  bool Has(const std::string& k) const { return flags.count(k) > 0; }
+  const std::vector<std::string>& positional() const { return parsed.positional; }
+  bool Has(const std::string& k) const { return parsed.Has(k); }
   // The last occurrence wins, as with most command lines.
   std::string Get(const std::string& k, const std::string& def = "") const {
-    auto [begin, end] = flags.equal_range(k);
-    if (begin == end) return def;
-    return std::prev(end)->second;
+    return parsed.Get(k).value_or(def);
   }
-  std::vector<std::string> All(const std::string& k) const {
-    std::vector<std::string> out;
-    for (auto [it, end] = flags.equal_range(k); it != end; ++it) out.push_back(it->second);
-    return out;
-  }
+  std::vector<std::string> All(const std::string& k) const { return parsed.GetAll(k); }
 };
 
-// Flags that take no value.
-bool IsSwitch(const std::string& name) { return name == "no-daemon" || name == "help"; }
-
-Args Parse(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (absl::StartsWith(arg, "--")) {
-      std::string name = arg.substr(2), value;
-      if (auto eq = name.find('='); eq != std::string::npos) {
-        value = name.substr(eq + 1);
-        name = name.substr(0, eq);
-      } else if (!IsSwitch(name)) {
-        if (i + 1 >= argc) {
-          a.error = "--" + name + " needs a value";
-          return a;
-        }
-        value = argv[++i];
-      } else {
-        value = "true";
-      }
-      a.flags.emplace(name, value);
-    } else if (arg == "-h") {
-      a.flags.emplace("help", "true");
-    } else {
-      a.positional.push_back(arg);
-    }
-  }
-  return a;
+// Every flag of every subcommand (kUsage).
+const std::vector<spikeguard::FlagSpec>& Flags() {
+  using spikeguard::FlagSpec;
+  static const std::vector<FlagSpec> kFlags = {
+      {"out"}, {"domain", FlagSpec::kRepeated}, {"seed"}, {"poison", FlagSpec::kRepeated},
+      {"poison-echoes"}, {"positions"}, {"corpus"}, {"checkpoint-dir"}, {"config"},
+      {"set", FlagSpec::kRepeated}, {"steps"}, {"no-daemon", FlagSpec::kBool},
+      {"telemetry-out"}, {"addr"}, {"run"}, {"rank"}, {"world-size"}, {"generation"},
+      {"plan"}, {"resume"}, {"fault"}, {"stop-after"}, {"linger-s"}, {"lr-scale"},
+      {"token-file"}, {"tls-ca"}, {"tls-cert"}, {"tls-key"}, {"tls-server-name"}};
+  return kFlags;
 }
 
 int Usage(const std::string& why) {
@@ -258,16 +236,20 @@ int Train(const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Args a = Parse(argc, argv);
-  if (!a.error.empty()) return Usage(a.error);
-  if (a.Has("help")) {
+  const std::vector<std::string> words(argv + 1, argv + argc);
+  absl::StatusOr<spikeguard::ParsedArgs> parsed =
+      spikeguard::ParseArgs(words, Flags(), {"COMMAND", "SUBCOMMAND"}, 0);
+  if (!parsed.ok()) return Usage(std::string(parsed.status().message()));
+  const Args a{*std::move(parsed)};
+  if (a.parsed.help) {
     std::cout << kUsage;
     return 0;
   }
-  if (a.positional.empty()) return Usage("no command");
-  const std::string cmd = a.positional[0];
-  if (cmd == "corpus" && a.positional.size() == 2 && a.positional[1] == "build") return CorpusBuild(a);
-  if (cmd == "corpus" && a.positional.size() == 2 && a.positional[1] == "synth") return CorpusSynth(a);
-  if (cmd == "train" && a.positional.size() == 1) return Train(a);
+  const std::vector<std::string>& positional = a.positional();
+  if (positional.empty()) return Usage("no command");
+  const std::string cmd = positional[0];
+  if (cmd == "corpus" && positional.size() == 2 && positional[1] == "build") return CorpusBuild(a);
+  if (cmd == "corpus" && positional.size() == 2 && positional[1] == "synth") return CorpusSynth(a);
+  if (cmd == "train" && positional.size() == 1) return Train(a);
   return Usage("unknown command '" + cmd + "'");
 }

@@ -20,9 +20,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/args.h"
 #include "daemon/detect/eval/detectors.h"
 #include "daemon/detect/eval/scoring.h"
 #include "daemon/detect/eval/trace_gen.h"
@@ -100,32 +102,21 @@ int Generate(const std::map<std::string, std::string>& f) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::map<std::string, std::string> f;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--help" || a == "-h") {
-      std::cout << kUsage;
-      return 0;
-    }
-    if (a.rfind("--", 0) != 0) return Usage("unexpected argument '" + a + "'");
-    a = a.substr(2);
-    if (auto eq = a.find('='); eq != std::string::npos) {
-      f[a.substr(0, eq)] = a.substr(eq + 1);
-    } else if (a == "quiet") {
-      f[a] = "1";
-    } else if (i + 1 < argc) {
-      f[a] = argv[++i];
-    } else {
-      return Usage("--" + a + " needs a value");
-    }
+  static const std::vector<spikeguard::FlagSpec> kFlags = {
+      {"trace"}, {"labels"}, {"detector"}, {"lead-window"}, {"post-peak"},
+      {"quiet", spikeguard::FlagSpec::kBool}, {"generate"}, {"out"}, {"seed"}, {"steps"},
+      {"layers"}};
+  const std::vector<std::string> words(argv + 1, argv + argc);
+  absl::StatusOr<spikeguard::ParsedArgs> args = spikeguard::ParseArgs(words, kFlags, {}, 0);
+  if (!args.ok()) return Usage(std::string(args.status().message()));
+  if (args->help) {
+    std::cout << kUsage;
+    return 0;
   }
-  for (const auto& [k, v] : f) {
-    static const char* kKnown[] = {"trace",  "labels", "detector", "lead-window", "post-peak",
-                                   "quiet",  "generate", "out",    "seed",        "steps",
-                                   "layers"};
-    bool known = false;
-    for (const char* n : kKnown) known = known || k == n;
-    if (!known) return Usage("unknown flag --" + k);
+  std::map<std::string, std::string> f;
+  for (const auto& [name, values] : args->flags) {
+    if (name == "quiet" && values.back() != "true") continue;
+    f[name] = values.back();
   }
   if (f.count("generate")) return Generate(f);
   if (!f.count("trace")) return Usage("--trace is required");

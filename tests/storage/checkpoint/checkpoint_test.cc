@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "storage/checkpoint/checksum.h"
 
 namespace spikeguard::storage {
 namespace {
@@ -110,6 +111,25 @@ TEST(CheckpointTest, TruncatedFileIsRefused) {
     ASSERT_FALSE(r.ok()) << "length " << len;
     EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
   }
+}
+
+TEST(CheckpointTest, TrailerReadsByItsLayout) {
+  auto bytes = SerializeCheckpoint(Sample(2, 7));
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  EXPECT_TRUE(HasCheckpointMagic(*bytes));
+  EXPECT_FALSE(HasCheckpointMagic("SGCKP"));
+  const absl::string_view all(*bytes);
+  auto stored = ParseCheckpointTrailer(all.substr(all.size() - kCheckpointTrailerSize), "mem");
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(*stored, Xxh64Of(all.substr(0, all.size() - kCheckpointTrailerSize)));
+  // Not a trailer: short, or its end marker damaged.
+  EXPECT_EQ(ParseCheckpointTrailer(all.substr(all.size() - 15), "mem").status().code(),
+            absl::StatusCode::kDataLoss);
+  std::string damaged(all.substr(all.size() - kCheckpointTrailerSize));
+  damaged.back() = 'x';
+  auto bad = ParseCheckpointTrailer(damaged, "mem");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(bad.status().message().find("no end marker"), std::string::npos) << bad.status();
 }
 
 TEST(CheckpointTest, WrongFingerprintNamesBoth) {

@@ -1,13 +1,16 @@
 // args.h
 // -----------------------------------------------------------------------------
-// Command-line parsing for spikectl's subcommands.
+// The one command-line parser of the programs whose flags differ by
+// subcommand or mode: spikectl's subcommands, spikeguard-worker (corpus
+// build|synth, train) and spikeguard-detect (--trace | --generate). The
+// daemon and spikeguard-tracegen use Abseil flags.
 //
-// Each subcommand declares the flags and positional arguments it takes; the
-// parser turns the words after the command name into a `ParsedArgs` or a
-// one-line reason why they are wrong (spikectl prints it with the command's
-// usage and exits 2). Flags are written `--name=value` or `--name value`;
-// `--` ends the flags. Hand-rolled rather than absl::flags because flags are
-// per subcommand and must be reported, not fatal.
+// Each command declares the flags and positional arguments it takes; the
+// parser turns its words into a `ParsedArgs` or a one-line reason why they
+// are wrong (the program prints it with its usage and exits 2). Flags are
+// written `--name=value` or `--name value`; `--` ends the flags. Hand-rolled
+// rather than absl::flags because flags are per subcommand and must be
+// reported, not fatal.
 //
 //   const std::vector<FlagSpec> kFlags = {{"run", FlagSpec::kValue},
 //                                         {"skip", FlagSpec::kRepeated}};
@@ -27,7 +30,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
-namespace spikeguard::cli {
+namespace spikeguard {
 
 struct FlagSpec {
   enum Kind {
@@ -65,4 +68,4 @@ absl::StatusOr<ParsedArgs> ParseArgs(absl::Span<const std::string> words,
 absl::StatusOr<int64_t> ParseInt64(absl::string_view what, absl::string_view text);
 absl::StatusOr<double> ParseDouble(absl::string_view what, absl::string_view text);
 
-}  // namespace spikeguard::cli
+}  // namespace spikeguard

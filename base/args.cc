@@ -1,4 +1,4 @@
-#include "cli/args.h"
+#include "base/args.h"
 
 #include <cctype>
 #include <cmath>
@@ -8,7 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
-namespace spikeguard::cli {
+namespace spikeguard {
 
 bool ParsedArgs::Has(absl::string_view name) const {
   return flags.find(std::string(name)) != flags.end();
@@ -111,4 +111,4 @@ absl::StatusOr<double> ParseDouble(absl::string_view what, absl::string_view tex
   return value;
 }
 
-}  // namespace spikeguard::cli
+}  // namespace spikeguard
