@@ -10,7 +10,7 @@ per spikeguard component (Supervisor.timings(), rank 0, median over pairs).
 Fails only when it cannot run.
 
     PYTHONPATH=build/python /usr/bin/python3 tests/bench/python/bench_torch_overhead.py \
-        --build build --out build/bench-results [--pairs 3] [--steps 200]
+        --build build --out build/bench-results [--pairs 5] [--steps 200] [--pin auto|on|off]
 """
 import argparse
 import json
@@ -55,16 +55,23 @@ def spikectl(build: Path, addr: str, *args):
                    capture_output=True, text=True, timeout=60)
 
 
-def run_pair_member(script: str, steps: int, threads: int, env_extra: dict) -> float:
+def run_pair_member(script: str, steps: int, threads: int, env_extra: dict,
+                    cpus: list) -> float:
     port = free_port()
     procs = []
     for r in range(2):
+        # Pinned: rank r's threads (the trainer's, gloo's and, supervised,
+        # the client's) share core cpus[r], so what the client costs is
+        # taken from its own rank and the scheduler does not stack both
+        # ranks on one core; the daemon is not pinned.
+        pin = (lambda c=cpus[r]: os.sched_setaffinity(0, {c})) if cpus else None
         env = dict(os.environ, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS=str(threads))
         env.update(env_extra)
         procs.append(subprocess.Popen([sys.executable, str(EXAMPLE / script), f"--steps={steps}",
                                        f"--threads={threads}"], env=env, text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      preexec_fn=pin))
     outs = [p.communicate(timeout=3600)[0] for p in procs]
     rates, cpu = [], 0.0
     for p, out in zip(procs, outs):
@@ -83,10 +90,16 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=str(ROOT / "build"))
     ap.add_argument("--out", default=None)
-    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--pin", choices=["auto", "on", "off"], default="auto",
+                    help="pin rank r to the r-th core this process may use (auto: when "
+                         "there are at least as many cores as ranks x threads)")
     args = ap.parse_args()
+    allowed = sorted(os.sched_getaffinity(0))
+    pin = args.pin == "on" or (args.pin == "auto" and args.threads == 1 and len(allowed) >= 2)
+    cpus = allowed[:2] if pin else []
     build = Path(args.build).resolve()
     out = Path(args.out or build / "bench-results")
     out.mkdir(parents=True, exist_ok=True)
@@ -109,10 +122,10 @@ def main():
             for which in order:
                 if which == "plain":
                     got[which], cpu[which] = run_pair_member("plain.py", args.steps,
-                                                             args.threads, {})
+                                                             args.threads, {}, cpus)
                 else:
                     got[which], cpu[which] = run_pair_member("supervised.py", args.steps,
-                                                             args.threads, sup_env)
+                                                             args.threads, sup_env, cpus)
             plain.append(got["plain"])
             supervised.append(got["supervised"])
             plain_cpu.append(cpu["plain"])
@@ -127,7 +140,7 @@ def main():
     overheads = [100.0 * (p / s - 1.0) for p, s in zip(plain, supervised)]
     result = {
         "pairs": args.pairs, "steps": args.steps, "world_size": 2, "backend": "gloo",
-        "threads_per_rank": args.threads,
+        "threads_per_rank": args.threads, "ranks_pinned_to_cpus": cpus,
         "plain_steps_per_s": statistics.median(plain),
         "supervised_steps_per_s": statistics.median(supervised),
         "overhead_pct": statistics.median(overheads),
