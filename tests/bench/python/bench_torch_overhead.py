@@ -93,7 +93,7 @@ def main():
     ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--pin", choices=["auto", "on", "off"], default="auto",
+    ap.add_argument("--pin", choices=["auto", "on", "off"], default="off",
                     help="pin rank r to the r-th core this process may use (auto: when "
                          "there are at least as many cores as ranks x threads)")
     args = ap.parse_args()
