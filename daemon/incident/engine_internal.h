@@ -192,6 +192,10 @@ struct IncidentEngine::State {
 
   // ---- The fix ladder (fix_ladder.cc) ----------------------------------------
   absl::Status ProposeRung(IncidentCase& s, int rung);
+  // A batch outside the skip's holes that spiked the skip probe after the
+  // event's own steps (past onset + replay_steps_past_onset): a trigger of
+  // its own. Its data position; nullopt when the skip found none.
+  static std::optional<int64_t> LaterTrigger(const IncidentCase& s);
   absl::Status ProposeTransplant(IncidentCase& s);
   absl::Status Close(IncidentCase& s);
   bool NeedsQuarantine(const IncidentCase& s);

@@ -58,12 +58,39 @@ std::vector<std::string> FragilityRecommendations(const std::string& precursor,
   return r;
 }
 
+std::optional<int64_t> IncidentEngine::State::LaterTrigger(const IncidentCase& s) {
+  if (!s.skip_finished || OutcomeOf(*s.skip_finished) != ProbeOutcome::kSpiked) {
+    return std::nullopt;
+  }
+  const lg::ProbeFinished& f = *s.skip_finished;
+  if (f.spike_position() < 0 || InHoles(s, f.spike_position()) ||
+      f.spike_step() <= s.onset() + s.policy.probe().replay_steps_past_onset()) {
+    return std::nullopt;
+  }
+  return f.spike_position();
+}
+
+// A rung answers one question: does the event at the onset come back with
+// these hyperparameters? A later batch that already spiked the skip probe
+// on its own (LaterTrigger) would fail every rung whatever they fix, so the
+// rung is judged up to the step before that batch, and the batch, once the
+// run continues, is diagnosed as an incident of its own.
 absl::Status IncidentEngine::State::ProposeRung(IncidentCase& s, int rung) {
   const int64_t ckpt = s.chosen->checkpoint().step();
-  return RequestRewind(s, ProbeKind::kFix, Chosen(s), s.chosen->plan(),
-                       s.onset() + s.policy.fix().verify_steps(),
-                       RungHParams(s.policy.fix(), rung), ckpt, rung, 0, 0,
-                       absl::StrCat("FRAGILITY fix rung ", rung));
+  int64_t horizon = s.onset() + s.policy.fix().verify_steps();
+  std::string why = absl::StrCat("FRAGILITY fix rung ", rung);
+  if (const std::optional<int64_t> q = LaterTrigger(s)) {
+    const int64_t fed = StepOfPosition(s.chosen->plan(), *q);
+    if (fed > s.onset() + s.policy.probe().replay_steps_past_onset() && fed <= horizon) {
+      horizon = fed - 1;
+      absl::StrAppend(&why, "; judged through step ", horizon, ": data position ", *q,
+                      " (step ", fed, ") spiked the skip probe on its own at step ",
+                      s.skip_finished->spike_step(),
+                      ", a trigger of its own, diagnosed as another incident if it spikes again");
+    }
+  }
+  return RequestRewind(s, ProbeKind::kFix, Chosen(s), s.chosen->plan(), horizon,
+                       RungHParams(s.policy.fix(), rung), ckpt, rung, 0, 0, why);
 }
 
 absl::Status IncidentEngine::State::ProposeTransplant(IncidentCase& s) {

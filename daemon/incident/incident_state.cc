@@ -311,6 +311,7 @@ void ApplyProbeFinished(IncidentCase& s, const lg::EventPayload& p) {
   s.judge.reset();
   const ProbeKind probe_kind = s.probe_kind();
   s.outcomes[probe_kind] = outcome;
+  if (probe_kind == ProbeKind::kSkip) s.skip_finished = f;
   s.reexecuted += f.steps_executed();
   s.time_sum += f.step_time_sum();
   s.time_count += f.step_count();
@@ -423,6 +424,7 @@ void ApplyKnown(IncidentCase& s, EventKind kind, const lg::EventPayload& p) {
       s.outcomes.clear();
       s.holes.clear();
       s.skip_extensions = 0;
+      s.skip_finished.reset();
       s.bisect_tests.clear();
       s.sample_tests.clear();
       s.probe.reset();

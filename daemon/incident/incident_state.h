@@ -144,6 +144,8 @@ struct IncidentCase {
   // found at other positions).
   std::vector<std::pair<int64_t, int64_t>> holes;
   int skip_extensions = 0;
+  // What the newest skip probe found.
+  std::optional<lg::ProbeFinished> skip_finished;
   // Bisect: each probe's fed part of the window and whether it spiked.
   std::vector<std::pair<std::vector<int64_t>, bool>> bisect_tests;
   // Sample bisect: per culprit batch, each probe's fed slots and outcome.

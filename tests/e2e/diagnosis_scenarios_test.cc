@@ -254,12 +254,17 @@ TEST_F(DiagnosisScenario, CulpritAtTheProbesFirstStep) {
 // that keeps only its newest checkpoint. The peak lr (6e-2, cosine, warm-up
 // to step 1,200) is past what this model holds: its max attention logit
 // climbs from ~100 to ~2e4 and the loss breaks away near step 1,400 whatever
-// the batches; at 0.7x that lr it trains through. After each fix the run
-// trains on another line (holes in its plan, a lower lr); each later incident
-// rewinds to a checkpoint of that line (no "nondeterminism"), finds one still
-// there (the rolling pin), and ends right: DATA with exactly its documents,
-// FRAGILITY with a verified fix and no pause, or TRANSIENT. The probes that
-// change only data start at the replay's window checkpoint.
+// the batches. A fix rung (0.7x, then 0.49x that lr) makes it train through;
+// which rung, and whether the model grows fragile again later in the run,
+// depends on which checkpoint the worker still has when each incident opens
+// (it keeps one), so the episode may be one to three FRAGILITY incidents,
+// one of them possibly next to a poison that the fix must not be judged on.
+// After each fix the run trains on another line (holes in its plan, a lower
+// lr); each later incident rewinds to a checkpoint of that line (no
+// "nondeterminism"), finds one still there (the rolling pin), and ends
+// right: DATA with exactly its documents, FRAGILITY with a verified fix and
+// no pause, or TRANSIENT. The probes that change only data start at the
+// replay's window checkpoint.
 TEST_F(DiagnosisScenario, ALongRunStaysOnItsLineThroughEveryIncidentToItsEnd) {
   MakeCorpus({"highbytes@500", "junk@2300", "highbytes@2700"}, /*seed=*/31);
   const std::map<int64_t, std::vector<std::string>> poisons = {
@@ -269,19 +274,21 @@ TEST_F(DiagnosisScenario, ALongRunStaysOnItsLineThroughEveryIncidentToItsEnd) {
          {"--steps", "3000", "--set", "keep_checkpoints=1", "--set", "peak_lr=6e-2", "--set",
           "warmup_steps=1200", "--set", "schedule=cosine", "--set", "total_steps=3000", "--set",
           "min_lr_ratio=0.1", "--fault", "bitflip:step=2100"});
-  // Every incident closed, and the run at its last step.
+  // Every incident closed, and the run at its last step; a paused run goes
+  // no further. The wait ends well inside the test's own timeout, so a run
+  // that does not get there fails with its incidents printed.
   v1::Run run;
   v1::ListIncidentsResponse list;
-  for (int k = 0; k < 2400; ++k) {
+  const absl::Time deadline = absl::Now() + absl::Minutes(8);
+  while (absl::Now() < deadline) {
     run = ShowRun("life");
     list.Clear();
     ASSERT_TRUE(cluster_.SpikectlJson({"incidents", "list", "--run", "life"}, "list", &list));
     bool closed = true;
     for (const auto& i : list.incidents()) closed = closed && Closed(i);
-    if (closed && run.last_step() >= 2999) break;
+    if (closed && (run.last_step() >= 2999 || run.state() == v1::RUN_PAUSED)) break;
     absl::SleepFor(absl::Milliseconds(500));
   }
-  EXPECT_GE(run.last_step(), 2999) << run.ShortDebugString();
   std::vector<v1::Incident> incidents;
   for (const auto& brief : list.incidents()) incidents.push_back(Show(brief.id()));
   std::sort(incidents.begin(), incidents.end(),
@@ -293,12 +300,14 @@ TEST_F(DiagnosisScenario, ALongRunStaysOnItsLineThroughEveryIncidentToItsEnd) {
     absl::StrAppend(&summary, i.id(), " onset ", i.onset_step(), " ", v1::Verdict_Name(i.verdict()),
                     ": ", i.note(), "\n", EventLines(i));
   }
-  // Three poisons, the bit flip, and the fragility episode: one incident, or
-  // two when the first rung (lr x 0.7) holds for its verification but not
-  // for the rest of the episode and the second (x 0.49) is needed.
+  EXPECT_GE(run.last_step(), 2999) << run.ShortDebugString() << "\n" << summary;
+  EXPECT_NE(run.state(), v1::RUN_PAUSED) << run.ShortDebugString() << "\n" << summary;
+  // Three poisons, the bit flip, and the fragility episode (one to three
+  // incidents, see above).
   ASSERT_GE(incidents.size(), 5u) << summary;
-  ASSERT_LE(incidents.size(), 6u) << summary;
-  int data = 0, transient = 0, fragility = 0;
+  ASSERT_LE(incidents.size(), 7u) << summary;
+  int transient = 0, fragility = 0;
+  std::set<int64_t> culprits;
   std::vector<std::string> all_poison;
   for (const v1::Incident& i : incidents) {
     SCOPED_TRACE(absl::StrCat("incident at step ", i.onset_step()));
@@ -311,22 +320,24 @@ TEST_F(DiagnosisScenario, ALongRunStaysOnItsLineThroughEveryIncidentToItsEnd) {
       EXPECT_EQ(i.verdict(), v1::TRANSIENT) << i.ShortDebugString();
       continue;
     }
-    if (i.onset_step() > 1100 && i.onset_step() < 2050) {
+    if (i.verdict() != v1::DATA) {
       // The fragility episode: the spike comes back whatever is skipped, and
       // the ladder's fix is verified; the run is not paused for it.
       ++fragility;
-      EXPECT_EQ(i.verdict(), v1::FRAGILITY) << i.ShortDebugString();
+      EXPECT_EQ(i.verdict(), v1::FRAGILITY) << EventLines(i);
+      EXPECT_GT(i.onset_step(), 1100) << EventLines(i);
       ASSERT_GE(i.probes_size(), 2);
       EXPECT_EQ(i.probes(i.probes_size() - 1).kind(), "fix") << EventLines(i);
       EXPECT_EQ(i.probes(i.probes_size() - 1).outcome(), "clean") << EventLines(i);
       EXPECT_THAT(i.fix(), HasSubstr("fix rung")) << EventLines(i);
       continue;
     }
-    ++data;
-    EXPECT_EQ(i.verdict(), v1::DATA) << i.ShortDebugString();
+    // A poison: DATA with exactly its documents, once each.
     ASSERT_EQ(i.culprit_positions_size(), 1) << i.ShortDebugString();
     const auto it = poisons.find(i.culprit_positions(0));
     ASSERT_NE(it, poisons.end()) << i.ShortDebugString();
+    EXPECT_TRUE(culprits.insert(it->first).second) << "poison " << it->first << " twice\n"
+                                                   << summary;
     EXPECT_THAT(Named(i), UnorderedElementsAreArray(it->second));
     all_poison.insert(all_poison.end(), it->second.begin(), it->second.end());
     // Skip, bisect and document probes started at the replay's checkpoint
@@ -342,12 +353,11 @@ TEST_F(DiagnosisScenario, ALongRunStaysOnItsLineThroughEveryIncidentToItsEnd) {
           << i.probes(k).ShortDebugString() << "\n" << EventLines(i);
     }
   }
-  EXPECT_EQ(data, 3) << summary;
+  EXPECT_EQ(culprits.size(), 3u) << summary;
   EXPECT_GE(fragility, 1) << summary;
-  EXPECT_LE(fragility, 2) << summary;
+  EXPECT_LE(fragility, 3) << summary;
   EXPECT_EQ(transient, 1) << summary;
   EXPECT_THAT(Quarantined("life"), UnorderedElementsAreArray(all_poison));
-  EXPECT_NE(run.state(), v1::RUN_PAUSED) << run.ShortDebugString();
   // The listing says which checkpoints the current line may rewind to; the
   // rolling pin is one of them.
   v1::ListCheckpointsResponse ckpts;

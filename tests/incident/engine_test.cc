@@ -1465,6 +1465,41 @@ TEST_F(IncidentEngineTest, AnAbortedIncidentCanBeAbortedAgainAfterItLeftTheEngin
   EXPECT_EQ(engine->Approve(id).code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// A fragile model whose skip probe ran into another poisoned batch 80 steps
+// later: every rung would spike on that batch whatever it fixes, so each
+// rung is judged up to the step before it; the first rung holds, the run
+// continues and is not paused, and the batch is left to its own incident.
+TEST_F(IncidentEngineTest, ALaterPoisonDoesNotFailTheFragilityFix) {
+  Start({.poison = {1080}, .fragile_until_rung = 1, .fragile_on_onset_batch_only = true});
+  RunProtocol(FragileSpike());
+  const v1::Incident inc = Only();
+  EXPECT_EQ(inc.verdict(), v1::FRAGILITY) << inc.note();
+  EXPECT_EQ(inc.state(), v1::CLOSED);
+  EXPECT_THAT(Kinds(inc), ElementsAre("replay:spiked", "skip:spiked", "fix:clean"));
+  ASSERT_EQ(ctl.executed.size(), 3u);
+  EXPECT_EQ(ctl.executed[2].stop_after_step, 1079);  // the original feeds 1080 at step 1080
+  std::string requests;
+  for (const auto& e : inc.events()) {
+    if (e.kind() == "rewind_requested") absl::StrAppend(&requests, e.detail(), "\n");
+  }
+  EXPECT_THAT(requests, HasSubstr("judged through step 1079: data position 1080 (step 1080) "
+                                  "spiked the skip probe on its own"));
+  EXPECT_EQ(ctl.UniqueContinues().size(), 1u);
+  EXPECT_TRUE(ctl.pause_calls.empty());
+}
+
+// Without the later batch the rung is judged over its full horizon; a skip
+// spike at the onset's own step is the event, not another batch.
+TEST_F(IncidentEngineTest, ASkipSpikeAtTheOnsetKeepsTheFullFixHorizon) {
+  Start({.fragile_until_rung = 1});
+  RunProtocol(FragileSpike());
+  const v1::Incident inc = Only();
+  EXPECT_EQ(inc.verdict(), v1::FRAGILITY);
+  ASSERT_EQ(ctl.executed.size(), 3u);
+  EXPECT_EQ(ctl.executed[2].stop_after_step, kOnset + view.policy.fix().verify_steps());
+  for (const auto& e : inc.events()) EXPECT_THAT(e.detail(), Not(HasSubstr("judged through")));
+}
+
 // The skip's own spike on another batch is analysed there; when the spikes
 // keep coming at other batches, the model is fragile.
 TEST_F(IncidentEngineTest, SpikesAtEveryOtherBatchAreFragility) {

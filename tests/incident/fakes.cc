@@ -260,7 +260,8 @@ StepObservation World::Make(int64_t generation, int64_t step) const {
     }
   }
   if (scenario_.fragile_until_rung > 0 && step == scenario_.onset &&
-      Rung(generation) < scenario_.fragile_until_rung) {
+      Rung(generation) < scenario_.fragile_until_rung &&
+      (!scenario_.fragile_on_onset_batch_only || o.data_position == scenario_.onset)) {
     spike = true;
   }
   if (scenario_.transient && generation == 1 && step == scenario_.onset) spike = true;

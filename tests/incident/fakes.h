@@ -151,6 +151,9 @@ struct Scenario {
   // A spike at `onset` in every generation whose fix rung is below this
   // (FRAGILITY); 0 = none.
   int fragile_until_rung = 0;
+  // ...and only on the batch the original fed there (data × state): a skip
+  // that moves the data past the onset does not spike there.
+  bool fragile_on_onset_batch_only = false;
   // A one-off spike at `onset` in generation 1 only (TRANSIENT).
   bool transient = false;
   // Non-finite loss at `onset` in every generation (NUMERICS).
