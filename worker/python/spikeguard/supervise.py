@@ -82,6 +82,10 @@ from spikeguard.data import Plan, PlanSampler
 
 log = logging.getLogger("spikeguard.supervise")
 
+# Seconds Supervisor.close() leaves the CPU to the process group's threads
+# (see there).
+_COLLECTIVE_DRAIN_S = 0.1
+
 __all__ = ["Supervisor"]
 
 
@@ -517,3 +521,13 @@ class Supervisor:
         if self.client is not None:
             self.client.close()
             self.client = None
+        if self.world_size > 1 and dist.is_available() and dist.is_initialized():
+            # A gloo worker thread drops its hold on a finished collective's
+            # tensors only once it runs again. When the tensor was made in
+            # Python, that release takes the GIL; if the interpreter is
+            # already exiting by then, the process aborts ("terminate called
+            # without an active exception") after the training succeeded.
+            # Ranks whose threads share one core met it in about one run in
+            # five; a moment off the CPU here lets those threads finish (none
+            # in 25 such runs).
+            time.sleep(_COLLECTIVE_DRAIN_S)
