@@ -161,9 +161,11 @@ class RecordingClient:
         self.commands = collections.deque()
         self.rejection = None
         self.pins = list(pins)
+        self.reports = []
 
     def report(self, r):
         self.events.append(("report", r.step))
+        self.reports.append(r)
 
     def set_current_step(self, step):
         pass
@@ -266,3 +268,47 @@ def test_supervisor_writes_checkpoints_in_the_background_in_order(tmp_path, monk
     for k, v in fresh.state_dict().items():
         assert torch.equal(v, at_6[k]), k
     assert not torch.equal(model.state_dict()["head.weight"], at_6["head.weight"])
+
+
+def test_supervisor_cross_entropy_trains_and_reports_as_the_loss_of_f_cross_entropy():
+    """sg.cross_entropy(logits, y) is sg.loss(F.cross_entropy(...)): the
+    same weights after training, bit-identical losses in the reports, and
+    the same output log-sum-exp (from the loss's log-probabilities instead
+    of the forward hook's pass over the logits)."""
+    import sys
+
+    import torch
+    from spikeguard.supervise import Supervisor
+    sys.path.insert(0, str(EXAMPLE))
+    from common import ByteDocuments, TinyLM
+
+    def train(use_helper):
+        torch.manual_seed(0)
+        model = TinyLM(layers=2, width=32, heads=2, context=16)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        client = RecordingClient()
+        sg = Supervisor(model, opt, ByteDocuments(200, 16), global_batch_size=4, steps=6,
+                        checkpoint_every=0, client=client, exchange_every=3)
+        for _, (x, y) in sg.steps():
+            logits = model(x)
+            if use_helper:
+                loss = sg.cross_entropy(logits, y)
+            else:
+                loss = sg.loss(torch.nn.functional.cross_entropy(
+                    logits.flatten(0, 1), y.flatten(), reduction="none"))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        sg.close()
+        return model, client.reports
+
+    m_hook, r_hook = train(False)
+    m_ce, r_ce = train(True)
+    assert [r.step for r in r_ce] == [r.step for r in r_hook] == list(range(6))
+    for a, b in zip(r_hook, r_ce):
+        assert a.loss == b.loss and a.loss_hash == b.loss_hash
+        assert b.lse_mean == pytest.approx(a.lse_mean, rel=1e-6) and a.lse_mean > 0
+        assert b.lse_max == pytest.approx(a.lse_max, rel=1e-6)
+        assert a.nonfinite_count == b.nonfinite_count == 0
+    for (k, v), w in zip(m_hook.state_dict().items(), m_ce.state_dict().values()):
+        assert torch.equal(v, w), k

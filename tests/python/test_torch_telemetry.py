@@ -404,3 +404,71 @@ def test_staged_activation_rms_with_and_without_micro_batches():
         assert [l.act_rms for l in a.layers] == pytest.approx([l.act_rms for l in b.layers],
                                                                rel=1e-12)
         assert all(l.act_rms > 0 for l in b.layers) and a.loss == b.loss
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cross_entropy_is_f_cross_entropy_and_records_the_log_sum_exp(dtype):
+    """Telemetry.cross_entropy: bit-identical losses and gradients to
+    F.cross_entropy(reduction="none"), and the same log-sum-exp statistics
+    as logits() (which makes its own pass), also with ignored targets."""
+    torch.manual_seed(7)
+    x = (torch.randn(3, 5, 40, dtype=dtype) * 4).requires_grad_()
+    y = torch.randint(0, 40, (3, 5))
+    y[1, 2] = -100                       # ignored: loss 0, its row's lse still counted
+    m = small_model()
+    ref_x = x.detach().clone().requires_grad_()
+    ref = F.cross_entropy(ref_x.flatten(0, 1), y.flatten(), reduction="none").view(3, 5)
+    ref.sum().backward()
+
+    tel = Telemetry(m)
+    tel.before_step()
+    ce = tel.cross_entropy(x, y)
+    ce.sum().backward()
+    assert ce.shape == y.shape and ce[1, 2] == 0
+    assert torch.equal(ce.detach(), ref.detach())
+    assert torch.equal(x.grad, ref_x.grad)
+    got = tel.report(0, 0, lr=0.0, loss=1.0)
+
+    tel.before_step()
+    tel.logits(x.detach())
+    want = tel.report(0, 0, lr=0.0, loss=1.0)
+    lse = torch.logsumexp(x.detach().double(), dim=-1)
+    assert got.lse_mean == pytest.approx(lse.mean().item(), rel=1e-6)
+    assert got.lse_max == pytest.approx(lse.max().item(), rel=1e-6)
+    assert got.lse_mean == pytest.approx(want.lse_mean, rel=1e-6)
+    assert got.nonfinite_count == want.nonfinite_count == 0
+    # A padding id as the ignored target: the same statistics.
+    pad = y.clone()
+    pad[1, 2] = 3
+    tel.before_step()
+    ce_pad = tel.cross_entropy(x.detach(), pad, ignore_index=3)
+    assert torch.equal(ce_pad, F.cross_entropy(x.detach().flatten(0, 1), pad.flatten(),
+                                               reduction="none", ignore_index=3).view(3, 5))
+    assert tel.report(0, 0, lr=0.0, loss=1.0).lse_mean == pytest.approx(got.lse_mean, rel=1e-6)
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
+def test_cross_entropy_counts_each_kind_of_nonfinite_logit(bad):
+    torch.manual_seed(8)
+    tel = Telemetry(small_model())
+    x = torch.randn(2, 4, 16)
+    x[0, 1, 3] = bad
+    x[1, 3, 0] = bad
+    y = torch.randint(0, 16, (2, 4))
+    tel.before_step()
+    tel.cross_entropy(x, y)
+    assert tel.report(0, 0, lr=0.0, loss=1.0).nonfinite_count == 2
+
+
+def test_cross_entropy_of_half_precision_logits_keeps_a_float32_log_sum_exp():
+    torch.manual_seed(9)
+    tel = Telemetry(small_model())
+    x = (torch.randn(4, 8, 64) * 6).bfloat16()
+    y = torch.randint(0, 64, (4, 8))
+    tel.before_step()
+    ce = tel.cross_entropy(x, y)
+    assert ce.dtype == torch.bfloat16
+    assert torch.equal(ce, F.cross_entropy(x.flatten(0, 1), y.flatten(),
+                                           reduction="none").view(4, 8))
+    r = tel.report(0, 0, lr=0.0, loss=1.0)
+    assert r.lse_mean == pytest.approx(torch.logsumexp(x.float(), -1).mean().item(), rel=1e-6)

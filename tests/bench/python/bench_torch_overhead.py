@@ -3,14 +3,17 @@
 against supervised.py (the same loop under spikeguard.supervise.Supervisor,
 reporting to a real spikeguardd), both on 2 gloo ranks, in alternating pairs
 (plain first in even pairs, supervised first in odd ones) so the load of a
-shared machine hits both. Prints figures and writes OUT/torch_overhead.json:
+shared machine hits both. The pairs are many and short (15 of 110 steps, each
+run timed after its first 10 steps): this machine's pace drifts by 10-20 %
+over minutes, so the medians of many adjacent pairs are steadier than a few
+long runs. Prints figures and writes OUT/torch_overhead.json:
 plain_steps_per_s, supervised_steps_per_s and overhead_pct (medians over the
 pairs; overhead from each pair's ratio), and the supervised ranks' ms/step
 per spikeguard component (Supervisor.timings(), rank 0, median over pairs).
 Fails only when it cannot run.
 
     PYTHONPATH=build/python /usr/bin/python3 tests/bench/python/bench_torch_overhead.py \
-        --build build --out build/bench-results [--pairs 5] [--steps 200] [--pin auto|on|off]
+        --build build --out build/bench-results [--pairs 15] [--steps 110] [--pin auto|on|off]
 """
 import argparse
 import json
@@ -90,8 +93,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=str(ROOT / "build"))
     ap.add_argument("--out", default=None)
-    ap.add_argument("--pairs", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--pairs", type=int, default=15)
+    ap.add_argument("--steps", type=int, default=110)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--pin", choices=["auto", "on", "off"], default="off",
                     help="pin rank r to the r-th core this process may use (auto: when "
@@ -144,7 +147,12 @@ def main():
         "plain_steps_per_s": statistics.median(plain),
         "supervised_steps_per_s": statistics.median(supervised),
         "overhead_pct": statistics.median(overheads),
+        "overhead_pct_quartiles": statistics.quantiles(overheads, n=4) if len(overheads) > 1
+        else overheads * 3,
         "overhead_pct_per_pair": overheads,
+        # Each run's pace is timed after its first steps (Timer in the
+        # example's common.py), so start-up costs are not in the figures.
+        "warmup_steps": 10,
         "plain_steps_per_s_per_pair": plain, "supervised_steps_per_s_per_pair": supervised,
         "component_ms_per_step": {k: statistics.median(c[k] for c in components)
                                   for k in components[0]},

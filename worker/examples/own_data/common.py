@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 
 import torch
 import torch.nn as nn
@@ -57,6 +58,27 @@ class TinyLM(nn.Module):
         return self.head(self.norm(h))
 
 
+class Timer:
+    """The loop's pace after its first `warmup` steps (which pay one-time
+    costs): call step() at the top of each step, done() after the loop; it
+    prints steps/s and CPU ms/step (all of the process's threads)."""
+
+    def __init__(self, warmup: int = 10):
+        self.warmup, self.n, self.t0, self.c0 = max(0, int(warmup)), 0, None, None
+
+    def step(self) -> None:
+        if self.n == self.warmup:
+            self.t0, self.c0 = time.perf_counter(), time.process_time()
+        self.n += 1
+
+    def done(self, rank: int, step: int) -> None:
+        timed = self.n - self.warmup
+        rate = timed / (time.perf_counter() - self.t0) if self.t0 is not None else 0.0
+        cpu = 1000 * (time.process_time() - self.c0) / timed if self.c0 is not None else 0.0
+        print(f"done: rank {rank}, step {step}, {rate:.2f} steps/s, {cpu:.2f} cpu ms/step "
+              f"(after the first {self.warmup} steps)", flush=True)
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=300)
@@ -66,6 +88,7 @@ def parse_args(argv=None):
     p.add_argument("--data-seed", type=int, default=0)
     p.add_argument("--garbage", default="", help="dataset indices holding garbage, e.g. 5,17")
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--clip", type=float, default=1.0, help="gradient clipping (max global norm)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", default="cpu")
     p.add_argument("--backend", default="gloo")

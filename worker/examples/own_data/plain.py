@@ -4,7 +4,6 @@ starting point, supervised.py the same loop under spikeguard (a test counts
 the lines it adds)."""
 import os
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
@@ -12,7 +11,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import ByteDocuments, TinyLM, parse_args, setup  # noqa: E402
+from common import ByteDocuments, Timer, TinyLM, parse_args, setup  # noqa: E402
 
 args = parse_args()
 rank, world, device = setup(args)
@@ -22,7 +21,8 @@ ddp = DDP(model) if world > 1 else model
 opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
 sampler = DistributedSampler(dataset, world, rank, seed=args.data_seed) if world > 1 else None
 loader = DataLoader(dataset, batch_size=args.batch_size // world, sampler=sampler, drop_last=True)
-step, epoch, t0, c0 = 0, 0, time.perf_counter(), time.process_time()
+timer = Timer()
+step, epoch = 0, 0
 while step < args.steps:
     if sampler is not None:
         sampler.set_epoch(epoch)
@@ -30,12 +30,13 @@ while step < args.steps:
     for x, y in loader:
         if step >= args.steps:
             break
+        timer.step()
         x, y = x.to(device), y.to(device)
         logits = ddp(x)
         loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
         opt.zero_grad()
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         opt.step()
         step += 1
-print(f"done: rank {rank}, step {step}, {step / (time.perf_counter() - t0):.2f} steps/s, "
-      f"{1000 * (time.process_time() - c0) / max(1, step):.2f} cpu ms/step", flush=True)
+timer.done(rank, step)

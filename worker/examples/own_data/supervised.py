@@ -4,15 +4,13 @@ starting point, supervised.py the same loop under spikeguard (a test counts
 the lines it adds)."""
 import os
 import sys
-import time
 
 import torch
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from spikeguard.supervise import Supervisor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import ByteDocuments, TinyLM, parse_args, setup  # noqa: E402
+from common import ByteDocuments, Timer, TinyLM, parse_args, setup  # noqa: E402
 
 args = parse_args()
 rank, world, device = setup(args)
@@ -21,15 +19,15 @@ model = TinyLM(context=args.seq_len).to(device)
 ddp = DDP(model) if world > 1 else model
 opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
 sg = Supervisor(ddp, opt, dataset, global_batch_size=args.batch_size, steps=args.steps,
-                seed=args.data_seed, checkpoint_every=50)
-start, t0, c0 = sg.step, time.perf_counter(), time.process_time()
+                seed=args.data_seed, checkpoint_every=50, clip_norm=args.clip)
+timer = Timer()
 for step, (x, y) in sg.steps():
+    timer.step()
     x, y = x.to(device), y.to(device)
     logits = ddp(x)
-    loss = sg.loss(F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none"))
+    loss = sg.cross_entropy(logits, y)
     opt.zero_grad()
     loss.backward()
     opt.step()
+timer.done(rank, sg.step)
 sg.close()
-print(f"done: rank {rank}, step {sg.step}, {(sg.step - start) / (time.perf_counter() - t0):.2f} "
-      f"steps/s, {1000 * (time.process_time() - c0) / max(1, sg.step - start):.2f} cpu ms/step")

@@ -13,8 +13,7 @@ resuming. A plain DDP loop changes like this
     sg = Supervisor(ddp, opt, dataset, global_batch_size=B, steps=N, seed=0)
     for step, (x, y) in sg.steps():               # replaces the epoch/loader loops
         logits = ddp(x)
-        loss = sg.loss(F.cross_entropy(logits.flatten(0, 1), y.flatten(),
-                                       reduction="none").view(y.shape))
+        loss = sg.cross_entropy(logits, y)        # or sg.loss(per-token losses), below
         opt.zero_grad(); loss.backward(); opt.step()
     sg.close()
 
@@ -24,6 +23,10 @@ What it does around the user's lines:
   the batch is ``DataLoader(dataset, batch_sampler=sg.sampler)``'s item
   (``make_loader`` builds another loader over the same sampler); after a
   rewind the loader is re-created at the checkpoint's step and plan.
+- ``cross_entropy(logits, targets, domains=None)`` is
+  ``loss(F.cross_entropy(..., reduction="none"))`` with the output
+  log-sum-exp read from the loss's log-probabilities (no second pass over
+  the logits, see ``spikeguard.torch.Telemetry.cross_entropy``).
 - ``loss(token_losses, domains=None)`` records the per-token losses
   (``[rows, ...]``, reduction="none") and returns the objective whose DDP
   average is the global batch's mean (also with masked or empty shards).
@@ -35,7 +38,9 @@ What it does around the user's lines:
   it and at the first step after a start or a rewind; the reports between
   repeat the last measurement, see ``spikeguard.torch.Telemetry``).
 - The model's output (a tensor, or the first of a tuple) is taken as the
-  logits for the log-sum-exp statistics; ``logits=False`` turns that off.
+  logits for the log-sum-exp statistics (by a forward hook, until the loop
+  uses ``cross_entropy``, which takes them over); ``logits=False`` turns
+  that off.
 
 Settings come from arguments or, where an argument is None, from the
 environment the daemon's launcher sets: SPIKEGUARD_ADDR, SPIKEGUARD_RUN,
@@ -198,6 +203,9 @@ class Supervisor:
         self._restart = True
         self._batch = None
         self._hooks = []
+        # True once the loop computes its loss with cross_entropy(), which
+        # then records the output log-sum-exp instead of the forward hook.
+        self._lse_from_loss = False
         self.background_checkpoints = bool(background_checkpoints)
         self._writer = _BackgroundWriter()
         self._checkpoint_buffers: dict = {}
@@ -298,6 +306,32 @@ class Supervisor:
             self.telemetry.losses(shaped, domains)
             self._seconds["telemetry_forward"] += time.perf_counter() - t
         return token_losses.sum() * (self.world_size / max(1, rows * per_row))
+
+    def cross_entropy(self, logits: torch.Tensor, targets: torch.Tensor,
+                      domains: Optional[torch.Tensor] = None, *, ignore_index: int = -100):
+        """``loss(F.cross_entropy(logits, targets, reduction="none"))`` for
+        logits [rows, T, V] (or [rows, V]) and targets [rows, T] (or
+        [rows]): the same losses and gradients, and the output log-sum-exp
+        taken from the loss's own log-probabilities instead of a second
+        pass over the logits (``Telemetry.cross_entropy``)."""
+        V = logits.size(-1)
+        x, y = logits.reshape(-1, V), targets.reshape(-1)
+        if self._lse_from_loss:
+            # Telemetry.cross_entropy's operations, timed without the loss.
+            logp = torch.nn.functional.log_softmax(x, dim=-1)
+            ce = torch.nn.functional.nll_loss(logp, y, reduction="none",
+                                              ignore_index=ignore_index)
+            t = time.perf_counter()
+            self.telemetry.log_probs(x, y, logp, ignore_index=ignore_index)
+            self._seconds["telemetry_forward"] += time.perf_counter() - t
+        else:
+            # Without the logits' statistics (telemetry or logits off), or
+            # the first time, when the forward hook has recorded these
+            # logits already (from the next forward on it leaves them here).
+            ce = torch.nn.functional.cross_entropy(x, y, reduction="none",
+                                                   ignore_index=ignore_index)
+            self._lse_from_loss = bool(self._hooks)
+        return self.loss(ce.view(targets.shape), domains)
 
     def _end_step(self) -> None:
         b = self._batch
@@ -424,7 +458,7 @@ class Supervisor:
     def _logits_hook(self, _module, _inputs, output):
         out = output[0] if isinstance(output, (tuple, list)) else output
         if self._batch is not None and torch.is_tensor(out) and out.dim() >= 2 \
-                and self.module.training:
+                and self.module.training and not self._lse_from_loss:
             t = time.perf_counter()
             self.telemetry.logits(out)
             self._seconds["telemetry_forward"] += time.perf_counter() - t

@@ -6,15 +6,18 @@ What a trainer adds to its loop (DDP or not):
     for step in ...:
         tel.before_step()
         logits = model(x)
-        ce = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none")
-        tel.logits(logits)                            # output log-sum-exp, non-finite logits
-        tel.losses(ce.view(y.shape), domains=d)       # per-token losses of this rank's rows
+        ce = tel.cross_entropy(logits, y)             # F.cross_entropy(reduction="none"), and
+                                                      # the output log-sum-exp from its log-probs
+        tel.losses(ce, domains=d)                     # per-token losses of this rank's rows
         (ce.sum() * world / global_tokens).backward()
         grad_norm = tel.after_backward(clip_norm=1.0) # pre-clip global norm; clips in place
         tel.before_optimizer_step()
         opt.step()
         tel.after_optimizer_step()
         client.report(tel.report(step, data_position, lr=lr))
+
+A loop that computes its loss otherwise calls ``tel.logits(logits)`` instead
+(the same statistics, at the cost of one more pass over the logits).
 
 Per-layer statistics (LayerStats) come from the layers' own parameters and
 forward hooks: residual-stream RMS leaving each layer, gradient norm
@@ -370,24 +373,70 @@ class Telemetry:
             return
         with torch.no_grad():
             x = logits.detach().reshape(-1, logits.size(-1)).float()
-            lse = torch.logsumexp(x, dim=-1)
-            s = lse.sum(dtype=torch.float64)
-            m = lse.amax()
-            if x.device.type == "cpu":
-                # Reading a value costs no device round trip here, and a
-                # temporary as large as the logits costs more than the
-                # statistics themselves: count in full only when there is
-                # something to count. A NaN or +inf logit makes its row's
-                # log-sum-exp, and so their (float64) sum, non-finite; a -inf
-                # logit leaves it finite but is the minimum (a NaN minimum
-                # fails the test too).
-                if math.isfinite(s.item()) and x.amin().item() > float("-inf"):
-                    bad = None
-                else:
-                    bad = (~torch.isfinite(x)).sum()
+            self._note_lse(torch.logsumexp(x, dim=-1), x)
+
+    def cross_entropy(self, logits: torch.Tensor, targets: torch.Tensor, *,
+                      ignore_index: int = -100) -> torch.Tensor:
+        """Per-token cross-entropy of logits [..., V] against targets [...]
+        (``F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1),
+        reduction="none")`` reshaped to targets' shape: the same two
+        operations, log-softmax then NLL, so the same values and gradients),
+        recording what ``logits`` records. The log-sum-exp comes from the
+        log-probabilities the loss computes anyway: lse = logit[t] -
+        log_prob[t] at each row's target t, a gather instead of a second
+        pass over the logits with an exp per entry."""
+        V = logits.size(-1)
+        x = logits.reshape(-1, V)
+        y = targets.reshape(-1)
+        logp = torch.nn.functional.log_softmax(x, dim=-1)
+        ce = torch.nn.functional.nll_loss(logp, y, reduction="none", ignore_index=ignore_index)
+        self.log_probs(x, y, logp, ignore_index=ignore_index)
+        return ce.view(targets.shape)
+
+    def log_probs(self, logits: torch.Tensor, targets: torch.Tensor, log_probs: torch.Tensor,
+                  *, ignore_index: int = -100) -> None:
+        """What ``logits`` records, from log_softmax(logits) [rows, V] and
+        the targets [rows] of logits [rows, V] (``cross_entropy``'s way)."""
+        x = logits
+        if not x.numel():
+            return
+        if x.dtype not in (torch.float32, torch.float64):
+            # Log-probabilities in half precision would round the
+            # log-sum-exp; the logits' own pass, in float32, does not.
+            self.logits(x)
+            return
+        with torch.no_grad():
+            # An ignored row's target is no column; any column gives its
+            # row's log-sum-exp.
+            y = targets
+            # (Valid targets are columns, so with a negative ignore_index
+            # every negative target is an ignored one.)
+            col = (y.clamp_min(0) if ignore_index < 0 else
+                   torch.where(y == ignore_index, torch.zeros_like(y), y)).unsqueeze(1)
+            xd = x.detach()
+            lse = (xd.gather(1, col).float() - log_probs.detach().gather(1, col).float()).squeeze(1)
+            self._note_lse(lse, xd)
+
+    def _note_lse(self, lse: torch.Tensor, x: torch.Tensor) -> None:
+        """Adds the rows' log-sum-exp `lse` [rows] of logits `x` [rows, V]
+        to the step's, and counts the non-finite logits."""
+        s = lse.sum(dtype=torch.float64)
+        m = lse.amax()
+        if x.device.type == "cpu":
+            # Reading a value costs no device round trip here, and a
+            # temporary as large as the logits costs more than the
+            # statistics themselves: count in full only when there is
+            # something to count. A NaN or +inf logit makes its row's
+            # log-sum-exp, and so their (float64) sum, non-finite; a -inf
+            # logit leaves it finite but is the minimum (a NaN minimum
+            # fails the test too).
+            if math.isfinite(s.item()) and x.amin().item() > float("-inf"):
+                bad = None
             else:
-                # Counted on the logits' device, without a host round trip.
                 bad = (~torch.isfinite(x)).sum()
+        else:
+            # Counted on the logits' device, without a host round trip.
+            bad = (~torch.isfinite(x)).sum()
         self._lse_sum = s if self._lse_sum is None else self._lse_sum + s
         self._lse_max = m if self._lse_max is None else torch.maximum(self._lse_max, m)
         self._lse_n += lse.numel()
