@@ -171,11 +171,20 @@ print("| plain steps/s | supervised steps/s | overhead (median of pairs) | per p
 print("|---:|---:|---:|---|")
 print(f"| {r['plain_steps_per_s']:.2f} | {r['supervised_steps_per_s']:.2f} | "
       f"{r['overhead_pct']:+.1f} % | {', '.join(f'{x:+.1f} %' for x in r['overhead_pct_per_pair'])} |")
+i = r.get("interleaved")
+if i:
+    q = i["overhead_pct_quartiles"]
+    print(f"| {i['plain_steps_per_s']:.2f} | {i['supervised_steps_per_s']:.2f} | "
+          f"{i['overhead_pct']:+.1f} % interleaved ({i['pairs']} pairs of {i['block_steps']}-step "
+          f"blocks in one job) | quartiles {q[0]:+.1f} .. {q[2]:+.1f} % |")
 print()
 print("| component | ms/step |")
 print("|---|---:|")
 for k, v in r["component_ms_per_step"].items():
     print(f"| {k} | {v:.3f} |")
+if i:
+    print(f"| (plain loop: clip_grad_norm_, replaced by telemetry_optimizer) | "
+          f"{i['plain_clip_ms_per_step']:.3f} |")
 PY
   echo
   echo "*What it means:* worker/examples/own_data/plain.py against its supervised copy on 2 gloo ranks reporting to a real spikeguardd, alternating; the overhead is the step time a user's loop pays for telemetry, command polling and checkpoint registration (the target is at most 3 %), and the components say where it goes."

@@ -231,7 +231,10 @@ def test_supervisor_writes_checkpoints_in_the_background_in_order(tmp_path, monk
         time.sleep(0.3)
         info = real_write(directory, captured)
         written.append((captured.step, sg.step, threading.current_thread().name))
+        priorities.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
         return info
+
+    priorities = []
 
     monkeypatch.setattr(sgckpt, "write_checkpoint", slow_write)
     at_6 = None
@@ -247,6 +250,11 @@ def test_supervisor_writes_checkpoints_in_the_background_in_order(tmp_path, monk
 
     assert [w[0] for w in written] == [2, 4, 6]
     assert all(name == "spikeguard-checkpoint" for _, _, name in written)
+    # The writer yields the CPU to training (nice 19, the trainer's own
+    # priority unchanged), and its CPU time is counted.
+    assert priorities == [19, 19, 19]
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) < 19
+    assert sg.timings()["checkpoint_writer_cpu"] > 0
     # The trainer went on while checkpoints 2 and 4 were written.
     assert written[0][1] > 2 and written[1][1] > 4
     ev = client.events

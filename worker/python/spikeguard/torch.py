@@ -256,6 +256,8 @@ class Telemetry:
         self._bucket_of_param = torch.tensor(self._bucket_list,
                                              dtype=torch.long)
         self._hooks = []
+        # Seconds the activation hooks took (Supervisor.timings counts them).
+        self.hook_seconds = 0.0
         for li, m in enumerate(self.layer_modules):
             self._hooks.append(m.register_forward_hook(self._make_act_hook(li)))
             if attention == "explicit":
@@ -311,11 +313,13 @@ class Telemetry:
             out = output[0] if isinstance(output, (tuple, list)) else output
             if not torch.is_tensor(out) or out.numel() == 0:
                 return
+            t = time.perf_counter()
             with torch.no_grad():
                 # One fp32 pass (a float64 copy costs 5x as much); squared
                 # in float64 with the other steps' when they are reported.
                 self._act_norms[li].append(torch.linalg.vector_norm(out))
             self._act_n[li] += out.numel()
+            self.hook_seconds += time.perf_counter() - t
         return hook
 
     def _act_sq(self) -> list:
