@@ -282,7 +282,8 @@ def test_supervisor_cross_entropy_trains_and_reports_as_the_loss_of_f_cross_entr
     """sg.cross_entropy(logits, y) is sg.loss(F.cross_entropy(...)): the
     same weights after training, bit-identical losses in the reports, and
     the same output log-sum-exp (from the loss's log-probabilities instead
-    of the forward hook's pass over the logits)."""
+    of the forward hook's pass over the logits), which leaves out the
+    logits of an evaluation pass as the hook does."""
     import sys
 
     import torch
@@ -297,13 +298,19 @@ def test_supervisor_cross_entropy_trains_and_reports_as_the_loss_of_f_cross_entr
         client = RecordingClient()
         sg = Supervisor(model, opt, ByteDocuments(200, 16), global_batch_size=4, steps=6,
                         checkpoint_every=0, client=client, exchange_every=3)
-        for _, (x, y) in sg.steps():
-            logits = model(x)
+        def objective(logits, y):
             if use_helper:
-                loss = sg.cross_entropy(logits, y)
-            else:
-                loss = sg.loss(torch.nn.functional.cross_entropy(
-                    logits.flatten(0, 1), y.flatten(), reduction="none"))
+                return sg.cross_entropy(logits, y)
+            return sg.loss(torch.nn.functional.cross_entropy(
+                logits.flatten(0, 1), y.flatten(), reduction="none"))
+
+        for step, (x, y) in sg.steps():
+            if step == 3:  # an evaluation pass: its logits are no training step's
+                model.eval()
+                with torch.no_grad():
+                    objective(model(x.flip(0)) * 3.0, y)
+                model.train()
+            loss = objective(model(x), y)
             opt.zero_grad()
             loss.backward()
             opt.step()

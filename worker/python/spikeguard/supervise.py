@@ -335,7 +335,9 @@ class Supervisor:
         pass over the logits (``Telemetry.cross_entropy``)."""
         V = logits.size(-1)
         x, y = logits.reshape(-1, V), targets.reshape(-1)
-        if self._lse_from_loss:
+        # What the forward hook would record (a training step's logits).
+        record = bool(self._hooks) and self.module.training and self._batch is not None
+        if record and self._lse_from_loss:
             # Telemetry.cross_entropy's operations, timed without the loss.
             logp = torch.nn.functional.log_softmax(x, dim=-1)
             ce = torch.nn.functional.nll_loss(logp, y, reduction="none",
@@ -344,12 +346,13 @@ class Supervisor:
             self.telemetry.log_probs(x, y, logp, ignore_index=ignore_index)
             self._seconds["telemetry_forward"] += time.perf_counter() - t
         else:
-            # Without the logits' statistics (telemetry or logits off), or
-            # the first time, when the forward hook has recorded these
-            # logits already (from the next forward on it leaves them here).
+            # Without the logits' statistics (telemetry or logits off, or
+            # not training), or the first time, when the forward hook has
+            # recorded these logits already (from the next forward on it
+            # leaves them here).
             ce = torch.nn.functional.cross_entropy(x, y, reduction="none",
                                                    ignore_index=ignore_index)
-            self._lse_from_loss = bool(self._hooks)
+            self._lse_from_loss = self._lse_from_loss or record
         return self.loss(ce.view(targets.shape), domains)
 
     def _end_step(self) -> None:
