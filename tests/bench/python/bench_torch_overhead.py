@@ -58,8 +58,9 @@ def spikectl(build: Path, addr: str, *args):
                    capture_output=True, text=True, timeout=60)
 
 
-def run_pair_member(script: str, steps: int, threads: int, env_extra: dict,
-                    cpus: list) -> float:
+def launch_ranks(argv: list, threads: int, env_extra: dict, cpus: list) -> list:
+    """Runs argv as ranks 0 and 1 of a 2-rank gloo job; returns their
+    (returncode, output)."""
     port = free_port()
     procs = []
     for r in range(2):
@@ -71,16 +72,21 @@ def run_pair_member(script: str, steps: int, threads: int, env_extra: dict,
         env = dict(os.environ, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS=str(threads))
         env.update(env_extra)
-        procs.append(subprocess.Popen([sys.executable, str(EXAMPLE / script), f"--steps={steps}",
-                                       f"--threads={threads}"], env=env, text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      preexec_fn=pin))
+        procs.append(subprocess.Popen([sys.executable, *argv, f"--threads={threads}"], env=env,
+                                      text=True, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, preexec_fn=pin))
     outs = [p.communicate(timeout=3600)[0] for p in procs]
+    return [(p.returncode, out) for p, out in zip(procs, outs)]
+
+
+def run_pair_member(script: str, steps: int, threads: int, env_extra: dict,
+                    cpus: list) -> float:
     rates, cpu = [], 0.0
-    for p, out in zip(procs, outs):
+    for code, out in launch_ranks([str(EXAMPLE / script), f"--steps={steps}"], threads,
+                                  env_extra, cpus):
         m = re.search(r"([0-9.]+) steps/s", out)
-        if p.returncode != 0 or not m:
-            raise SystemExit(f"{script} failed ({p.returncode}):\n{out[-3000:]}")
+        if code != 0 or not m:
+            raise SystemExit(f"{script} failed ({code}):\n{out[-3000:]}")
         rates.append(float(m.group(1)))
         c = re.search(r"([0-9.]+) cpu ms/step", out)
         cpu += float(c.group(1)) if c else float("nan")
@@ -95,24 +101,15 @@ def run_interleaved(build: Path, addr: str, tmp: Path, pairs: int, block_steps: 
     plain and the supervised loop alternating in blocks within one job."""
     run = "interleaved"
     spikectl(build, addr, "runs", "create", run, "--world-size=2", "--mode=observe")
-    port = free_port()
-    procs = []
-    for r in range(2):
-        pin = (lambda c=cpus[r]: os.sched_setaffinity(0, {c})) if cpus else None
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS=str(threads),
-                   SPIKEGUARD_ADDR=addr, SPIKEGUARD_RUN=run,
-                   SPIKEGUARD_CHECKPOINT_DIR=str(tmp / "data" / "runs" / run / "checkpoints"))
-        procs.append(subprocess.Popen(
-            [sys.executable, str(Path(__file__).with_name("torch_overhead_interleaved.py")),
-             f"--pairs={pairs}", f"--block-steps={block_steps}", f"--threads={threads}"],
-            env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=pin))
-    outs = [p.communicate(timeout=3600)[0] for p in procs]
+    env = {"SPIKEGUARD_ADDR": addr, "SPIKEGUARD_RUN": run,
+           "SPIKEGUARD_CHECKPOINT_DIR": str(tmp / "data" / "runs" / run / "checkpoints")}
+    argv = [str(Path(__file__).with_name("torch_overhead_interleaved.py")), f"--pairs={pairs}",
+            f"--block-steps={block_steps}"]
     got = []
-    for p, out in zip(procs, outs):
+    for code, out in launch_ranks(argv, threads, env, cpus):
         lines = [l for l in out.splitlines() if l.startswith("{")]
-        if p.returncode != 0 or not lines:
-            raise SystemExit(f"the interleaved run failed ({p.returncode}):\n{out[-3000:]}")
+        if code != 0 or not lines:
+            raise SystemExit(f"the interleaved run failed ({code}):\n{out[-3000:]}")
         got.append(json.loads(lines[-1]))
     rank0 = next(g for g in got if g["rank"] == 0)
     plain_s = [p["plain"] for p in rank0["pairs"]]
@@ -140,7 +137,7 @@ def main():
     ap.add_argument("--steps", type=int, default=110)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--interleaved-pairs", type=int, default=40,
-                    help="block pairs of the interleaved measurement (0: skip it)")
+                    help="block pairs of the interleaved measurement (fewer than 2: skip it)")
     ap.add_argument("--block-steps", type=int, default=25)
     ap.add_argument("--pin", choices=["auto", "on", "off"], default="off",
                     help="pin rank r to the r-th core this process may use (auto: when "

@@ -90,7 +90,7 @@ def main():
                     seed=args.data_seed, checkpoint_every=50, clip_norm=args.clip)
     steps = sg.steps()
 
-    def supervised(n, settle=True):
+    def supervised(n):
         for _ in range(n):
             _, (x, y) = next(steps)
             x, y = x.to(device), y.to(device)
@@ -99,11 +99,10 @@ def main():
             opt_s.zero_grad()
             loss.backward()
             opt_s.step()
-        if settle:
-            sg._flush_reports()
-            if sg.client is not None:
-                sg.client.flush(timeout=60.0)
-            sg.wait_checkpoints()
+        sg._flush_reports()
+        if sg.client is not None:
+            sg.client.flush(timeout=60.0)
+        sg.wait_checkpoints()
 
     plain(WARMUP)
     supervised(WARMUP)

@@ -115,6 +115,17 @@ def _no_rows(data):
     return data
 
 
+def _lower_thread_priority(nice: int) -> None:
+    """Sets the calling thread's nice value to `nice` unless it is already
+    at least that (Linux gives each thread its own; elsewhere, or where it
+    is refused, the priority stays)."""
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, max(nice, os.getpriority(os.PRIO_PROCESS, tid)))
+    except (AttributeError, OSError):
+        pass
+
+
 class _BackgroundWriter:
     """Runs one job at a time on a thread (rank 0's checkpoint writes and
     registrations, in order); wait() finishes the running one and raises
@@ -136,12 +147,7 @@ class _BackgroundWriter:
             c0 = time.thread_time()
             try:
                 if self.nice is not None:
-                    try:
-                        tid = threading.get_native_id()
-                        os.setpriority(os.PRIO_PROCESS, tid,
-                                       max(self.nice, os.getpriority(os.PRIO_PROCESS, tid)))
-                    except (AttributeError, OSError):  # not Linux, or not allowed
-                        pass
+                    _lower_thread_priority(self.nice)
                 job()
             except BaseException as e:  # noqa: BLE001 - raised again by wait()
                 log.error("spikeguard: checkpoint written in the background failed: %s", e)
@@ -436,13 +442,11 @@ class Supervisor:
         registration), per trained step. The client's connection thread is
         not counted."""
         n = max(1, self._steps_done)
-        seconds = {"commands": self._seconds["commands"],
-                   "telemetry_activations": (self.telemetry.hook_seconds
-                                             if self.telemetry is not None else 0.0)}
-        seconds.update(self._seconds)
-        out = {k: 1000.0 * v / n for k, v in seconds.items()}
-        out["checkpoint_writer_cpu"] = 1000.0 * self._writer.cpu_s / n
-        return out
+        seconds = dict(self._seconds,
+                       telemetry_activations=(self.telemetry.hook_seconds
+                                              if self.telemetry is not None else 0.0),
+                       checkpoint_writer_cpu=self._writer.cpu_s)
+        return {k: 1000.0 * v / n for k, v in seconds.items()}
 
     # ---- the optimizer -----------------------------------------------------------
     def _wrap_optimizer(self) -> None:

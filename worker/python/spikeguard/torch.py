@@ -401,25 +401,23 @@ class Telemetry:
                   *, ignore_index: int = -100) -> None:
         """What ``logits`` records, from log_softmax(logits) [rows, V] and
         the targets [rows] of logits [rows, V] (``cross_entropy``'s way)."""
-        x = logits
-        if not x.numel():
+        if not logits.numel():
             return
-        if x.dtype not in (torch.float32, torch.float64):
+        if logits.dtype not in (torch.float32, torch.float64):
             # Log-probabilities in half precision would round the
             # log-sum-exp; the logits' own pass, in float32, does not.
-            self.logits(x)
+            self.logits(logits)
             return
         with torch.no_grad():
             # An ignored row's target is no column; any column gives its
-            # row's log-sum-exp.
+            # row's log-sum-exp. (Valid targets are columns, so with a
+            # negative ignore_index every negative target is an ignored one.)
             y = targets
-            # (Valid targets are columns, so with a negative ignore_index
-            # every negative target is an ignored one.)
             col = (y.clamp_min(0) if ignore_index < 0 else
                    torch.where(y == ignore_index, torch.zeros_like(y), y)).unsqueeze(1)
-            xd = x.detach()
-            lse = (xd.gather(1, col).float() - log_probs.detach().gather(1, col).float()).squeeze(1)
-            self._note_lse(lse, xd)
+            x = logits.detach()
+            lse = (x.gather(1, col).float() - log_probs.detach().gather(1, col).float()).squeeze(1)
+            self._note_lse(lse, x)
 
     def _note_lse(self, lse: torch.Tensor, x: torch.Tensor) -> None:
         """Adds the rows' log-sum-exp `lse` [rows] of logits `x` [rows, V]
