@@ -185,6 +185,13 @@ for k, v in r["component_ms_per_step"].items():
 if i:
     print(f"| (plain loop: clip_grad_norm_, replaced by telemetry_optimizer) | "
           f"{i['plain_clip_ms_per_step']:.3f} |")
+    print(f"| (plain loop: torch.save every 50 steps, the example's default, replaced by the "
+          f"checkpoint writer) | {i['plain_checkpoint_ms_per_step']:.3f} |")
+    print()
+    print(f"Interleaved overhead against a plain loop that does not checkpoint: "
+          f"{i['overhead_pct_against_plain_without_checkpoints']:+.1f} %; "
+          f"that neither checkpoints nor clips: "
+          f"{i['overhead_pct_against_plain_without_checkpoints_or_clipping']:+.1f} %.")
 PY
   echo
   echo "*What it means:* worker/examples/own_data/plain.py against its supervised copy on 2 gloo ranks reporting to a real spikeguardd, alternating; the overhead is the step time a user's loop pays for telemetry, command polling and checkpoint registration (the target is at most 3 %), and the components say where it goes."

@@ -6,7 +6,10 @@ reporting to a real spikeguardd), both on 2 gloo ranks, in alternating pairs
 shared machine hits both. The pairs are many and short (15 of 110 steps, each
 run timed after its first 10 steps): this machine's pace drifts by 10-20 %
 over minutes, so the medians of many adjacent pairs are steadier than a few
-long runs. Prints figures and writes OUT/torch_overhead.json:
+long runs. Both loops save a checkpoint every 50 steps (plain.py on rank 0
+with torch.save on its training thread, as an ordinary loop does; the
+Supervisor its own, which it registers), so what is compared is the cost of
+supervising a loop that checkpoints. Prints figures and writes OUT/torch_overhead.json:
 plain_steps_per_s, supervised_steps_per_s and overhead_pct (medians over the
 pairs; overhead from each pair's ratio), and the supervised ranks' ms/step
 per spikeguard component (Supervisor.timings(), rank 0, median over pairs).
@@ -19,6 +22,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import socket
 import statistics
 import subprocess
@@ -80,10 +84,10 @@ def launch_ranks(argv: list, threads: int, env_extra: dict, cpus: list) -> list:
 
 
 def run_pair_member(script: str, steps: int, threads: int, env_extra: dict,
-                    cpus: list) -> float:
+                    cpus: list, extra_args: tuple = ()) -> float:
     rates, cpu = [], 0.0
-    for code, out in launch_ranks([str(EXAMPLE / script), f"--steps={steps}"], threads,
-                                  env_extra, cpus):
+    for code, out in launch_ranks([str(EXAMPLE / script), f"--steps={steps}", *extra_args],
+                                  threads, env_extra, cpus):
         m = re.search(r"([0-9.]+) steps/s", out)
         if code != 0 or not m:
             raise SystemExit(f"{script} failed ({code}):\n{out[-3000:]}")
@@ -104,7 +108,7 @@ def run_interleaved(build: Path, addr: str, tmp: Path, pairs: int, block_steps: 
     env = {"SPIKEGUARD_ADDR": addr, "SPIKEGUARD_RUN": run,
            "SPIKEGUARD_CHECKPOINT_DIR": str(tmp / "data" / "runs" / run / "checkpoints")}
     argv = [str(Path(__file__).with_name("torch_overhead_interleaved.py")), f"--pairs={pairs}",
-            f"--block-steps={block_steps}"]
+            f"--block-steps={block_steps}", f"--checkpoint-dir={tmp / 'plain-checkpoints'}"]
     got = []
     for code, out in launch_ranks(argv, threads, env, cpus):
         lines = [l for l in out.splitlines() if l.startswith("{")]
@@ -112,9 +116,15 @@ def run_interleaved(build: Path, addr: str, tmp: Path, pairs: int, block_steps: 
             raise SystemExit(f"the interleaved run failed ({code}):\n{out[-3000:]}")
         got.append(json.loads(lines[-1]))
     rank0 = next(g for g in got if g["rank"] == 0)
-    plain_s = [p["plain"] for p in rank0["pairs"]]
-    sup_s = [p["supervised"] for p in rank0["pairs"]]
+    shutil.rmtree(tmp / "plain-checkpoints", ignore_errors=True)
+    blocks = rank0["pairs"]
+    plain_s = [p["plain"] for p in blocks]
+    sup_s = [p["supervised"] for p in blocks]
     overheads = [100.0 * (s / p - 1.0) for p, s in zip(plain_s, sup_s)]
+
+    def against(dropped):  # the median overhead against the plain blocks less those calls
+        return statistics.median(100.0 * (p["supervised"] / (p["plain"] - sum(p[k] for k in dropped))
+                                          - 1.0) for p in blocks)
     return {
         "pairs": pairs, "block_steps": block_steps,
         "plain_steps_per_s": 1.0 / statistics.median(plain_s),
@@ -124,8 +134,20 @@ def run_interleaved(build: Path, addr: str, tmp: Path, pairs: int, block_steps: 
         "overhead_pct_per_pair": overheads,
         "component_ms_per_step": rank0["timings"],
         # In the plain blocks: clip_grad_norm_, which the supervised loop's
-        # telemetry_optimizer (gradient norms and clipping) replaces.
+        # telemetry_optimizer (gradient norms and clipping) replaces, and
+        # the checkpoint saves (rank 0), which the Supervisor's replace.
         "plain_clip_ms_per_step": rank0["plain_clip_ms_per_step"],
+        "plain_checkpoint_ms_per_step": rank0["plain_checkpoint_ms_per_step"],
+        # Of the supervised blocks' time: their settling at the end (the
+        # reports delivered to the daemon, the checkpoint written).
+        "supervised_settle_ms_per_step": 1000.0 * statistics.median(
+            p["supervised_settle"] for p in blocks),
+        # The same pairs against a plain loop without those calls (its
+        # block time less what they took): what supervising costs a loop
+        # that neither checkpoints nor clips.
+        "overhead_pct_against_plain_without_checkpoints": against(["plain_checkpoint"]),
+        "overhead_pct_against_plain_without_checkpoints_or_clipping":
+            against(["plain_checkpoint", "plain_clip"]),
     }
 
 
@@ -167,8 +189,13 @@ def main():
             got, cpu = {}, {}
             for which in order:
                 if which == "plain":
-                    got[which], cpu[which] = run_pair_member("plain.py", args.steps,
-                                                             args.threads, {}, cpus)
+                    # Its checkpoints at the Supervisor's cadence (plain.py's
+                    # default, every 50 steps), into a directory of its own.
+                    saves = tmp / f"plain-checkpoints{i}"
+                    got[which], cpu[which] = run_pair_member(
+                        "plain.py", args.steps, args.threads, {}, cpus,
+                        (f"--checkpoint-dir={saves}",))
+                    shutil.rmtree(saves, ignore_errors=True)
                 else:
                     got[which], cpu[which] = run_pair_member("supervised.py", args.steps,
                                                              args.threads, sup_env, cpus)
@@ -223,7 +250,10 @@ def main():
         q = interleaved["overhead_pct_quartiles"]
         print(f"overhead {interleaved['overhead_pct']:.1f} % interleaved (median of "
               f"{interleaved['pairs']} pairs of {interleaved['block_steps']}-step blocks in one "
-              f"job; quartiles {q[0]:.1f} .. {q[2]:.1f} %)")
+              f"job; quartiles {q[0]:.1f} .. {q[2]:.1f} %); against a plain loop without "
+              f"checkpoints {interleaved['overhead_pct_against_plain_without_checkpoints']:.1f} %, "
+              f"without checkpoints or clipping "
+              f"{interleaved['overhead_pct_against_plain_without_checkpoints_or_clipping']:.1f} %")
 
 
 if __name__ == "__main__":

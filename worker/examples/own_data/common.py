@@ -89,6 +89,10 @@ def parse_args(argv=None):
     p.add_argument("--garbage", default="", help="dataset indices holding garbage, e.g. 5,17")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--clip", type=float, default=1.0, help="gradient clipping (max global norm)")
+    p.add_argument("--checkpoint-dir", default=None,
+                   help="where rank 0 saves a checkpoint (model and optimizer) every "
+                        "--checkpoint-every steps; none: no checkpoints")
+    p.add_argument("--checkpoint-every", type=int, default=50)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", default="cpu")
     p.add_argument("--backend", default="gloo")
@@ -99,7 +103,8 @@ def parse_args(argv=None):
 
 def setup(args):
     """torch.distributed from the launcher's environment (RANK, WORLD_SIZE,
-    MASTER_ADDR/PORT); one process without it. Returns (rank, world, device)."""
+    MASTER_ADDR/PORT); one process without it; rank 0 creates --checkpoint-dir.
+    Returns (rank, world, device)."""
     torch.set_num_threads(args.threads)
     torch.use_deterministic_algorithms(True)
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -110,4 +115,6 @@ def setup(args):
     if world > 1 or args.backend == "nccl":
         torch.distributed.init_process_group(args.backend)
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    if rank == 0 and args.checkpoint_dir:
+        os.makedirs(args.checkpoint_dir, exist_ok=True)
     return rank, world, device

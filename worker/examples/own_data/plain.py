@@ -39,4 +39,7 @@ while step < args.steps:
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         opt.step()
         step += 1
+        if rank == 0 and args.checkpoint_dir and step % args.checkpoint_every == 0:
+            torch.save({"step": step, "model": model.state_dict(), "optimizer": opt.state_dict()},
+                       os.path.join(args.checkpoint_dir, f"step{step}.pt"))
 timer.done(rank, step)

@@ -19,7 +19,8 @@ model = TinyLM(context=args.seq_len).to(device)
 ddp = DDP(model) if world > 1 else model
 opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
 sg = Supervisor(ddp, opt, dataset, global_batch_size=args.batch_size, steps=args.steps,
-                seed=args.data_seed, checkpoint_every=50, clip_norm=args.clip)
+                seed=args.data_seed, checkpoint_dir=args.checkpoint_dir,
+                checkpoint_every=args.checkpoint_every, clip_norm=args.clip)
 timer = Timer()
 for step, (x, y) in sg.steps():
     timer.step()
