@@ -301,6 +301,7 @@ class Driver {
     // counts it as duplicate); it never drops it itself.
     f["already_committed"] = NumberValue(0);
     f["batches_sent"] = NumberValue(static_cast<double>(s.batches_sent));
+    f["heartbeats_sent"] = NumberValue(static_cast<double>(s.heartbeats_sent));
     f["connects"] = NumberValue(static_cast<double>(s.connects));
     f["connected"] = BoolValue(client_->connected());
     f["last_ack_message"] = StringValue(s.last_ack_message);

@@ -51,7 +51,8 @@ class Driver:
             out = {"ok": True, "acked": s["reports_acked"], "duplicate": s["reports_duplicate"],
                    "rejected": s["reports_rejected"],
                    "already_committed": s["reports_already_committed"],
-                   "batches_sent": s["batches_sent"], "connects": s["connects"],
+                   "batches_sent": s["batches_sent"], "heartbeats_sent": s["heartbeats_sent"],
+                   "connects": s["connects"],
                    "connected": c.connected, "last_ack_message": s["last_ack_message"]}
             if rejection is not None:
                 out["reason"] = Rejected(rejection).reason

@@ -22,7 +22,8 @@ not ok). StepReports and Commands travel as protobuf JSON.
   {"op": "progress"}                       -> {"reported": n, "done": bool}
   {"op": "flush", "timeout_s"}
   {"op": "stats"}                          -> acked, duplicate, rejected,
-       already_committed, batches_sent, connects, connected, last_ack_message
+       already_committed, batches_sent, heartbeats_sent, connects, connected,
+       last_ack_message
   {"op": "poll_command", "timeout_s"}      -> {"command": {...} or null}
   {"op": "command_result", "id", "ok", "message", "step"}
   {"op": "checkpoint_saved", "step", "uri", "data_position"}
@@ -245,6 +246,25 @@ def test_a_batch_size_above_the_daemons_limit_is_cut_to_it(daemon, client):
     assert s["rejected"] == 0 and s["acked"] == 5000, s
     assert s["batches_sent"] == 2  # 4096 + 904
     assert len(daemon.telemetry("big", gen=0)) == 5000
+
+
+def test_heartbeats_go_only_when_no_batch_went_for_the_interval(daemon, client):
+    daemon.create_run("alive")
+    c = client()
+    assert c.start(daemon, "alive", heartbeat_interval=0.5)["ok"]
+    # A report every 0.05 s, each its own batch: two seconds of steady
+    # reporting, no silence a heartbeat would fill (one is allowed for a
+    # stall of this machine).
+    assert c("report_async", reports=reports(range(40)), interval_s=0.05)["ok"]
+    wait_until(lambda: c("progress")["done"], timeout=30, what="the reports to be queued")
+    assert c("flush", timeout_s=20)["ok"]
+    s = c.stats()
+    assert s["batches_sent"] >= 20 and s["heartbeats_sent"] <= 1, s
+    # Silent for 1.8 s: a heartbeat each 0.5 s.
+    time.sleep(1.8)
+    idle = c.stats()["heartbeats_sent"] - s["heartbeats_sent"]
+    assert 2 <= idle <= 4, idle
+    assert stored_steps(daemon, "alive") == list(range(40))
 
 
 def test_a_rejected_rank_is_told_why_and_stays_stopped(daemon, client):

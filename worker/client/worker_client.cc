@@ -534,6 +534,9 @@ bool WorkerClient::RunConnection() {
         *msg.mutable_reports() = b.batch;
         to_send.push_back(std::move(msg));
         ++stats_.batches_sent;
+        // A batch is a sign of life as a heartbeat is (the daemon takes
+        // both as one): the next heartbeat after heartbeat_interval of none.
+        last_heartbeat = absl::Now();
       }
       if (!finishing && absl::Now() - last_heartbeat >= options_.heartbeat_interval) {
         v1::WorkerMessage msg;
@@ -541,6 +544,7 @@ bool WorkerClient::RunConnection() {
         msg.mutable_heartbeat()->set_unix_ms(absl::ToUnixMillis(absl::Now()));
         to_send.push_back(std::move(msg));
         last_heartbeat = absl::Now();
+        ++stats_.heartbeats_sent;
       }
       writing_ = static_cast<int>(to_send.size());
     }

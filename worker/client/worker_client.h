@@ -83,6 +83,7 @@ class WorkerClient {
     // daemon's limit of reports per batch (4096): more is cut to it.
     int max_batch_reports = 64;
     absl::Duration flush_interval = absl::Milliseconds(50);
+    // A heartbeat goes after this long without a batch or a heartbeat.
     absl::Duration heartbeat_interval = absl::Seconds(1);
     absl::Duration initial_backoff = absl::Milliseconds(100);
     absl::Duration max_backoff = absl::Seconds(2);
@@ -109,6 +110,7 @@ class WorkerClient {
     // Unacknowledged reports of an older generation dropped by SetGeneration.
     int64_t reports_dropped_stale = 0;
     int64_t batches_sent = 0;
+    int64_t heartbeats_sent = 0;
     int64_t connects = 0;
     std::string last_ack_message;
     // Why the last stream or attempt failed ("" when none did).

@@ -4,8 +4,8 @@ The same delivery contract as the C++ client library (worker/client/worker_clien
 
 - ``report()`` appends a StepReport to the open batch and returns; a background
   thread seals batches (``max_batch_reports`` reports or ``flush_interval``
-  seconds), numbers them, and sends them with heartbeats, checkpoint notices
-  and command results.
+  seconds), numbers them, and sends them with checkpoint notices, command
+  results and heartbeats (after ``heartbeat_interval`` without a batch).
 - Reports are kept until the daemon acknowledges their batch, which it does
   only after committing it. When the stream breaks (daemon restart, network
   blip) the thread reconnects with exponential backoff and resends every
@@ -301,8 +301,8 @@ class Client:
     worker_pb2.DataOrder: the daemon refuses a rank whose order contradicts
     the run's manifest or the other ranks', and names documents with it) and
     total_steps go in the Hello. A batch is sealed at max_batch_reports
-    reports or flush_interval seconds; heartbeats every heartbeat_interval
-    seconds; report() blocks while max_queued_reports reports are
+    reports or flush_interval seconds; a heartbeat goes after
+    heartbeat_interval seconds without a batch or a heartbeat; report() blocks while max_queued_reports reports are
     unacknowledged; reconnects back off from initial_backoff to max_backoff
     seconds; close() waits up to close_grace seconds for the daemon to read
     what was written.
@@ -407,6 +407,7 @@ class Client:
             # already stored (their ack was lost with a stream): not resent.
             "reports_already_committed": 0,
             "batches_sent": 0,
+            "heartbeats_sent": 0,
             "connects": 0,
             "backpressure_waits": 0,
             "commands_received": 0,
@@ -1060,6 +1061,11 @@ class Client:
                         self._seal_locked()
                     msg = self._next_message_locked(conn)
                     if msg is not None:
+                        if msg.WhichOneof("body") == "reports":
+                            # A batch is a sign of life as a heartbeat is
+                            # (the daemon takes both as one): the next
+                            # heartbeat after heartbeat_interval of none.
+                            last_heartbeat = now
                         break
                     if finishing:
                         # Everything queued is written: half-close, and the
@@ -1070,6 +1076,7 @@ class Client:
                         msg.heartbeat.step = self._current_step
                         msg.heartbeat.unix_ms = int(time.time() * 1000)
                         last_heartbeat = now
+                        self._stats["heartbeats_sent"] += 1
                         break
                     wake = last_heartbeat + self._heartbeat_interval
                     if self._open_count > 0:
