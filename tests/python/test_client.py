@@ -60,6 +60,39 @@ def test_report_wakes_the_sender_only_for_a_new_or_sealed_batch():
         c.close()
 
 
+def test_report_many_seals_its_batch_and_wakes_the_sender_once():
+    """A trainer handing over several steps at once wakes the sender once,
+    with the batch sealed (not again at flush_interval); a step that does
+    not increase still starts a batch of its own."""
+    c = Client("127.0.0.1:1", "r", max_batch_reports=64)
+    wakes = []
+    real = c._cond.notify_all
+    c._cond.notify_all = lambda: (wakes.append(len(c._outbox)), real())
+    try:
+        c.report_many([step_report(s) for s in range(10)])
+        assert wakes == [1] and c._open_count == 0
+        assert [b.count for b in c._outbox] == [10]
+        c.report_many([step_report(10), step_report(11), step_report(11)])
+        assert [b.count for b in c._outbox] == [10, 2, 1]
+        assert wakes == [1, 3]
+    finally:
+        c.close()
+
+
+def test_report_many_goes_out_without_waiting_for_the_flush_timer(daemon):
+    daemon.create_run("many")
+    # A flush timer of a minute: only report_many's sealing sends these.
+    with client(daemon, "many", flush_interval=60.0) as c:
+        c.report_many([step_report(s) for s in range(10)])
+        wait_until(lambda: c.stats["reports_acked"] == 10, timeout=10)
+        assert c.stats["batches_sent"] == 1
+        c.report(step_report(10))  # report() still waits for the timer
+        time.sleep(0.5)
+        assert c.stats["batches_sent"] == 1
+        c.flush(timeout=20)
+    assert [int(r["step"]) for r in daemon.telemetry("many", gen=0)] == list(range(11))
+
+
 def test_reports_are_batched_acknowledged_and_stored(daemon):
     daemon.create_run("basic")
     with client(daemon, "basic", max_batch_reports=64, host="trainer-0", device_id=3) as c:

@@ -4,7 +4,7 @@ The same delivery contract as the C++ client library (worker/client/worker_clien
 
 - ``report()`` appends a StepReport to the open batch and returns; a background
   thread seals batches (``max_batch_reports`` reports or ``flush_interval``
-  seconds), numbers them, and sends them with checkpoint notices, command
+  seconds; ``report_many()`` seals its reports' batch at once), numbers them, and sends them with checkpoint notices, command
   results and heartbeats (after ``heartbeat_interval`` without a batch).
 - Reports are kept until the daemon acknowledges their batch, which it does
   only after committing it. When the stream breaks (daemon restart, network
@@ -457,42 +457,20 @@ class Client:
 
     def report(self, report: telemetry_pb2.StepReport) -> None:
         """Queues one StepReport. Blocks only under backpressure (see the module)."""
+        self.report_many((report,), send_now=False)
+
+    def report_many(self, reports, *, send_now: bool = True) -> None:
+        """Queues StepReports in order, as report() queues each; send_now:
+        they go out at once instead of after flush_interval (a trainer that
+        hands over several steps at a time wakes the sending thread once,
+        not once for the batch and once for its timer)."""
         with self._cond:
-            self._check_usable_locked()
-            if self._queued_locked() >= self._max_queued_reports:
-                if not self._started:
-                    raise RuntimeError(f"{self._queued_locked()} reports queued before start(): "
-                                       "call start() to deliver them")
-                self._stats["backpressure_waits"] += 1
-                if not self._warned_backpressure:
-                    self._warned_backpressure = True
-                    _log.warning(
-                        "spikeguard: %d reports of run '%s' rank %d wait for an acknowledgement "
-                        "from spikeguardd at %s (%s); report() blocks until the daemon catches "
-                        "up (backpressure, max_queued_reports=%d)",
-                        self._queued_locked(), self.run, self.rank, self.address,
-                        "connected" if self._connected else "not connected",
-                        self._max_queued_reports)
-                self._cond.wait_for(
-                    lambda: self._stopping or self._queued_locked() < self._max_queued_reports)
-                if self._rejection is not None:
-                    raise self._rejected_error()
+            wake = False
+            for report in reports:
+                wake |= self._add_report_locked(report)
                 if self._stopping:
                     return
-            wake = False
-            if self._open_count > 0 and report.step <= self._open_last_step:
-                # The daemon refuses a batch whose steps do not increase; a
-                # repeated or earlier step goes in a batch of its own (and is
-                # counted as a duplicate there).
-                self._seal_locked()
-                wake = True
-            if self._open_count == 0:
-                self._open_since = time.monotonic()
-                wake = True  # the sender's flush timer starts
-            self._open.reports.add().CopyFrom(report)
-            self._open_count += 1
-            self._open_last_step = report.step
-            if self._open_count >= self._max_batch_reports:
+            if send_now and self._open_count > 0:
                 self._seal_locked()
                 wake = True
             # The sender wakes for a sealed batch or a new open one only: a
@@ -500,6 +478,50 @@ class Client:
             # (waking it for each costs the trainer's thread the GIL).
             if wake:
                 self._cond.notify_all()
+
+    def _add_report_locked(self, report: telemetry_pb2.StepReport) -> bool:
+        """Adds a report to the open batch (waiting under backpressure);
+        True when the sender has to wake for it."""
+        self._check_usable_locked()
+        if self._queued_locked() >= self._max_queued_reports:
+            if not self._started:
+                raise RuntimeError(f"{self._queued_locked()} reports queued before start(): "
+                                   "call start() to deliver them")
+            self._stats["backpressure_waits"] += 1
+            if not self._warned_backpressure:
+                self._warned_backpressure = True
+                _log.warning(
+                    "spikeguard: %d reports of run '%s' rank %d wait for an acknowledgement "
+                    "from spikeguardd at %s (%s); report() blocks until the daemon catches "
+                    "up (backpressure, max_queued_reports=%d)",
+                    self._queued_locked(), self.run, self.rank, self.address,
+                    "connected" if self._connected else "not connected",
+                    self._max_queued_reports)
+            # The sender has to run to drain the queue.
+            self._cond.notify_all()
+            self._cond.wait_for(
+                lambda: self._stopping or self._queued_locked() < self._max_queued_reports)
+            if self._rejection is not None:
+                raise self._rejected_error()
+            if self._stopping:
+                return False
+        wake = False
+        if self._open_count > 0 and report.step <= self._open_last_step:
+            # The daemon refuses a batch whose steps do not increase; a
+            # repeated or earlier step goes in a batch of its own (and is
+            # counted as a duplicate there).
+            self._seal_locked()
+            wake = True
+        if self._open_count == 0:
+            self._open_since = time.monotonic()
+            wake = True  # the sender's flush timer starts
+        self._open.reports.add().CopyFrom(report)
+        self._open_count += 1
+        self._open_last_step = report.step
+        if self._open_count >= self._max_batch_reports:
+            self._seal_locked()
+            wake = True
+        return wake
 
     def checkpoint_saved(self, step: int, uri: str, *, data_position: int = 0,
                          size_bytes: int = 0, checksum: str = "", has_rng_state: bool = True,
