@@ -16,6 +16,22 @@ namespace {
 
 namespace fs = std::filesystem;
 
+std::vector<fs::path>& MadeDirs() {
+  static auto* dirs = new std::vector<fs::path>;
+  return *dirs;
+}
+
+// Removes the test directories when the process's tests are done.
+class RemoveMadeDirs : public testing::Environment {
+ public:
+  void TearDown() override {
+    std::error_code ec;
+    for (const auto& d : MadeDirs()) fs::remove_all(d, ec);
+  }
+};
+testing::Environment* const kRemoveMadeDirs =
+    testing::AddGlobalTestEnvironment(new RemoveMadeDirs);
+
 // A fresh directory per test: ctest runs each TEST as its own process, maybe
 // in parallel.
 std::string FreshDir() {
@@ -24,6 +40,7 @@ std::string FreshDir() {
                  (std::string("sg_ckpt_") + info->name() + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
+  MadeDirs().push_back(dir);
   return dir.string();
 }
 
