@@ -1,7 +1,5 @@
 #include "storage/checkpoint/checkpoint.h"
 
-#include <unistd.h>
-
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -10,39 +8,13 @@
 
 #include "gtest/gtest.h"
 #include "storage/checkpoint/checksum.h"
+#include "tests/storage/corpus/test_dir.h"
 
 namespace spikeguard::storage {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::vector<fs::path>& MadeDirs() {
-  static auto* dirs = new std::vector<fs::path>;
-  return *dirs;
-}
-
-// Removes the test directories when the process's tests are done.
-class RemoveMadeDirs : public testing::Environment {
- public:
-  void TearDown() override {
-    std::error_code ec;
-    for (const auto& d : MadeDirs()) fs::remove_all(d, ec);
-  }
-};
-testing::Environment* const kRemoveMadeDirs =
-    testing::AddGlobalTestEnvironment(new RemoveMadeDirs);
-
-// A fresh directory per test: ctest runs each TEST as its own process, maybe
-// in parallel.
-std::string FreshDir() {
-  const auto* info = testing::UnitTest::GetInstance()->current_test_info();
-  fs::path dir = fs::path(testing::TempDir()) /
-                 (std::string("sg_ckpt_") + info->name() + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  MadeDirs().push_back(dir);
-  return dir.string();
-}
+using testing_util::FreshDir;
 
 Checkpoint Sample(int64_t gen, int64_t step) {
   Checkpoint c;

@@ -1,25 +1,44 @@
-// A fresh directory per test: ctest runs each TEST as its own process, maybe
-// in parallel with others.
+// A fresh directory per test (ctest runs each TEST as its own process, maybe
+// in parallel with others), removed when the process's tests are done.
 #pragma once
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 
 namespace spikeguard::storage::testing_util {
 
+inline std::vector<std::filesystem::path>& FreshDirsMade() {
+  static auto* dirs = new std::vector<std::filesystem::path>;
+  return *dirs;
+}
+
+// Removes the process's fresh directories once its tests are done.
+class RemoveFreshDirs : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    std::error_code ignored;
+    for (const auto& dir : FreshDirsMade()) std::filesystem::remove_all(dir, ignored);
+  }
+};
+inline ::testing::Environment* const kRemoveFreshDirs =
+    ::testing::AddGlobalTestEnvironment(new RemoveFreshDirs);
+
 inline std::string FreshDir() {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  std::filesystem::path dir =
-      std::filesystem::path(::testing::TempDir()) /
-      (std::string("sg_corpus_") + info->test_suite_name() + "_" + info->name() + "_" +
-       std::to_string(::getpid()));
+  std::string name = std::string("sg_test_") + info->test_suite_name() + "_" + info->name() +
+                     "_" + std::to_string(::getpid());
+  std::replace(name.begin(), name.end(), '/', '_');  // parameterized tests' names hold '/'
+  std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / name;
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
+  FreshDirsMade().push_back(dir);
   return dir.string();
 }
 
