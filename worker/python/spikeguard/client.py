@@ -4,8 +4,9 @@ The same delivery contract as the C++ client library (worker/client/worker_clien
 
 - ``report()`` appends a StepReport to the open batch and returns; a background
   thread seals batches (``max_batch_reports`` reports or ``flush_interval``
-  seconds; ``report_many()`` seals its reports' batch at once), numbers them, and sends them with checkpoint notices, command
-  results and heartbeats (after ``heartbeat_interval`` without a batch).
+  seconds; ``report_many()`` seals its reports' batch at once), numbers them,
+  and sends them with checkpoint notices, command results and heartbeats
+  (after ``heartbeat_interval`` without a batch).
 - Reports are kept until the daemon acknowledges their batch, which it does
   only after committing it. When the stream breaks (daemon restart, network
   blip) the thread reconnects with exponential backoff and resends every
@@ -302,8 +303,8 @@ class Client:
     the run's manifest or the other ranks', and names documents with it) and
     total_steps go in the Hello. A batch is sealed at max_batch_reports
     reports or flush_interval seconds; a heartbeat goes after
-    heartbeat_interval seconds without a batch or a heartbeat; report() blocks while max_queued_reports reports are
-    unacknowledged; reconnects back off from initial_backoff to max_backoff
+    heartbeat_interval seconds without a batch or a heartbeat; report()
+    blocks while max_queued_reports reports are unacknowledged; reconnects back off from initial_backoff to max_backoff
     seconds; close() waits up to close_grace seconds for the daemon to read
     what was written.
     """
@@ -467,9 +468,9 @@ class Client:
         with self._cond:
             wake = False
             for report in reports:
+                if not self._wait_for_room_locked():
+                    break  # the client is closing: the rest is not queued
                 wake |= self._add_report_locked(report)
-                if self._stopping:
-                    return
             if send_now and self._open_count > 0:
                 self._seal_locked()
                 wake = True
@@ -479,9 +480,9 @@ class Client:
             if wake:
                 self._cond.notify_all()
 
-    def _add_report_locked(self, report: telemetry_pb2.StepReport) -> bool:
-        """Adds a report to the open batch (waiting under backpressure);
-        True when the sender has to wake for it."""
+    def _wait_for_room_locked(self) -> bool:
+        """Waits while max_queued_reports reports are queued (backpressure);
+        False when the client closes meanwhile."""
         self._check_usable_locked()
         if self._queued_locked() >= self._max_queued_reports:
             if not self._started:
@@ -497,7 +498,8 @@ class Client:
                     self._queued_locked(), self.run, self.rank, self.address,
                     "connected" if self._connected else "not connected",
                     self._max_queued_reports)
-            # The sender has to run to drain the queue.
+            # A batch report_many opened before it filled up is the
+            # sender's to seal: it may not have been woken for it yet.
             self._cond.notify_all()
             self._cond.wait_for(
                 lambda: self._stopping or self._queued_locked() < self._max_queued_reports)
@@ -505,6 +507,10 @@ class Client:
                 raise self._rejected_error()
             if self._stopping:
                 return False
+        return True
+
+    def _add_report_locked(self, report: telemetry_pb2.StepReport) -> bool:
+        """Adds a report to the open batch; True when the sender has to wake for it."""
         wake = False
         if self._open_count > 0 and report.step <= self._open_last_step:
             # The daemon refuses a batch whose steps do not increase; a
