@@ -5,6 +5,7 @@ import collections
 import os
 import socket
 import threading
+import time
 
 import pytest
 import torch
@@ -418,7 +419,9 @@ def _rank_main_looks(rank, port, out, async_looks):
 
         def put(self, rows):
             assert rows.shape == (2, len(self.taken))
-            self.got.append([tuple(int(v) for v in col) for col in rows.t()])
+            # The generation the values are delivered in.
+            self.got.append([(ctl.generation,) + tuple(int(v) for v in col)
+                             for col in rows.t()])
             self.taken = []
 
     vals = Values()
@@ -449,7 +452,8 @@ def test_two_ranks_looking_every_few_steps_agree_with_looks_in_flight(async_look
     look's collective finishes at the next boundary, so its commands run one
     step later, on both ranks at the same step; a horizon makes every
     boundary look at once. The piggybacked values of every step arrive, in
-    order, gathered from both ranks."""
+    order and in the generation that trained the step, gathered from both
+    ranks."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -476,6 +480,72 @@ def test_two_ranks_looking_every_few_steps_agree_with_looks_in_flight(async_look
     # After the rewind to step 3 with a horizon at 4: every boundary looks.
     assert [s for _, s in t0] == list(range(r_step)) + [3, 4] + list(range(5, 14))
     assert res0[2] == ("c", True, "ok", 5)
-    steps = [s for batch in vals0 for s, _ in batch]
-    assert steps == [s for _, s in t0][:len(steps)] and len(steps) >= len(t0) - 3
-    assert all(b == a + 100 for batch in vals0 for a, b in batch)
+    # Each step's values arrive in order, in the generation that trained
+    # it: those trained after the last look before the rewind are delivered
+    # before it, not in the new generation.
+    steps = [(g, s) for batch in vals0 for g, s, _ in batch]
+    assert steps == t0[:len(steps)] and len(steps) >= len(t0) - 3
+    assert all(b == a + 100 for batch in vals0 for _, a, b in batch)
+
+
+def _rank_main_paced(rank, port, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    c = FakeClient()
+    tr = FakeTrainer()
+    ctl = Controller(c, total_steps=44, get_step=lambda: tr.step, rewind=tr.rewind, rank=rank,
+                     world_size=2, poll_interval_s=0.01, exchange_every=8,
+                     exchange_interval_s=0.1, min_exchange_every=2)
+    taken = []
+
+    class Values:
+        pending: list = []
+
+        def take(self):
+            if not self.pending:
+                return None
+            taken.append(list(self.pending))
+            self.pending = []
+            return torch.tensor(taken[-1], dtype=torch.float64)
+
+        def put(self, rows):
+            pass
+
+    vals = Values()
+    ctl.piggyback = vals
+    while ctl.step_boundary():
+        if rank == 0 and tr.step >= 24:
+            time.sleep(0.06)  # rank 0 slows down; rank 1 keeps its pace
+        vals.pending.append(tr.step)
+        tr.step += 1
+    out.put((rank, taken))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_two_ranks_pace_their_looks_by_the_slowest_rank_and_agree():
+    """exchange_interval_s=0.1 within 2..8 boundaries: fast steps look every
+    8th boundary (the most), and once rank 0 takes 60 ms a step every 2nd
+    (ceil(0.1 / 0.06)), though rank 1 alone is fast; both ranks look at the
+    same boundaries, so they take the same steps at each look."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_rank_main_paced, args=(r, port, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = dict(out.get(timeout=120) for _ in range(2))
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    assert got[0] == got[1]
+    sizes = [len(t) for t in got[0]]
+    # The first look comes at the second boundary, then the fast steps' looks
+    # at the most distance, until the looks that measured the slow steps.
+    assert sizes[:4] == [1, 8, 8, 8], sizes
+    slow = [len(t) for t in got[0] if t[0] >= 26]
+    assert len(slow) >= 4 and all(n == 2 for n in slow[:-1]), got[0]
+    assert [s for t in got[0] for s in t] == list(range(sum(sizes)))

@@ -3,8 +3,9 @@
 The same behaviour towards spikeguardd as the C++ reference worker
 (worker/ref/reference_worker.cc: HandleCommand, WaitForGo, Run):
 
-- At every step boundary (or every ``exchange_every``-th) rank 0 polls its
-  Client; an all-reduce of three integers tells every rank whether rank 0
+- At every step boundary (or every ``exchange_every``-th, or about every
+  ``exchange_interval_s`` seconds) rank 0 polls its Client; an all-reduce
+  of four numbers tells every rank whether rank 0
   got commands or some rank was rejected, and only then are the commands
   broadcast over the process group (all_gather_object, which also carries
   every rank's rejection state), so every rank acts on the same commands at
@@ -78,10 +79,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from typing import Callable, Iterable, List, Optional, Sequence
 
 log = logging.getLogger("spikeguard.control")
+
+# A look's head: rank 0's command count, a rejection, rank 0's flag, the
+# rank's pace (seconds per boundary); reduced by maximum over the ranks.
+_HEAD = 4
 
 try:
     from spikeguard.v1 import worker_pb2
@@ -200,12 +206,23 @@ class Controller:
     on_hparams: called with the HParamState after SET_HPARAMS or REWIND.
     base_hparams: the configured base REWIND's hparams are absolute over.
     exchange_every: with several ranks, the boundaries between two looks
-        for commands (1: every step). Each look is one all-reduce of three
-        integers; the commands themselves travel (all_gather_object) only
+        for commands (1: every step). Each look is one all-reduce of four
+        numbers; the commands themselves travel (all_gather_object) only
         when rank 0 has some. A command then takes effect up to
         exchange_every - 1 steps later, on every rank at the same step.
         While a horizon is set every boundary looks, so a probe's commands
         are not late.
+    exchange_interval_s: with several ranks, look about this often in time
+        instead: each look carries every rank's pace (seconds per boundary
+        since its last look), and the next look comes after
+        ceil(exchange_interval_s / the slowest pace) boundaries, at least
+        ``min_exchange_every`` and at most exchange_every (the first look
+        after min_exchange_every). Every rank computes the same distance
+        from the same gathered numbers, so they still look at the same
+        boundaries. Fast steps then pay for one look per interval, and slow
+        ones get their commands (and the trainer its reports) a couple of
+        steps late instead of exchange_every steps late. None: the fixed
+        cadence.
     async_looks: with exchange_every > 1 and several ranks, a periodic look
         starts its collective at its boundary and finishes it at the next
         one (``finish_look``), so no rank waits for it; its commands then
@@ -221,6 +238,7 @@ class Controller:
                  base_hparams: Optional[HParamState] = None,
                  on_hparams: Optional[Callable[[HParamState], None]] = None,
                  flush_timeout_s: float = 60.0, exchange_every: int = 1,
+                 exchange_interval_s: Optional[float] = None, min_exchange_every: int = 2,
                  async_looks: bool = True):
         self.client = client
         self.total_steps = int(total_steps)
@@ -242,6 +260,15 @@ class Controller:
         # no collective runs. Counted in boundaries, the same on every rank.
         self.exchange_every = max(1, int(exchange_every))
         self._boundaries = 0
+        # The adaptive cadence (exchange_interval_s): the boundary of the
+        # next periodic look, and where and when this rank's last look began
+        # (its pace is measured from there).
+        self.exchange_interval_s = (float(exchange_interval_s)
+                                    if exchange_interval_s is not None else None)
+        self.min_exchange_every = max(1, min(int(min_exchange_every), self.exchange_every))
+        self._next_look = self.min_exchange_every
+        self._look_boundary = 0
+        self._look_clock = time.perf_counter()
         self.paused = False
         self.stopped = False
         self.ended_generation: Optional[int] = None
@@ -304,7 +331,8 @@ class Controller:
             rej = getattr(self.client, "rejection", None)
             if rej is not None:
                 rejection = str(getattr(rej, "message", "") or rej)
-        x = {"mine": mine, "rejection": rejection, "flag": bool(flag), "work": None}
+        x = {"mine": mine, "rejection": rejection, "flag": bool(flag), "work": None,
+             "boundary": self._boundaries}
         if not self._distributed():
             if self.piggyback is not None:
                 extra = self.piggyback.take()
@@ -317,19 +345,23 @@ class Controller:
         # exchange (rank 0's commands, a rejection, rank 0's flag); the
         # objects themselves travel only when there is.
         dev = self._collective_device()
+        # This rank's seconds per boundary since its last look (0: no
+        # boundary passed, e.g. while paused: the cadence stays).
+        now, passed = time.perf_counter(), self._boundaries - self._look_boundary
+        pace = (now - self._look_clock) / passed if passed > 0 else 0.0
+        self._look_boundary, self._look_clock = self._boundaries, now
+        numbers = [len(mine), int(rejection is not None), int(bool(flag)), pace]
         extra = self.piggyback.take() if self.piggyback is not None else None
         if extra is not None and extra.numel():
             # The trainer's pending values ride along: one all_gather
             # of [head, values] instead of two collectives.
-            vec = torch.cat([torch.tensor([len(mine), int(rejection is not None),
-                                           int(bool(flag))], dtype=torch.float64,
-                                          device=dev), extra.to(dev, torch.float64)])
+            vec = torch.cat([torch.tensor(numbers, dtype=torch.float64, device=dev),
+                             extra.to(dev, torch.float64)])
             rows = [torch.empty_like(vec) for _ in range(self.world_size)]
             x["work"] = dist.all_gather(rows, vec, group=self.group, async_op=async_op)
             x["rows"] = rows
         else:
-            head = torch.tensor([len(mine), int(rejection is not None), int(bool(flag))],
-                                dtype=torch.int64, device=dev)
+            head = torch.tensor(numbers, dtype=torch.float64, device=dev)
             x["work"] = dist.all_reduce(head, op=dist.ReduceOp.MAX, group=self.group,
                                         async_op=async_op)
             x["head"] = head
@@ -347,11 +379,12 @@ class Controller:
                 x["work"].wait()
             if "rows" in x:
                 allv = torch.stack(x["rows"])
-                self.piggyback.put(allv[:, 3:])
-                n_commands, any_rejected, flag_set = (int(v) for v in
-                                                      allv[:, :3].amax(0).tolist())
+                self.piggyback.put(allv[:, _HEAD:])
+                n_commands, any_rejected, flag_set, pace = allv[:, :_HEAD].amax(0).tolist()
             else:
-                n_commands, any_rejected, flag_set = x["head"].tolist()
+                n_commands, any_rejected, flag_set, pace = x["head"].tolist()
+            n_commands, any_rejected, flag_set = int(n_commands), int(any_rejected), int(flag_set)
+            self._plan_next_look(x["boundary"], pace)
             if n_commands == 0 and any_rejected == 0:
                 commands, flag = [], bool(flag_set)
             else:
@@ -371,6 +404,38 @@ class Controller:
             c.ParseFromString(blob)
             out.append(c)
         return out, flag
+
+    def deliver_piggyback(self) -> None:
+        """Hands the piggyback's pending values over now, gathered from
+        every rank (a collective with several ranks: every rank calls it at
+        the same point; none runs when nothing is pending)."""
+        vec = self.piggyback.take() if self.piggyback is not None else None
+        if vec is None or not vec.numel():
+            return
+        if not self._distributed():
+            self.piggyback.put(vec.unsqueeze(0))
+            return
+        import torch
+        import torch.distributed as dist
+        vec = vec.to(self._collective_device(), torch.float64)
+        rows = [torch.empty_like(vec) for _ in range(self.world_size)]
+        dist.all_gather(rows, vec, group=self.group)
+        self.piggyback.put(torch.stack(rows))
+
+    def _plan_next_look(self, boundary: int, pace: float) -> None:
+        """The boundary of the next periodic look under exchange_interval_s,
+        from the look that began at `boundary` and the slowest rank's pace
+        (the same numbers on every rank)."""
+        if self.exchange_interval_s is None or not pace > 0 or not math.isfinite(pace):
+            return
+        gap = math.ceil(self.exchange_interval_s / pace) if self.exchange_interval_s > 0 else 1
+        self._next_look = boundary + max(self.min_exchange_every, min(self.exchange_every, gap))
+
+    def _look_due(self) -> bool:
+        """Whether this boundary's periodic look is due (several ranks)."""
+        if self.exchange_interval_s is None:
+            return self._boundaries % self.exchange_every == 0
+        return self._boundaries >= self._next_look
 
     def finish_look(self) -> None:
         """Completes a look for commands started at the last boundary
@@ -471,6 +536,11 @@ class Controller:
             log.error("rank %d: command %s failed: %s", self.rank, cid, message)
 
     def _do_rewind(self, command):
+        # The steps trained since the last look belong to the old
+        # generation: delivered in it, not after the rewind in the new one
+        # (where their steps, past the rewind's, would come first).
+        self.finish_look()
+        self.deliver_piggyback()
         if self.client is not None:
             try:
                 self.client.flush(timeout=30.0)  # the old generation's reports first
@@ -550,7 +620,7 @@ class Controller:
             for c in ready:
                 self.handle(c)
             if (self.exchange_every <= 1 or not self._distributed()
-                    or self._boundaries % self.exchange_every == 0 or self.stop_after >= 0
+                    or self._look_due() or self.stop_after >= 0
                     or self.get_step() >= self.total_steps):
                 if (self.async_looks and self.exchange_every > 1 and self._distributed()
                         and self.stop_after < 0 and not self.paused and not self.stopped

@@ -56,16 +56,21 @@ names others), so the daemon can bisect a culprit batch down to its
 documents on any dataset.
 
 Cost per step: no collective and no host transfer of its own. Each step's
-statistics stay on the device; every ``exchange_every`` steps one all-gather
-carries both the look for commands (three numbers) and the pending steps'
-statistics, which then reach the host in one transfer and go to the client.
-The all-gather starts at its boundary and is finished at the next one, so
-no rank waits for it (Controller's ``async_looks``): reports are up to
-exchange_every steps late, and the daemon's commands take effect up to
-exchange_every steps late, on every rank at the same step (at once while a
-probe's horizon is set). Before a checkpoint is saved the pending reports
-are sent first (one more all-gather), so the daemon gets a checkpoint after
-the reports of the steps before it; the checkpoint itself is written,
+statistics stay on the device; about once per ``exchange_interval_s`` (1 s)
+of training one all-gather carries both the look for commands (four
+numbers) and the pending steps' statistics, which then reach the host in
+one transfer and go to the client. The looks' distance in steps follows
+the pace every rank measured (Controller's ``exchange_interval_s``): at
+least 2 and at most ``exchange_every`` (20) steps apart, the same steps on
+every rank; None looks every ``exchange_every`` steps. The all-gather
+starts at its boundary and is finished at the next one, so no rank waits
+for it (Controller's ``async_looks``): reports are up to one look's
+distance late, and the daemon's commands take effect as late, on every
+rank at the same step (at once while a probe's horizon is set); before a
+rewind the steps trained since the last look are reported, in the
+generation that trained them. Before a checkpoint is saved the pending
+reports are sent first (one more all-gather), so the daemon gets a
+checkpoint after the reports of the steps before it; the checkpoint itself is written,
 retained and registered on a thread (``background_checkpoints``) at the
 lowest CPU priority (``checkpoint_nice``, 19 by default; None keeps the
 trainer's), so where training keeps every core busy the writes take the
@@ -185,7 +190,8 @@ class Supervisor:
                  generation: Optional[int] = None, resume: Optional[str] = None,
                  plan: Optional[str] = None, telemetry: bool = True, logits: bool = True,
                  domain_names=None, document_of: Optional[Callable] = None,
-                 document_domain: str = "data", exchange_every: int = 10,
+                 document_domain: str = "data", exchange_every: int = 20,
+                 exchange_interval_s: Optional[float] = 1.0,
                  update_every: int = 10, background_checkpoints: bool = True,
                  checkpoint_nice: Optional[int] = 19,
                  linger_s: float = 0.0, config_fingerprint: str = "",
@@ -264,7 +270,8 @@ class Supervisor:
             self.client, total_steps=self.total_steps, get_step=lambda: self.step,
             rewind=self._rewind, rank=self.rank, world_size=self.world_size,
             generation=self.generation, linger_s=float(_env(None, "SPIKEGUARD_LINGER_S", linger_s)),
-            exchange_every=exchange_every, on_hparams=self._set_hparams)
+            exchange_every=exchange_every, exchange_interval_s=exchange_interval_s,
+            on_hparams=self._set_hparams)
         self.controller.hparams = self.hparams
         self.controller.settle = self.wait_checkpoints
         self.exchange_every = max(1, int(exchange_every))
@@ -415,15 +422,8 @@ class Supervisor:
         """Reports every pending step now (a collective with several ranks:
         every rank calls it at the same point)."""
         self.controller.finish_look()  # a look in flight reports its steps first
-        vec = self.take()
-        if vec is None:
-            return
-        if self.world_size > 1 and dist.is_available() and dist.is_initialized():
-            rows = [torch.empty_like(vec) for _ in range(self.world_size)]
-            dist.all_gather(rows, vec)
-            self.put(torch.stack(rows))
-        else:
-            self.put(vec.unsqueeze(0))
+        if self.telemetry is not None:
+            self.controller.deliver_piggyback()
 
     def timings(self) -> dict:
         """Milliseconds per trained step spent in spikeguard, per component:
