@@ -46,6 +46,16 @@ void ProbeJudge::EndEarly() {
 }
 
 void ProbeJudge::FinishWithoutDetectedSpike(const std::string& clean_detail) {
+  const int64_t end = std::min(to, last_fed);
+  if (const int64_t judged = end - from + 1; judged > 0 && judged_seen < judged) {
+    Finish(ProbeOutcome::kFailed,
+           absl::StrCat("the reports skip ", judged - judged_seen, " of the ", judged,
+                        " judged steps [", from, ", ", end, "] (the first report of generation ",
+                        generation, " was step ", first_fed,
+                        "): no spike seen is not a clean replay"),
+           -1, -1);
+    return;
+  }
   if (!ReproducedBitExactly()) {
     Finish(ProbeOutcome::kClean, clean_detail, -1, -1);
     return;
@@ -62,6 +72,8 @@ void ProbeJudge::FinishWithoutDetectedSpike(const std::string& clean_detail) {
 void ProbeJudge::Feed(const StepObservation& o, absl::Time now) {
   if (result || o.generation != generation || o.step <= last_fed) return;
   last_fed = o.step;
+  if (first_fed < 0) first_fed = o.step;
+  if (o.step >= from && o.step <= to) ++judged_seen;
   last_progress = now;
   ++count;
   if (std::isfinite(o.step_time_s)) time_sum += o.step_time_s;

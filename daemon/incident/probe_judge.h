@@ -88,6 +88,12 @@ struct ProbeJudge {
   std::string ended_reason;
 
   int64_t last_fed = -1;
+  // The first step fed, and how many fed steps lie in [from, to]: a replay
+  // is judged clean only on the judged steps it reported (a worker whose
+  // reports skip them, e.g. one that sent a step of its old timeline under
+  // the new generation first, has not shown them clean).
+  int64_t first_fed = -1;
+  int64_t judged_seen = 0;
   double time_sum = 0;
   int64_t count = 0;
   absl::Time last_progress;
@@ -102,7 +108,8 @@ struct ProbeJudge {
   // steps it was to judge has failed; otherwise what it saw stands.
   void EndEarly();
   // Judged at the horizon (or the schedule's end) with no spike flagged:
-  // clean, unless the replay repeated the event bit for bit.
+  // clean, unless the replay repeated the event bit for bit; failed when
+  // the reports skipped judged steps.
   void FinishWithoutDetectedSpike(const std::string& clean_detail);
   // One step of any generation (others and repeats are ignored).
   void Feed(const StepObservation& o, absl::Time now);

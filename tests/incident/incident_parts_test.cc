@@ -372,6 +372,36 @@ TEST(ProbeJudgeTest, AScheduleThatEndsBeforeTheJudgedStepsFails) {
   EXPECT_TRUE(j->result->ended_early());
 }
 
+// A worker whose first report of the probe's generation is a step past the
+// horizon (one of its old timeline, sent late), or whose reports leave out
+// judged steps, has shown nothing clean: the probe fails (inconclusive), it
+// is not a replay without the spike (TRANSIENT).
+TEST(ProbeJudgeTest, AReplayWhoseReportsSkipTheJudgedStepsIsNotClean) {
+  auto far = Judge(998, 1010);
+  far->Feed(Step(1015, Noise(1015)), absl::Now());
+  ASSERT_TRUE(far->result.has_value());
+  EXPECT_EQ(OutcomeOf(*far->result), ProbeOutcome::kFailed) << far->result->detail();
+  EXPECT_THAT(far->result->detail(),
+              ::testing::HasSubstr("skip 13 of the 13 judged steps [998, 1010]"));
+  EXPECT_THAT(far->result->detail(), ::testing::HasSubstr("was step 1015"));
+
+  auto gap = Judge(998, 1010);
+  for (int64_t s = 900; s <= 1010; ++s) {
+    if (s < 1001 || s > 1003) gap->Feed(Step(s, Noise(s)), absl::Now());
+  }
+  ASSERT_TRUE(gap->result.has_value());
+  EXPECT_EQ(OutcomeOf(*gap->result), ProbeOutcome::kFailed) << gap->result->detail();
+  EXPECT_THAT(gap->result->detail(), ::testing::HasSubstr("skip 3 of the 13"));
+
+  // Ended early after every step it reached: what it saw stands.
+  auto ended = Judge(998, 1010);
+  for (int64_t s = 900; s <= 1004; ++s) ended->Feed(Step(s, Noise(s)), absl::Now());
+  ended->ended_at = 1004;
+  ended->EndEarly();
+  ASSERT_TRUE(ended->result.has_value());
+  EXPECT_EQ(OutcomeOf(*ended->result), ProbeOutcome::kClean) << ended->result->detail();
+}
+
 TEST(ProbeJudgeTest, RepeatedAndForeignStepsAreIgnored) {
   auto j = Judge(998, 1010);
   j->Feed(Step(900, Noise(900)), absl::Now());
