@@ -24,6 +24,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "tests/cli/test_supervisor.h"
+#include "tests/storage/corpus/test_dir.h"
 #include "tests/testdata/test_certs.h"
 
 namespace spikeguard::cli {
@@ -51,11 +52,7 @@ T ParseText(const std::string& text) {
   return message;
 }
 
-std::string WriteTempFile(const std::string& name, const std::string& contents) {
-  const std::string path = ::testing::TempDir() + "/" + name;
-  std::ofstream(path) << contents;
-  return path;
-}
+using storage::testing_util::WriteTestFile;
 
 std::string Sha256Hex(const std::string& text) {
   unsigned char digest[SHA256_DIGEST_LENGTH];
@@ -116,7 +113,7 @@ TEST_F(SpikectlTokenTest, NoTokenSendsNoAuthorization) {
 TEST_F(SpikectlTokenTest, TokenFileIsSentAsBearerOnEveryCall) {
   // The first line, trimmed; the rest of the file is ignored.
   const std::string file =
-      WriteTempFile("token", std::string("  ") + kToken + "  \nnot the token\n");
+      WriteTestFile("token", std::string("  ") + kToken + "  \nnot the token\n");
   Result status = Spikectl({"--token-file", file, "status"});
   EXPECT_EQ(status.code, 0) << status.err;
   Result list = Spikectl({"runs", "list", "--token-file=" + file});  // after the command too
@@ -140,7 +137,7 @@ TEST_F(SpikectlTokenTest, TokenFromTheEnvironment) {
 
   // SPIKEGUARD_TOKEN_FILE when SPIKEGUARD_TOKEN is not set.
   unsetenv("SPIKEGUARD_TOKEN");
-  setenv("SPIKEGUARD_TOKEN_FILE", WriteTempFile("env-token", "from-file-token\n").c_str(), 1);
+  setenv("SPIKEGUARD_TOKEN_FILE", WriteTestFile("env-token", "from-file-token\n").c_str(), 1);
   r = Spikectl({"runs", "list"});
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(supervisor_.LastAuthorization("ListRuns"), "Bearer from-file-token");
@@ -150,7 +147,7 @@ TEST_F(SpikectlTokenTest, TokenFromTheEnvironment) {
   r = Spikectl({"--token=flag-token", "runs", "list"});
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(supervisor_.LastAuthorization("ListRuns"), "Bearer flag-token");
-  r = Spikectl({"--token-file", WriteTempFile("flag-token", "file-flag-token"), "runs", "list"});
+  r = Spikectl({"--token-file", WriteTestFile("flag-token", "file-flag-token"), "runs", "list"});
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(supervisor_.LastAuthorization("ListRuns"), "Bearer file-flag-token");
 }
@@ -180,11 +177,11 @@ TEST_F(SpikectlTokenTest, MissingOrBadTokenFileNamesThePathNotTheToken) {
   EXPECT_THAT(env.err, HasSubstr("SPIKEGUARD_TOKEN_FILE '/nonexistent/env-token'"));
   unsetenv("SPIKEGUARD_TOKEN_FILE");
 
-  Result empty = Spikectl({"--token-file", WriteTempFile("empty-token", "\n" + std::string(kToken)), "status"});
+  Result empty = Spikectl({"--token-file", WriteTestFile("empty-token", "\n" + std::string(kToken)), "status"});
   EXPECT_EQ(empty.code, 2);
   EXPECT_THAT(empty.err, HasSubstr("holds no token"));
 
-  const std::string spaced = WriteTempFile("spaced-token", std::string(kToken) + " tail\n");
+  const std::string spaced = WriteTestFile("spaced-token", std::string(kToken) + " tail\n");
   Result bad = Spikectl({"--token-file", spaced, "status"});
   EXPECT_EQ(bad.code, 2);
   EXPECT_THAT(bad.err, HasSubstr("cannot have"));
@@ -206,7 +203,7 @@ TEST_F(SpikectlTokenTest, UnauthenticatedShowsTheDaemonsMessageAndAHint) {
   EXPECT_THAT(none.err, HasSubstr("hint: no token was sent: set SPIKEGUARD_TOKEN"));
   EXPECT_THAT(none.err, HasSubstr("--token-file"));
 
-  const std::string file = WriteTempFile("wrong-token", kToken);
+  const std::string file = WriteTestFile("wrong-token", kToken);
   supervisor_.SetError("Rewind", grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "unknown token"));
   Result wrong = Spikectl({"--token-file", file, "rewind", "--run=r", "--to-step=10"});
   EXPECT_EQ(wrong.code, 1);
@@ -428,7 +425,7 @@ TEST_F(SpikectlTlsTest, BadTlsSettingsNameTheFileAndTheFlag) {
   EXPECT_EQ(missing.code, 2);
   EXPECT_THAT(missing.err, HasSubstr("cannot read --tls-ca '/nonexistent/ca.pem'"));
 
-  Result not_pem = Run("127.0.0.1:1", {"--tls-ca", WriteTempFile("not.pem", "hello\n"), "status"});
+  Result not_pem = Run("127.0.0.1:1", {"--tls-ca", WriteTestFile("not.pem", "hello\n"), "status"});
   EXPECT_EQ(not_pem.code, 2);
   EXPECT_THAT(not_pem.err, HasSubstr("is not PEM"));
 

@@ -19,6 +19,7 @@
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
 #include "tests/cli/test_supervisor.h"
+#include "tests/storage/corpus/test_dir.h"
 
 namespace spikeguard::cli {
 namespace {
@@ -45,11 +46,7 @@ T ParseJson(const std::string& json) {
   return message;
 }
 
-std::string WriteTempFile(const std::string& name, const std::string& contents) {
-  const std::string path = ::testing::TempDir() + "/" + name;
-  std::ofstream(path) << contents;
-  return path;
-}
+using storage::testing_util::WriteTestFile;
 
 class SpikectlServerTest : public ::testing::Test {
  protected:
@@ -116,7 +113,7 @@ TEST_F(SpikectlServerTest, RunsCreateSendsNameWorldSizeAndMode) {
 }
 
 TEST_F(SpikectlServerTest, RunsCreateWithSpecLaunches) {
-  const std::string spec = WriteTempFile("spec.txtpb", R"pb(
+  const std::string spec = WriteTestFile("spec.txtpb", R"pb(
     profile: "ref-worker"
     params { key: "args" value: "--steps=600" }
     manifest { seed: 1234 global_batch_size: 16 sequence_length: 64 }
@@ -407,7 +404,7 @@ TEST_F(SpikectlServerTest, ActionsCallTheirRpcWithTheirFields) {
 }
 
 TEST_F(SpikectlServerTest, PolicySetSendsFileAndGetPrintsText) {
-  const std::string file = WriteTempFile("policy.txtpb", R"pb(
+  const std::string file = WriteTestFile("policy.txtpb", R"pb(
     mode: MODE_PROPOSE
     loss_spike { window: 128 min_samples: 64 z_threshold: 6 relative_floor: 0.05 }
     budget { max_probes: 6 }

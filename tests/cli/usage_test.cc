@@ -13,6 +13,7 @@
 #include "cli/spikectl.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/storage/corpus/test_dir.h"
 
 namespace spikeguard::cli {
 namespace {
@@ -184,7 +185,7 @@ TEST(UsageTest, NoCommandPrintsOverviewToStderr) {
 }
 
 TEST(UsageTest, MalformedSpecFileIsAUsageErrorNamingTheLine) {
-  const std::string path = ::testing::TempDir() + "/bad_spec.txtpb";
+  const std::string path = storage::testing_util::TestFilePath("bad_spec.txtpb");
   std::ofstream(path) << "command: \"train\"\nno_such_field: 3\n";
   Result r = Spikectl({"runs", "create", "r", "--spec=" + path});
   EXPECT_EQ(r.code, 2);

@@ -12,6 +12,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/storage/corpus/test_dir.h"
 #include "tests/testdata/test_certs.h"
 #include "tests/worker/scripted_controller.h"
 #include "worker/client/worker_client.h"
@@ -63,9 +64,7 @@ class WorkerClientSecurityTest : public ::testing::Test {
   }
 
   static std::string WriteTempFile(const std::string& name, const std::string& contents) {
-    const std::string path = ::testing::TempDir() + "/" + name;
-    std::ofstream(path) << contents;
-    return path;
+    return storage::testing_util::WriteTestFile(name, contents);
   }
 
   // Made on first use (a few seconds of RSA key generation).

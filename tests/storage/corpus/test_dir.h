@@ -42,6 +42,20 @@ inline std::string FreshDir() {
   return dir.string();
 }
 
+// A path for `name` in the running test's fresh directory (made at the
+// test's first call, removed with the others): test files never land in the
+// shared temp directory under fixed names.
+inline std::string TestFilePath(const std::string& name) {
+  static const ::testing::TestInfo* owner = nullptr;
+  static std::string dir;
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  if (dir.empty() || info != owner) {
+    dir = FreshDir();
+    owner = info;
+  }
+  return (std::filesystem::path(dir) / name).string();
+}
+
 inline std::string ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});
@@ -50,6 +64,13 @@ inline std::string ReadFile(const std::string& path) {
 inline void WriteFile(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << bytes;
+}
+
+// Writes `bytes` to TestFilePath(name); returns the path.
+inline std::string WriteTestFile(const std::string& name, const std::string& bytes) {
+  const std::string path = TestFilePath(name);
+  WriteFile(path, bytes);
+  return path;
 }
 
 }  // namespace spikeguard::storage::testing_util
