@@ -340,6 +340,24 @@ def test_rejection_raises():
 
 # ---- two ranks over gloo ---------------------------------------------------------
 
+def _run_two_ranks(target, *args):
+    """Runs target(rank, port, out, *args) as gloo ranks 0 and 1 (spawned
+    processes), each putting (rank, *results) on out; returns {rank:
+    results} once both exited cleanly."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(r, port, out, *args)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = [out.get(timeout=120) for _ in range(2)]
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    return {r[0]: r[1:] for r in got}
+
 def _rank_main(rank, port, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -371,18 +389,7 @@ def _rank_main(rank, port, out):
 
 
 def test_two_ranks_act_on_rank0s_commands_at_the_same_step():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(r, port, out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    got = dict((r[0], r[1:]) for r in (out.get(timeout=120) for _ in range(2)))
-    for p in procs:
-        p.join(60)
-        assert p.exitcode == 0
+    got = _run_two_ranks(_rank_main)
     t0, res0, end0, lr0 = got[0]
     t1, res1, end1, lr1 = got[1]
     assert t0 == t1
@@ -454,19 +461,7 @@ def test_two_ranks_looking_every_few_steps_agree_with_looks_in_flight(async_look
     boundary look at once. The piggybacked values of every step arrive, in
     order and in the generation that trained the step, gathered from both
     ranks."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main_looks, args=(r, port, out, async_looks))
-             for r in range(2)]
-    for p in procs:
-        p.start()
-    got = dict((r[0], r[1:]) for r in (out.get(timeout=120) for _ in range(2)))
-    for p in procs:
-        p.join(60)
-        assert p.exitcode == 0
+    got = _run_two_ranks(_rank_main_looks, async_looks)
     t0, res0, vals0 = got[0]
     t1, res1, vals1 = got[1]
     assert t0 == t1 and res1 == res0 and vals0 == vals1
@@ -500,7 +495,8 @@ def _rank_main_paced(rank, port, out):
     taken = []
 
     class Values:
-        pending: list = []
+        def __init__(self):
+            self.pending = []
 
         def take(self):
             if not self.pending:
@@ -529,18 +525,7 @@ def test_two_ranks_pace_their_looks_by_the_slowest_rank_and_agree():
     8th boundary (the most), and once rank 0 takes 60 ms a step every 2nd
     (ceil(0.1 / 0.06)), though rank 1 alone is fast; both ranks look at the
     same boundaries, so they take the same steps at each look."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main_paced, args=(r, port, out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    got = dict(out.get(timeout=120) for _ in range(2))
-    for p in procs:
-        p.join(60)
-        assert p.exitcode == 0
+    got = {r: taken for r, (taken,) in _run_two_ranks(_rank_main_paced).items()}
     assert got[0] == got[1]
     sizes = [len(t) for t in got[0]]
     # The first look comes at the second boundary, then the fast steps' looks

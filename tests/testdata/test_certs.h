@@ -2,8 +2,8 @@
 // -----------------------------------------------------------------------------
 // TLS material for tests, made at test time by tests/testdata/make_test_certs.sh
 // (fresh keys, nothing secret committed) into a private temp dir, once per
-// test process, removed when the process exits. The target must define
-// SPIKEGUARD_SOURCE_DIR (the checkout):
+// test process, removed when the process's tests are done. The target must
+// define SPIKEGUARD_SOURCE_DIR (the checkout):
 //
 //   target_compile_definitions(t PRIVATE SPIKEGUARD_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
 //
@@ -13,18 +13,16 @@
 #pragma once
 
 #include <stdlib.h>
-#include <unistd.h>
 
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
-#include <system_error>
 
 #include "gtest/gtest.h"
 #include "grpcpp/grpcpp.h"
+#include "tests/storage/corpus/test_dir.h"
 
 namespace spikeguard::testing {
 
@@ -61,15 +59,8 @@ inline const TestCerts& GetTestCerts() {
       return c;
     }
     c->dir = pattern;
-    // Removed when this process exits (not by a forked child that exits):
-    // the keys are made fresh for every test process.
-    static const pid_t owner = ::getpid();
-    static const std::string* made = new std::string(pattern);
-    std::atexit([] {
-      if (::getpid() != owner) return;
-      std::error_code ignored;
-      std::filesystem::remove_all(*made, ignored);
-    });
+    // The keys are made fresh for every test process.
+    storage::testing_util::RemoveWhenTestsEnd(c->dir);
     const std::string command = std::string("bash '") + SPIKEGUARD_SOURCE_DIR +
                                 "/tests/testdata/make_test_certs.sh' '" + c->dir + "'";
     if (std::system(command.c_str()) != 0) ADD_FAILURE() << command << " failed";

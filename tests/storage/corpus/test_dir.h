@@ -30,6 +30,9 @@ class RemoveFreshDirs : public ::testing::Environment {
 inline ::testing::Environment* const kRemoveFreshDirs =
     ::testing::AddGlobalTestEnvironment(new RemoveFreshDirs);
 
+// `dir` (and what it holds) is removed when the process's tests are done.
+inline void RemoveWhenTestsEnd(const std::filesystem::path& dir) { FreshDirsMade().push_back(dir); }
+
 inline std::string FreshDir() {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
   std::string name = std::string("sg_test_") + info->test_suite_name() + "_" + info->name() +
@@ -38,7 +41,7 @@ inline std::string FreshDir() {
   std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / name;
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
-  FreshDirsMade().push_back(dir);
+  RemoveWhenTestsEnd(dir);
   return dir.string();
 }
 

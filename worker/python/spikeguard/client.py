@@ -304,9 +304,9 @@ class Client:
     total_steps go in the Hello. A batch is sealed at max_batch_reports
     reports or flush_interval seconds; a heartbeat goes after
     heartbeat_interval seconds without a batch or a heartbeat; report()
-    blocks while max_queued_reports reports are unacknowledged; reconnects back off from initial_backoff to max_backoff
-    seconds; close() waits up to close_grace seconds for the daemon to read
-    what was written.
+    blocks while max_queued_reports reports are unacknowledged; reconnects
+    back off from initial_backoff to max_backoff seconds; close() waits up to
+    close_grace seconds for the daemon to read what was written.
     """
 
     def __init__(self, address: str, run: str, rank: int = 0, world_size: int = 1,

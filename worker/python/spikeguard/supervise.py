@@ -422,8 +422,7 @@ class Supervisor:
         """Reports every pending step now (a collective with several ranks:
         every rank calls it at the same point)."""
         self.controller.finish_look()  # a look in flight reports its steps first
-        if self.telemetry is not None:
-            self.controller.deliver_piggyback()
+        self.controller.deliver_piggyback()
 
     def timings(self) -> dict:
         """Milliseconds per trained step spent in spikeguard, per component:
