@@ -313,10 +313,14 @@ def test_supervisor_cross_entropy_trains_and_reports_as_the_loss_of_f_cross_entr
                     objective(model(x.flip(0)) * 3.0, y)
                 model.train()
             loss = objective(model(x), y)
+            # The logits hook stays on the user's model only while it is
+            # what records them: the helper takes over after its first step.
+            assert len(model._forward_hooks) == (0 if use_helper else 1)
             opt.zero_grad()
             loss.backward()
             opt.step()
         sg.close()
+        assert not model._forward_hooks
         return model, client.reports
 
     m_hook, r_hook = train(False)

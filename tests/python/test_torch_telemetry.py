@@ -125,6 +125,48 @@ def test_clipping_scales_gradients_and_reports_the_pre_clip_norm():
     assert all(ls.update_ratio == 0 for ls in r.layers)
 
 
+def test_parameters_without_gradients_are_left_out_step_by_step():
+    """A parameter whose gradient is None (frozen, or unused this step) is
+    out of the norms and the clipping; the set may change between steps."""
+    torch.manual_seed(2)
+    m = small_model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.0)
+    tel = Telemetry(m)
+    x, y = batch(2)
+
+    def step(drop_block):
+        tel.before_step()
+        ce, obj = token_losses(m(x), y)
+        tel.losses(ce)
+        opt.zero_grad()
+        obj.mean().backward()
+        if drop_block is not None:
+            for p in m.blocks[drop_block].parameters():
+                p.grad = None
+        want = {i: math.sqrt(sum(p.grad.double().square().sum().item()
+                                 for p in b.parameters() if p.grad is not None))
+                for i, b in enumerate(m.blocks)}
+        total = math.sqrt(sum(p.grad.double().square().sum().item()
+                              for p in m.parameters() if p.grad is not None))
+        gn = tel.after_backward(clip_norm=total / 2)
+        r = tel.report(0, 0, lr=0.0)
+        # Per tensor in float32 (as clip_grad_norm_), summed in float64.
+        assert gn == pytest.approx(total, rel=1e-6) and r.clipped
+        assert [ls.grad_norm for ls in r.layers] == pytest.approx(
+            [want[i] for i in range(3)], rel=1e-6)
+        if drop_block is not None:
+            assert r.layers[drop_block].grad_norm == 0
+            assert all(p.grad is None for p in m.blocks[drop_block].parameters())
+        clipped = math.sqrt(sum(p.grad.double().square().sum().item()
+                                for p in m.parameters() if p.grad is not None))
+        assert clipped == pytest.approx(total / 2, rel=1e-5)
+
+    step(None)
+    step(1)
+    step(None)
+    step(0)
+
+
 def test_nonfinite_values_are_counted():
     torch.manual_seed(2)
     m = small_model()

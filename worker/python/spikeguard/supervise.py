@@ -234,6 +234,8 @@ class Supervisor:
         self._restart = True
         self._batch = None
         self._hooks = []
+        # Whether the training steps' logits are recorded (log-sum-exp).
+        self._record_logits = bool(telemetry) and bool(logits)
         # True once the loop computes its loss with cross_entropy(), which
         # then records the output log-sum-exp instead of the forward hook.
         self._lse_from_loss = False
@@ -349,7 +351,7 @@ class Supervisor:
         V = logits.size(-1)
         x, y = logits.reshape(-1, V), targets.reshape(-1)
         # What the forward hook would record (a training step's logits).
-        record = bool(self._hooks) and self.module.training and self._batch is not None
+        record = self._record_logits and self.module.training and self._batch is not None
         if record and self._lse_from_loss:
             # Telemetry.cross_entropy's operations, timed without the loss.
             logp = torch.nn.functional.log_softmax(x, dim=-1)
@@ -365,7 +367,13 @@ class Supervisor:
             # leaves them here).
             ce = torch.nn.functional.cross_entropy(x, y, reduction="none",
                                                    ignore_index=ignore_index)
-            self._lse_from_loss = self._lse_from_loss or record
+            if record and not self._lse_from_loss:
+                self._lse_from_loss = True
+                # From now on the hook would only return: removed, so the
+                # model's call takes the module's path without hooks.
+                for h in self._hooks:
+                    h.remove()
+                self._hooks = []
         return self.loss(ce.view(targets.shape), domains)
 
     def _end_step(self) -> None:
@@ -461,8 +469,10 @@ class Supervisor:
             elif clip:
                 torch.nn.utils.clip_grad_norm_(self.module.parameters(), clip)
             factor = hp.lr_factor(s)
-            saved = [(g.get("lr"), g.get("betas"), g.get("eps")) for g in opt.param_groups]
-            for g in opt.param_groups:
+            # The daemon's overrides hold for this step only (restored below).
+            saved = ([(g.get("lr"), g.get("betas"), g.get("eps")) for g in opt.param_groups]
+                     if factor != 1.0 or hp.beta2 is not None or hp.eps is not None else [])
+            for g, _ in zip(opt.param_groups, saved):
                 g["lr"] = g["lr"] * factor
                 if hp.beta2 is not None and "betas" in g:
                     g["betas"] = (g["betas"][0], hp.beta2)

@@ -314,10 +314,10 @@ class Telemetry:
             if not torch.is_tensor(out) or out.numel() == 0:
                 return
             t = time.perf_counter()
-            with torch.no_grad():
-                # One fp32 pass (a float64 copy costs 5x as much); squared
-                # in float64 with the other steps' when they are reported.
-                self._act_norms[li].append(torch.linalg.vector_norm(out))
+            # One fp32 pass (a float64 copy costs 5x as much); squared in
+            # float64 with the other steps' when they are reported. Of the
+            # detached output: no graph, without a no_grad context's cost.
+            self._act_norms[li].append(torch.linalg.vector_norm(out.detach()))
             self._act_n[li] += out.numel()
             self.hook_seconds += time.perf_counter() - t
         return hook
@@ -492,17 +492,21 @@ class Telemetry:
         the norm as a 0-d tensor on the gradients' device and clips there
         (the report then reads everything in its one transfer)."""
         with torch.no_grad():
-            pairs = [(p.grad, b) for p, b in zip(self._all_params, self._bucket_list)
-                     if p.grad is not None]
-            if not pairs:
+            grads = [p.grad for p in self._all_params]
+            buckets = None  # the usual case: every parameter has a gradient
+            if any(g is None for g in grads):
+                buckets = tuple(b for g, b in zip(grads, self._bucket_list) if g is not None)
+                grads = [g for g in grads if g is not None]
+            if not grads:
                 self._grad_norm = 0.0
                 return 0.0
-            grads = [g for g, _ in pairs]
             dev = grads[0].device
-            key = (dev, tuple(b for _, b in pairs))
+            key = (dev, buckets)
             if getattr(self, "_bucket_key", None) != key:
                 self._bucket_key = key
-                self._buckets_dev = torch.tensor([b for _, b in pairs], dtype=torch.long, device=dev)
+                self._buckets_dev = torch.tensor(
+                    self._bucket_list if buckets is None else list(buckets), dtype=torch.long,
+                    device=dev)
             norms = torch.stack(torch._foreach_norm(grads)).double()
             sq = norms.square()
             L = len(self.layer_modules)
