@@ -175,6 +175,7 @@ def main():
     daemon, addr = start_daemon(build, tmp)
     plain, supervised, components = [], [], []
     plain_cpu, supervised_cpu = [], []
+    measured = False
     try:
         for i in range(args.pairs):
             run = f"bench{i}"
@@ -210,9 +211,16 @@ def main():
         interleaved = (run_interleaved(build, addr, tmp, args.interleaved_pairs,
                                        args.block_steps, args.threads, cpus)
                        if args.interleaved_pairs > 1 else None)
+        measured = True
     finally:
         daemon.terminate()
         daemon.wait(30)
+        # The daemon's data directory holds every run's checkpoints (some
+        # 350 MB): removed once measured, kept to look into otherwise.
+        if measured:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            print(f"the daemon's directory is kept: {tmp}", file=sys.stderr)
     overheads = [100.0 * (p / s - 1.0) for p, s in zip(plain, supervised)]
     result = {
         "pairs": args.pairs, "steps": args.steps, "world_size": 2, "backend": "gloo",
