@@ -202,6 +202,50 @@ class RecordingClient:
         pass
 
 
+def test_supervisor_applies_the_daemons_hparams_for_each_step_and_restores_the_users():
+    """A SET_HPARAMS (lr scale, beta2, eps) holds for the optimizer's steps
+    from the step after it came; the param groups hold the user's own values
+    again after each step, and steps without an override leave them alone."""
+    import sys
+
+    import torch
+    from spikeguard.supervise import Supervisor
+    sys.path.insert(0, str(EXAMPLE))
+    from common import ByteDocuments, TinyLM
+
+    seen = []
+
+    class Adam(torch.optim.Adam):
+        def step(self, closure=None):
+            g = self.param_groups[0]
+            seen.append((g["lr"], g["betas"], g["eps"]))
+            return super().step(closure)
+
+    torch.manual_seed(0)
+    model = TinyLM(layers=1, width=16, heads=2, context=8)
+    opt = Adam(model.parameters(), lr=1e-2, betas=(0.9, 0.999), eps=1e-8)
+    client = RecordingClient()
+    sg = Supervisor(model, opt, ByteDocuments(64, 8), global_batch_size=2, steps=6,
+                    checkpoint_every=0, client=client)
+    after = []
+    for step, (x, y) in sg.steps():
+        loss = sg.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        g = opt.param_groups[0]
+        after.append((g["lr"], g["betas"], g["eps"]))
+        if step == 2:
+            client.commands.append(worker_pb2.Command(
+                id="h", kind=worker_pb2.Command.SET_HPARAMS,
+                hparams=worker_pb2.HParams(lr_scale=0.5, beta2=0.95, eps=1e-6)))
+    sg.close()
+    user = (1e-2, (0.9, 0.999), 1e-8)
+    assert seen == [user] * 3 + [(5e-3, (0.9, 0.95), 1e-6)] * 3
+    assert after == [user] * 6
+    assert [r.lr for r in client.reports] == [lr for lr, _, _ in seen]
+
+
 def test_supervisor_writes_checkpoints_in_the_background_in_order(tmp_path, monkeypatch):
     """Training goes on while a checkpoint is written; the file holds the
     state of its step; registrations come in order, each after the reports

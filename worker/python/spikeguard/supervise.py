@@ -242,7 +242,7 @@ class Supervisor:
         self.background_checkpoints = bool(background_checkpoints)
         self._writer = _BackgroundWriter(nice=checkpoint_nice)
         self._checkpoint_buffers: dict = {}
-        if self.telemetry is not None and logits:
+        if self._record_logits:
             self._hooks.append(self.module.register_forward_hook(self._logits_hook))
         self._wrap_optimizer()
         if self.checkpoint_dir and self.rank == 0:
@@ -470,9 +470,10 @@ class Supervisor:
                 torch.nn.utils.clip_grad_norm_(self.module.parameters(), clip)
             factor = hp.lr_factor(s)
             # The daemon's overrides hold for this step only (restored below).
-            saved = ([(g.get("lr"), g.get("betas"), g.get("eps")) for g in opt.param_groups]
-                     if factor != 1.0 or hp.beta2 is not None or hp.eps is not None else [])
-            for g, _ in zip(opt.param_groups, saved):
+            override = factor != 1.0 or hp.beta2 is not None or hp.eps is not None
+            saved = [(g.get("lr"), g.get("betas"), g.get("eps"))
+                     for g in opt.param_groups] if override else []
+            for g in opt.param_groups if override else ():
                 g["lr"] = g["lr"] * factor
                 if hp.beta2 is not None and "betas" in g:
                     g["betas"] = (g["betas"][0], hp.beta2)
