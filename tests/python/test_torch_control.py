@@ -534,3 +534,55 @@ def test_two_ranks_pace_their_looks_by_the_slowest_rank_and_agree():
     slow = [len(t) for t in got[0] if t[0] >= 26]
     assert len(slow) >= 4 and all(n == 2 for n in slow[:-1]), got[0]
     assert [s for t in got[0] for s in t] == list(range(sum(sizes)))
+
+
+def test_one_rank_polls_every_boundary_and_sends_pending_values_at_the_looks():
+    """One rank: commands are polled at every boundary (a command pushed
+    during step s runs at the boundary before step s + 1), but the
+    piggyback's values go at the periodic looks, as with several ranks
+    (every 8th boundary while fast, every 2nd once a step takes 60 ms with
+    exchange_interval_s=0.1), and always before a command runs; the end of
+    the schedule sends the rest, in order, none twice."""
+    c = FakeClient()
+    tr = FakeTrainer()
+    seen_at_command = []
+    ctl = Controller(c, total_steps=40, get_step=lambda: tr.step, rewind=tr.rewind,
+                     poll_interval_s=0.01, exchange_every=8, exchange_interval_s=0.1,
+                     min_exchange_every=2,
+                     on_hparams=lambda hp: seen_at_command.append((tr.step, list(vals.pending))))
+    taken = []
+
+    class Values:
+        def __init__(self):
+            self.pending = []
+
+        def take(self):
+            if not self.pending:
+                return None
+            taken.append(list(self.pending))
+            self.pending = []
+            return torch.tensor(taken[-1], dtype=torch.float64)
+
+        def put(self, rows):
+            assert rows.shape == (1, len(taken[-1]))
+
+    vals = Values()
+    ctl.piggyback = vals
+    while ctl.step_boundary():
+        if tr.step == 13:
+            c.push(id="h1", kind=K.SET_HPARAMS, hparams=worker_pb2.HParams(lr_scale=0.5))
+        if tr.step >= 24:
+            time.sleep(0.06)
+        vals.pending.append(tr.step)
+        tr.step += 1
+    # The command ran at the boundary after step 13, with nothing pending.
+    assert seen_at_command == [(14, [])]
+    assert c.results[0][:2] == ("h1", True)
+    sizes = [len(t) for t in taken]
+    # First look at the second boundary, then every 8th, the command's
+    # boundary sending what was pending (steps 9..13) early.
+    assert sizes[:3] == [1, 8, 5], taken
+    # Once a look has measured only slow steps (from step 33 on here).
+    slow = [len(t) for t in taken if t[0] >= 33]
+    assert len(slow) >= 3 and all(n == 2 for n in slow[:-1]), taken
+    assert [s for t in taken for s in t] == list(range(40))

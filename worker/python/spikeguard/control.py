@@ -4,7 +4,9 @@ The same behaviour towards spikeguardd as the C++ reference worker
 (worker/ref/reference_worker.cc: HandleCommand, WaitForGo, Run):
 
 - At every step boundary (or every ``exchange_every``-th, or about every
-  ``exchange_interval_s`` seconds) rank 0 polls its Client; an all-reduce
+  ``exchange_interval_s`` seconds; with one rank, where it costs no
+  collective, at every boundary, the piggyback's values still going at
+  that cadence) rank 0 polls its Client; an all-reduce
   of four numbers tells every rank whether rank 0
   got commands or some rank was rejected, and only then are the commands
   broadcast over the process group (all_gather_object, which also carries
@@ -306,14 +308,17 @@ class Controller:
         import torch.distributed as dist
         return dist.is_available() and dist.is_initialized()
 
-    def _exchange(self, timeout: float, flag: bool = False):
+    def _exchange(self, timeout: float, flag: bool = False, deliver: bool = True):
         """One round: rank 0's commands (and its `flag`) as every rank sees them."""
         self.finish_look()
-        return self._end_exchange(self._begin_exchange(timeout, flag))
+        return self._end_exchange(self._begin_exchange(timeout, flag, deliver=deliver))
 
-    def _begin_exchange(self, timeout: float, flag: bool = False, async_op: bool = False):
+    def _begin_exchange(self, timeout: float, flag: bool = False, async_op: bool = False,
+                        deliver: bool = True):
         """Polls, and starts the round's collective (async_op: without
-        waiting for it; ``_end_exchange`` waits)."""
+        waiting for it; ``_end_exchange`` waits). deliver=False, with one
+        rank only: the piggyback's pending values stay pending unless
+        commands came (the look of a boundary between two periodic ones)."""
         mine: list = []
         rejection = None
         if self.client is not None:
@@ -334,7 +339,12 @@ class Controller:
         x = {"mine": mine, "rejection": rejection, "flag": bool(flag), "work": None,
              "boundary": self._boundaries}
         if not self._distributed():
-            if self.piggyback is not None:
+            # One rank: polling costs nothing, so every boundary polls; the
+            # pending values go at the periodic looks (the cadence several
+            # ranks keep), and before any command runs.
+            if self.piggyback is not None and (deliver or mine or rejection is not None
+                                               or flag):
+                self._plan_next_look(self._boundaries, self._measure_pace())
                 extra = self.piggyback.take()
                 if extra is not None and extra.numel():
                     self.piggyback.put(extra.unsqueeze(0))
@@ -345,12 +355,7 @@ class Controller:
         # exchange (rank 0's commands, a rejection, rank 0's flag); the
         # objects themselves travel only when there is.
         dev = self._collective_device()
-        # This rank's seconds per boundary since its last look (0: no
-        # boundary passed, e.g. while paused: the cadence stays).
-        now, passed = time.perf_counter(), self._boundaries - self._look_boundary
-        pace = (now - self._look_clock) / passed if passed > 0 else 0.0
-        self._look_boundary, self._look_clock = self._boundaries, now
-        numbers = [len(mine), int(rejection is not None), int(bool(flag)), pace]
+        numbers = [len(mine), int(rejection is not None), int(bool(flag)), self._measure_pace()]
         extra = self.piggyback.take() if self.piggyback is not None else None
         if extra is not None and extra.numel():
             # The trainer's pending values ride along: one all_gather
@@ -422,6 +427,15 @@ class Controller:
         dist.all_gather(rows, vec, group=self.group)
         self.piggyback.put(torch.stack(rows))
 
+    def _measure_pace(self) -> float:
+        """This rank's seconds per boundary since its last look (0: no
+        boundary passed, e.g. while paused: the cadence stays); this look
+        is the next one's start."""
+        now, passed = time.perf_counter(), self._boundaries - self._look_boundary
+        pace = (now - self._look_clock) / passed if passed > 0 else 0.0
+        self._look_boundary, self._look_clock = self._boundaries, now
+        return pace
+
     def _plan_next_look(self, boundary: int, pace: float) -> None:
         """The boundary of the next periodic look under exchange_interval_s,
         from the look that began at `boundary` and the slowest rank's pace
@@ -432,7 +446,8 @@ class Controller:
         self._next_look = boundary + max(self.min_exchange_every, min(self.exchange_every, gap))
 
     def _look_due(self) -> bool:
-        """Whether this boundary's periodic look is due (several ranks)."""
+        """Whether this boundary's periodic look is due (several ranks: the
+        collective; one rank: the pending values' delivery)."""
         if self.exchange_interval_s is None:
             return self._boundaries % self.exchange_every == 0
         return self._boundaries >= self._next_look
@@ -619,10 +634,16 @@ class Controller:
             ready, self._ready = self._ready, []
             for c in ready:
                 self.handle(c)
-            if (self.exchange_every <= 1 or not self._distributed()
-                    or self._look_due() or self.stop_after >= 0
-                    or self.get_step() >= self.total_steps):
-                if (self.async_looks and self.exchange_every > 1 and self._distributed()
+            due = (self.exchange_every <= 1 or self._look_due() or self.stop_after >= 0
+                   or self.get_step() >= self.total_steps)
+            if not self._distributed():
+                # One rank: every boundary polls; the pending values go when
+                # a look is due (or with commands).
+                commands, _ = self._exchange(0.0, deliver=due)
+                for c in commands:
+                    self.handle(c)
+            elif due:
+                if (self.async_looks and self.exchange_every > 1
                         and self.stop_after < 0 and not self.paused and not self.stopped
                         and self.get_step() < self.total_steps):
                     self._inflight = self._begin_exchange(0.0, async_op=True)

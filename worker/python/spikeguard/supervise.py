@@ -59,7 +59,8 @@ Cost per step: no collective and no host transfer of its own. Each step's
 statistics stay on the device; about once per ``exchange_interval_s`` (1 s)
 of training one all-gather carries both the look for commands (four
 numbers) and the pending steps' statistics, which then reach the host in
-one transfer and go to the client. The looks' distance in steps follows
+one transfer and go to the client (one rank: no all-gather; commands are
+polled at every step, the statistics still go at the looks). The looks' distance in steps follows
 the pace every rank measured (Controller's ``exchange_interval_s``): at
 least 2 and at most ``exchange_every`` (20) steps apart, the same steps on
 every rank; None looks every ``exchange_every`` steps. The all-gather
