@@ -192,6 +192,19 @@ if i:
           f"{i['overhead_pct_against_plain_without_checkpoints']:+.1f} %; "
           f"that neither checkpoints nor clips: "
           f"{i['overhead_pct_against_plain_without_checkpoints_or_clipping']:+.1f} %.")
+f = r.get("fixed_cost")
+if f:
+    print()
+    print("Fixed cost per step (one process, the example's model at a negligible size; "
+          "training thread's CPU, ms per step more than the plain loop):")
+    print()
+    print("| | plain ms/step | extra ms/step | quartiles |")
+    print("|---|---:|---:|---|")
+    for name in ("without_daemon", "with_daemon"):
+        c = f[name]["thread_cpu"]
+        q = c["extra_ms_per_step_quartiles"]
+        print(f"| {name.replace('_', ' ')} | {c['plain_ms_per_step']:.2f} | "
+              f"{c['extra_ms_per_step']:+.3f} | {q[0]:+.3f} .. {q[2]:+.3f} |")
 PY
   echo
   echo "*What it means:* worker/examples/own_data/plain.py against its supervised copy on 2 gloo ranks reporting to a real spikeguardd, alternating; the overhead is the step time a user's loop pays for telemetry, command polling and checkpoint registration (the target is at most 3 %), and the components say where it goes."

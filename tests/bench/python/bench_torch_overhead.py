@@ -9,7 +9,11 @@ over minutes, so the medians of many adjacent pairs are steadier than a few
 long runs. Both loops save a checkpoint every 50 steps (plain.py on rank 0
 with torch.save on its training thread, as an ordinary loop does; the
 Supervisor its own, which it registers), so what is compared is the cost of
-supervising a loop that checkpoints. Prints figures and writes OUT/torch_overhead.json:
+supervising a loop that checkpoints. Two more measurements follow: the
+same loops alternating in blocks inside one 2-rank job (interleaved), and
+spikeguard's fixed cost per step in one process with the model at a
+negligible size (torch_fixed_cost.py, without and with a daemon), which
+this machine's drift cannot hide. Prints figures and writes OUT/torch_overhead.json:
 plain_steps_per_s, supervised_steps_per_s and overhead_pct (medians over the
 pairs; overhead from each pair's ratio), and the supervised ranks' ms/step
 per spikeguard component (Supervisor.timings(), rank 0, median over pairs).
@@ -151,6 +155,30 @@ def run_interleaved(build: Path, addr: str, tmp: Path, pairs: int, block_steps: 
     }
 
 
+def run_fixed_cost(build: Path, addr: str, pairs: int) -> dict:
+    """torch_fixed_cost.py in one process, without a daemon and with one
+    (a world-size-1 run): spikeguard's cost per step beyond the model's
+    arithmetic."""
+    script = str(Path(__file__).with_name("torch_fixed_cost.py"))
+    got = {}
+    for name, env in (("without_daemon", {}),
+                      ("with_daemon", {"SPIKEGUARD_ADDR": addr, "SPIKEGUARD_RUN": "fixed-cost"})):
+        if env:
+            spikectl(build, addr, "runs", "create", "fixed-cost", "--world-size=1",
+                     "--mode=observe")
+        full = dict(os.environ, OMP_NUM_THREADS="1", **env)
+        full.pop("RANK", None)
+        full.pop("WORLD_SIZE", None)
+        proc = subprocess.run([sys.executable, script, f"--pairs={pairs}"], env=full, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=1800)
+        lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
+        if proc.returncode != 0 or not lines:
+            raise SystemExit(f"torch_fixed_cost.py failed ({proc.returncode}):\n"
+                             f"{proc.stdout[-3000:]}")
+        got[name] = json.loads(lines[-1])
+    return got
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=str(ROOT / "build"))
@@ -161,6 +189,8 @@ def main():
     ap.add_argument("--interleaved-pairs", type=int, default=40,
                     help="block pairs of the interleaved measurement (fewer than 2: skip it)")
     ap.add_argument("--block-steps", type=int, default=25)
+    ap.add_argument("--fixed-cost-pairs", type=int, default=30,
+                    help="block pairs of the fixed-cost measurement (fewer than 2: skip it)")
     ap.add_argument("--pin", choices=["auto", "on", "off"], default="off",
                     help="pin rank r to the r-th core this process may use (auto: when "
                          "there are at least as many cores as ranks x threads)")
@@ -211,6 +241,8 @@ def main():
         interleaved = (run_interleaved(build, addr, tmp, args.interleaved_pairs,
                                        args.block_steps, args.threads, cpus)
                        if args.interleaved_pairs > 1 else None)
+        fixed = (run_fixed_cost(build, addr, args.fixed_cost_pairs)
+                 if args.fixed_cost_pairs > 1 else None)
         measured = True
     finally:
         daemon.terminate()
@@ -248,6 +280,10 @@ def main():
         # The same two loops alternating in blocks inside one 2-rank job
         # (torch_overhead_interleaved.py): drift cancels within a pair.
         "interleaved": interleaved,
+        # spikeguard's cost per step beyond the model's arithmetic, one
+        # process, the example's model at a negligible size
+        # (torch_fixed_cost.py): ms per step more than the plain loop.
+        "fixed_cost": fixed,
     }
     (out / "torch_overhead.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
@@ -262,6 +298,16 @@ def main():
               f"checkpoints {interleaved['overhead_pct_against_plain_without_checkpoints']:.1f} %, "
               f"without checkpoints or clipping "
               f"{interleaved['overhead_pct_against_plain_without_checkpoints_or_clipping']:.1f} %")
+    if fixed is not None:
+        parts = []
+        for name in ("without_daemon", "with_daemon"):
+            f = fixed[name]["thread_cpu"]
+            q = f["extra_ms_per_step_quartiles"]
+            parts.append(f"{name.replace('_', ' ')} {f['extra_ms_per_step']:+.2f} ms "
+                         f"(quartiles {q[0]:+.2f} .. {q[2]:+.2f}; plain "
+                         f"{f['plain_ms_per_step']:.2f} ms)")
+        print("fixed cost per step (one process, the model at a negligible size, training "
+              "thread's CPU): " + "; ".join(parts))
 
 
 if __name__ == "__main__":
