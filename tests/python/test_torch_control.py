@@ -540,14 +540,14 @@ def test_one_rank_polls_every_boundary_and_sends_pending_values_at_the_looks():
     """One rank: commands are polled at every boundary (a command pushed
     during step s runs at the boundary before step s + 1), but the
     piggyback's values go at the periodic looks, as with several ranks
-    (every 8th boundary while fast, every 2nd once a step takes 60 ms with
-    exchange_interval_s=0.1), and always before a command runs; the end of
+    (every 8th boundary while fast, every 2nd once a step takes 120 ms with
+    exchange_interval_s=0.2), and always before a command runs; the end of
     the schedule sends the rest, in order, none twice."""
     c = FakeClient()
     tr = FakeTrainer()
     seen_at_command = []
     ctl = Controller(c, total_steps=40, get_step=lambda: tr.step, rewind=tr.rewind,
-                     poll_interval_s=0.01, exchange_every=8, exchange_interval_s=0.1,
+                     poll_interval_s=0.01, exchange_every=8, exchange_interval_s=0.2,
                      min_exchange_every=2,
                      on_hparams=lambda hp: seen_at_command.append((tr.step, list(vals.pending))))
     taken = []
@@ -572,7 +572,7 @@ def test_one_rank_polls_every_boundary_and_sends_pending_values_at_the_looks():
         if tr.step == 13:
             c.push(id="h1", kind=K.SET_HPARAMS, hparams=worker_pb2.HParams(lr_scale=0.5))
         if tr.step >= 24:
-            time.sleep(0.06)
+            time.sleep(0.12)
         vals.pending.append(tr.step)
         tr.step += 1
     # The command ran at the boundary after step 13, with nothing pending.
