@@ -166,9 +166,11 @@ def run_fixed_cost(build: Path, addr: str, pairs: int) -> dict:
         if env:
             spikectl(build, addr, "runs", "create", "fixed-cost", "--world-size=1",
                      "--mode=observe")
-        full = dict(os.environ, OMP_NUM_THREADS="1", **env)
-        full.pop("RANK", None)
-        full.pop("WORLD_SIZE", None)
+        # One process, no checkpoints, and a daemon only where named.
+        full = {k: v for k, v in os.environ.items()
+                if k not in ("RANK", "WORLD_SIZE", "SPIKEGUARD_ADDR", "SPIKEGUARD_RUN",
+                             "SPIKEGUARD_CHECKPOINT_DIR")}
+        full.update(OMP_NUM_THREADS="1", **env)
         proc = subprocess.run([sys.executable, script, f"--pairs={pairs}"], env=full, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=1800)
         lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
