@@ -67,6 +67,24 @@ class FakeTrainer:
         self.plans.append(plan)
 
 
+class PendingSteps:
+    """A piggyback whose values are the steps trained since the last look:
+    `taken` holds what each look took, `shapes` the rows each put got."""
+
+    def __init__(self):
+        self.pending, self.taken, self.shapes = [], [], []
+
+    def take(self):
+        if not self.pending:
+            return None
+        self.taken.append(list(self.pending))
+        self.pending = []
+        return torch.tensor(self.taken[-1], dtype=torch.float64)
+
+    def put(self, rows):
+        self.shapes.append(tuple(rows.shape))
+
+
 def make(client, total=10, **kw):
     tr = FakeTrainer()
     ctl = Controller(client, total_steps=total, get_step=lambda: tr.step, rewind=tr.rewind,
@@ -492,23 +510,8 @@ def _rank_main_paced(rank, port, out):
     ctl = Controller(c, total_steps=44, get_step=lambda: tr.step, rewind=tr.rewind, rank=rank,
                      world_size=2, poll_interval_s=0.01, exchange_every=8,
                      exchange_interval_s=0.1, min_exchange_every=2)
-    taken = []
-
-    class Values:
-        def __init__(self):
-            self.pending = []
-
-        def take(self):
-            if not self.pending:
-                return None
-            taken.append(list(self.pending))
-            self.pending = []
-            return torch.tensor(taken[-1], dtype=torch.float64)
-
-        def put(self, rows):
-            pass
-
-    vals = Values()
+    vals = PendingSteps()
+    taken = vals.taken
     ctl.piggyback = vals
     while ctl.step_boundary():
         if rank == 0 and tr.step >= 24:
@@ -550,23 +553,8 @@ def test_one_rank_polls_every_boundary_and_sends_pending_values_at_the_looks():
                      poll_interval_s=0.01, exchange_every=8, exchange_interval_s=0.2,
                      min_exchange_every=2,
                      on_hparams=lambda hp: seen_at_command.append((tr.step, list(vals.pending))))
-    taken = []
-
-    class Values:
-        def __init__(self):
-            self.pending = []
-
-        def take(self):
-            if not self.pending:
-                return None
-            taken.append(list(self.pending))
-            self.pending = []
-            return torch.tensor(taken[-1], dtype=torch.float64)
-
-        def put(self, rows):
-            assert rows.shape == (1, len(taken[-1]))
-
-    vals = Values()
+    vals = PendingSteps()
+    taken = vals.taken
     ctl.piggyback = vals
     while ctl.step_boundary():
         if tr.step == 13:
@@ -586,3 +574,4 @@ def test_one_rank_polls_every_boundary_and_sends_pending_values_at_the_looks():
     slow = [len(t) for t in taken if t[0] >= 33]
     assert len(slow) >= 3 and all(n == 2 for n in slow[:-1]), taken
     assert [s for t in taken for s in t] == list(range(40))
+    assert vals.shapes == [(1, len(t)) for t in taken]  # one rank's row per look

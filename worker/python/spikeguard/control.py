@@ -339,9 +339,6 @@ class Controller:
         x = {"mine": mine, "rejection": rejection, "flag": bool(flag), "work": None,
              "boundary": self._boundaries}
         if not self._distributed():
-            # One rank: polling costs nothing, so every boundary polls; the
-            # pending values go at the periodic looks (the cadence several
-            # ranks keep), and before any command runs.
             if self.piggyback is not None and (deliver or mine or rejection is not None
                                                or flag):
                 self._plan_next_look(self._boundaries, self._measure_pace())
@@ -636,21 +633,15 @@ class Controller:
                 self.handle(c)
             due = (self.exchange_every <= 1 or self._look_due() or self.stop_after >= 0
                    or self.get_step() >= self.total_steps)
-            if not self._distributed():
-                # One rank: every boundary polls; the pending values go when
-                # a look is due (or with commands).
+            distributed = self._distributed()
+            if (due and distributed and self.async_looks and self.exchange_every > 1
+                    and self.stop_after < 0 and not self.paused and not self.stopped
+                    and self.get_step() < self.total_steps):
+                self._inflight = self._begin_exchange(0.0, async_op=True)
+            elif due or not distributed:  # one rank polls at every boundary
                 commands, _ = self._exchange(0.0, deliver=due)
                 for c in commands:
                     self.handle(c)
-            elif due:
-                if (self.async_looks and self.exchange_every > 1
-                        and self.stop_after < 0 and not self.paused and not self.stopped
-                        and self.get_step() < self.total_steps):
-                    self._inflight = self._begin_exchange(0.0, async_op=True)
-                else:
-                    commands, _ = self._exchange(0.0)
-                    for c in commands:
-                        self.handle(c)
             if not self.stopped and self._past_horizon():
                 self._flush()
             while not self.stopped and (self.paused or self._past_horizon()):
