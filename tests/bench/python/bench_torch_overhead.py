@@ -3,7 +3,7 @@
 against supervised.py (the same loop under spikeguard.supervise.Supervisor,
 reporting to a real spikeguardd), both on 2 gloo ranks, in alternating pairs
 (plain first in even pairs, supervised first in odd ones) so the load of a
-shared machine hits both. The pairs are many and short (15 of 110 steps, each
+shared machine hits both. The pairs are many and short (30 of 110 steps, each
 run timed after its first 10 steps): this machine's pace drifts by 10-20 %
 over minutes, so the medians of many adjacent pairs are steadier than a few
 long runs. Both loops save a checkpoint every 50 steps (plain.py on rank 0
@@ -20,11 +20,12 @@ per spikeguard component (Supervisor.timings(), rank 0, median over pairs).
 Fails only when it cannot run.
 
     PYTHONPATH=build/python /usr/bin/python3 tests/bench/python/bench_torch_overhead.py \
-        --build build --out build/bench-results [--pairs 15] [--steps 110] [--pin auto|on|off]
+        --build build --out build/bench-results [--pairs 30] [--steps 110] [--pin auto|on|off]
 """
 import argparse
 import json
 import os
+import random
 import re
 import shutil
 import socket
@@ -43,6 +44,20 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def median_interval(values: list, level: float = 0.9, resamples: int = 4000) -> list:
+    """[low, high]: the bootstrap interval of the median of `values` at
+    `level` (percentile method, a fixed seed, so the same values give the
+    same interval): how far the median of this many pairs can move on this
+    machine's noise alone."""
+    if len(values) < 2:
+        return [values[0], values[0]] if values else [float("nan")] * 2
+    rng = random.Random(0)
+    n = len(values)
+    medians = sorted(statistics.median(rng.choices(values, k=n)) for _ in range(resamples))
+    tail = (1.0 - level) / 2.0
+    return [medians[int(tail * (resamples - 1))], medians[int((1.0 - tail) * (resamples - 1))]]
 
 
 def start_daemon(build: Path, tmp: Path):
@@ -135,6 +150,7 @@ def run_interleaved(build: Path, addr: str, tmp: Path, pairs: int, block_steps: 
         "supervised_steps_per_s": 1.0 / statistics.median(sup_s),
         "overhead_pct": statistics.median(overheads),
         "overhead_pct_quartiles": statistics.quantiles(overheads, n=4),
+        "overhead_pct_ci90": median_interval(overheads),
         "overhead_pct_per_pair": overheads,
         "component_ms_per_step": rank0["timings"],
         # In the plain blocks: clip_grad_norm_, which the supervised loop's
@@ -185,7 +201,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=str(ROOT / "build"))
     ap.add_argument("--out", default=None)
-    ap.add_argument("--pairs", type=int, default=15)
+    ap.add_argument("--pairs", type=int, default=30)
     ap.add_argument("--steps", type=int, default=110)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--interleaved-pairs", type=int, default=40,
@@ -264,6 +280,8 @@ def main():
         "overhead_pct": statistics.median(overheads),
         "overhead_pct_quartiles": statistics.quantiles(overheads, n=4) if len(overheads) > 1
         else overheads * 3,
+        # The median's 90 % bootstrap interval over the pairs.
+        "overhead_pct_ci90": median_interval(overheads),
         "overhead_pct_per_pair": overheads,
         # Each run's pace is timed after its first steps (Timer in the
         # example's common.py), so start-up costs are not in the figures.
@@ -289,14 +307,17 @@ def main():
     }
     (out / "torch_overhead.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
-    print(f"overhead {result['overhead_pct']:.1f} % (median of {args.pairs} pairs of runs; the "
-          f"time per step a trainer under spikeguard takes more than the same plain loop, "
+    ci = result["overhead_pct_ci90"]
+    print(f"overhead {result['overhead_pct']:.1f} % (median of {args.pairs} pairs of runs, 90 % "
+          f"interval {ci[0]:.1f} .. {ci[1]:.1f} %; the time per step a trainer under spikeguard takes more than the same plain loop, "
           f"2 gloo ranks)")
     if interleaved is not None:
         q = interleaved["overhead_pct_quartiles"]
         print(f"overhead {interleaved['overhead_pct']:.1f} % interleaved (median of "
               f"{interleaved['pairs']} pairs of {interleaved['block_steps']}-step blocks in one "
-              f"job; quartiles {q[0]:.1f} .. {q[2]:.1f} %); against a plain loop without "
+              f"job; quartiles {q[0]:.1f} .. {q[2]:.1f} %, the median's 90 % interval "
+              f"{interleaved['overhead_pct_ci90'][0]:.1f} .. "
+              f"{interleaved['overhead_pct_ci90'][1]:.1f} %); against a plain loop without "
               f"checkpoints {interleaved['overhead_pct_against_plain_without_checkpoints']:.1f} %, "
               f"without checkpoints or clipping "
               f"{interleaved['overhead_pct_against_plain_without_checkpoints_or_clipping']:.1f} %")
