@@ -180,6 +180,13 @@ if i:
           f"{i['overhead_pct']:+.1f} % interleaved ({i['pairs']} pairs of {i['block_steps']}-step "
           f"blocks in one job) | {i['overhead_pct_ci90'][0]:+.1f} .. {i['overhead_pct_ci90'][1]:+.1f} % | "
           f"quartiles {q[0]:+.1f} .. {q[2]:+.1f} % |")
+a = r.get("interleaved_without_daemon")
+if a:
+    q = a["overhead_pct_quartiles"]
+    print(f"| {a['plain_steps_per_s']:.2f} | {a['supervised_steps_per_s']:.2f} | "
+          f"{a['overhead_pct']:+.1f} % interleaved, without a daemon | "
+          f"{a['overhead_pct_ci90'][0]:+.1f} .. {a['overhead_pct_ci90'][1]:+.1f} % | "
+          f"quartiles {q[0]:+.1f} .. {q[2]:+.1f} % |")
 print()
 print("| component | ms/step |")
 print("|---|---:|")

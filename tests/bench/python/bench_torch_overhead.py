@@ -9,9 +9,10 @@ over minutes, so the medians of many adjacent pairs are steadier than a few
 long runs. Both loops save a checkpoint every 50 steps (plain.py on rank 0
 with torch.save on its training thread, as an ordinary loop does; the
 Supervisor its own, which it registers), so what is compared is the cost of
-supervising a loop that checkpoints. Two more measurements follow: the
-same loops alternating in blocks inside one 2-rank job (interleaved), and
-spikeguard's fixed cost per step in one process with the model at a
+supervising a loop that checkpoints. More measurements follow: the
+same loops alternating in blocks inside one 2-rank job (interleaved), once
+under the daemon and once without one (what the client and the daemon
+cost these cores, by difference), and spikeguard's fixed cost per step in one process with the model at a
 negligible size (torch_fixed_cost.py, without and with a daemon), which
 this machine's drift cannot hide. Prints figures and writes OUT/torch_overhead.json:
 plain_steps_per_s, supervised_steps_per_s and overhead_pct (medians over the
@@ -35,6 +36,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "worker" / "examples" / "own_data"
@@ -118,14 +120,19 @@ def run_pair_member(script: str, steps: int, threads: int, env_extra: dict,
     return min(rates), cpu
 
 
-def run_interleaved(build: Path, addr: str, tmp: Path, pairs: int, block_steps: int,
+def run_interleaved(build: Path, addr: Optional[str], tmp: Path, pairs: int, block_steps: int,
                     threads: int, cpus: list) -> dict:
-    """torch_overhead_interleaved.py on 2 gloo ranks under the daemon: the
-    plain and the supervised loop alternating in blocks within one job."""
-    run = "interleaved"
-    spikectl(build, addr, "runs", "create", run, "--world-size=2", "--mode=observe")
-    env = {"SPIKEGUARD_ADDR": addr, "SPIKEGUARD_RUN": run,
-           "SPIKEGUARD_CHECKPOINT_DIR": str(tmp / "data" / "runs" / run / "checkpoints")}
+    """torch_overhead_interleaved.py on 2 gloo ranks: the plain and the
+    supervised loop alternating in blocks within one job, under the daemon
+    at `addr` (None: the Supervisor without a daemon, its checkpoints
+    written and retained but registered nowhere)."""
+    if addr is not None:
+        run = "interleaved"
+        spikectl(build, addr, "runs", "create", run, "--world-size=2", "--mode=observe")
+        env = {"SPIKEGUARD_ADDR": addr, "SPIKEGUARD_RUN": run,
+               "SPIKEGUARD_CHECKPOINT_DIR": str(tmp / "data" / "runs" / run / "checkpoints")}
+    else:
+        env = {"SPIKEGUARD_CHECKPOINT_DIR": str(tmp / "interleaved-without-daemon")}
     argv = [str(Path(__file__).with_name("torch_overhead_interleaved.py")), f"--pairs={pairs}",
             f"--block-steps={block_steps}", f"--checkpoint-dir={tmp / 'plain-checkpoints'}"]
     got = []
@@ -259,6 +266,11 @@ def main():
         interleaved = (run_interleaved(build, addr, tmp, args.interleaved_pairs,
                                        args.block_steps, args.threads, cpus)
                        if args.interleaved_pairs > 1 else None)
+        # The same without a daemon: what the client and the daemon's
+        # share of these cores cost, by difference.
+        interleaved_alone = (run_interleaved(build, None, tmp, args.interleaved_pairs,
+                                             args.block_steps, args.threads, cpus)
+                             if args.interleaved_pairs > 1 else None)
         fixed = (run_fixed_cost(build, addr, args.fixed_cost_pairs)
                  if args.fixed_cost_pairs > 1 else None)
         measured = True
@@ -300,6 +312,9 @@ def main():
         # The same two loops alternating in blocks inside one 2-rank job
         # (torch_overhead_interleaved.py): drift cancels within a pair.
         "interleaved": interleaved,
+        # The same blocks with the Supervisor reporting to no daemon (no
+        # client, no registration; the daemon idle on the machine).
+        "interleaved_without_daemon": interleaved_alone,
         # spikeguard's cost per step beyond the model's arithmetic, one
         # process, the example's model at a negligible size
         # (torch_fixed_cost.py): ms per step more than the plain loop.
@@ -321,6 +336,10 @@ def main():
               f"checkpoints {interleaved['overhead_pct_against_plain_without_checkpoints']:.1f} %, "
               f"without checkpoints or clipping "
               f"{interleaved['overhead_pct_against_plain_without_checkpoints_or_clipping']:.1f} %")
+    if interleaved_alone is not None:
+        ci = interleaved_alone["overhead_pct_ci90"]
+        print(f"overhead {interleaved_alone['overhead_pct']:.1f} % interleaved without a daemon "
+              f"(the median's 90 % interval {ci[0]:.1f} .. {ci[1]:.1f} %)")
     if fixed is not None:
         parts = []
         for name in ("without_daemon", "with_daemon"):
