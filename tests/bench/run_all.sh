@@ -167,26 +167,22 @@ summary="$out/SUMMARY.md"
   /usr/bin/python3 - "$out/torch_overhead.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
-print("| plain steps/s | supervised steps/s | overhead (median of pairs) | the median's 90 % interval | per pair |")
+print("| plain steps/s | supervised steps/s | overhead (median of pairs) | "
+      "the median's 90 % interval | per pair |")
 print("|---:|---:|---:|---|---|")
 ci = r["overhead_pct_ci90"]
 print(f"| {r['plain_steps_per_s']:.2f} | {r['supervised_steps_per_s']:.2f} | "
       f"{r['overhead_pct']:+.1f} % | {ci[0]:+.1f} .. {ci[1]:+.1f} % | "
       f"{', '.join(f'{x:+.1f} %' for x in r['overhead_pct_per_pair'])} |")
 i = r.get("interleaved")
-if i:
-    q = i["overhead_pct_quartiles"]
-    print(f"| {i['plain_steps_per_s']:.2f} | {i['supervised_steps_per_s']:.2f} | "
-          f"{i['overhead_pct']:+.1f} % interleaved ({i['pairs']} pairs of {i['block_steps']}-step "
-          f"blocks in one job) | {i['overhead_pct_ci90'][0]:+.1f} .. {i['overhead_pct_ci90'][1]:+.1f} % | "
-          f"quartiles {q[0]:+.1f} .. {q[2]:+.1f} % |")
-a = r.get("interleaved_without_daemon")
-if a:
-    q = a["overhead_pct_quartiles"]
-    print(f"| {a['plain_steps_per_s']:.2f} | {a['supervised_steps_per_s']:.2f} | "
-          f"{a['overhead_pct']:+.1f} % interleaved, without a daemon | "
-          f"{a['overhead_pct_ci90'][0]:+.1f} .. {a['overhead_pct_ci90'][1]:+.1f} % | "
-          f"quartiles {q[0]:+.1f} .. {q[2]:+.1f} % |")
+for label, b in ((f"interleaved ({i['pairs']} pairs of {i['block_steps']}-step blocks in one job)"
+                  if i else "", i),
+                 ("interleaved, without a daemon", r.get("interleaved_without_daemon"))):
+    if b:
+        q, ci = b["overhead_pct_quartiles"], b["overhead_pct_ci90"]
+        print(f"| {b['plain_steps_per_s']:.2f} | {b['supervised_steps_per_s']:.2f} | "
+              f"{b['overhead_pct']:+.1f} % {label} | {ci[0]:+.1f} .. {ci[1]:+.1f} % | "
+              f"quartiles {q[0]:+.1f} .. {q[2]:+.1f} % |")
 print()
 print("| component | ms/step |")
 print("|---|---:|")

@@ -12,9 +12,10 @@ Supervisor its own, which it registers), so what is compared is the cost of
 supervising a loop that checkpoints. More measurements follow: the
 same loops alternating in blocks inside one 2-rank job (interleaved), once
 under the daemon and once without one (what the client and the daemon
-cost these cores, by difference), and spikeguard's fixed cost per step in one process with the model at a
-negligible size (torch_fixed_cost.py, without and with a daemon), which
-this machine's drift cannot hide. Prints figures and writes OUT/torch_overhead.json:
+cost these cores, by difference), and spikeguard's fixed cost per step in
+one process with the model at a negligible size (torch_fixed_cost.py,
+without and with a daemon), which this machine's drift cannot hide. Prints
+figures and writes OUT/torch_overhead.json:
 plain_steps_per_s, supervised_steps_per_s and overhead_pct (medians over the
 pairs; overhead from each pair's ratio), and the supervised ranks' ms/step
 per spikeguard component (Supervisor.timings(), rank 0, median over pairs).
@@ -324,8 +325,8 @@ def main():
     print(json.dumps(result, indent=2))
     ci = result["overhead_pct_ci90"]
     print(f"overhead {result['overhead_pct']:.1f} % (median of {args.pairs} pairs of runs, 90 % "
-          f"interval {ci[0]:.1f} .. {ci[1]:.1f} %; the time per step a trainer under spikeguard takes more than the same plain loop, "
-          f"2 gloo ranks)")
+          f"interval {ci[0]:.1f} .. {ci[1]:.1f} %; the time per step a trainer under "
+          f"spikeguard takes more than the same plain loop, 2 gloo ranks)")
     if interleaved is not None:
         q = interleaved["overhead_pct_quartiles"]
         print(f"overhead {interleaved['overhead_pct']:.1f} % interleaved (median of "
