@@ -93,6 +93,32 @@ def test_report_many_goes_out_without_waiting_for_the_flush_timer(daemon):
     assert [int(r["step"]) for r in daemon.telemetry("many", gen=0)] == list(range(11))
 
 
+def _wakeups(native_id: int) -> int:
+    """How many times the kernel has run a thread of this process (its
+    third schedstat field: timeslices)."""
+    with open(f"/proc/self/task/{native_id}/schedstat") as f:
+        return int(f.read().split()[2])
+
+
+def test_an_idle_connection_thread_sleeps_and_still_answers_at_once(daemon):
+    """Connected and idle, the thread that reads the daemon's answers does
+    not wake ten times a second (grpcio's 0.1 s slices would): on a
+    training node's busy cores every wakeup takes a rank's time. Its sleep
+    ends at once when an answer arrives."""
+    daemon.create_run("idle")
+    with client(daemon, "idle", heartbeat_interval=0.5) as c:
+        time.sleep(0.5)
+        before = _wakeups(c._thread.native_id)
+        time.sleep(3.0)
+        woke = _wakeups(c._thread.native_id) - before
+        assert woke <= 10, f"the connection thread woke {woke} times in 3 s of idling"
+        t = time.monotonic()
+        c.report_many([step_report(s) for s in range(3)])
+        wait_until(lambda: c.stats["reports_acked"] == 3, timeout=10)
+        assert time.monotonic() - t < 2.0, "the ack waited for a polling slice"
+        assert c.stats["heartbeats_sent"] >= 4  # the stream was alive meanwhile
+
+
 def test_reports_are_batched_acknowledged_and_stored(daemon):
     daemon.create_run("basic")
     with client(daemon, "basic", max_batch_reports=64, host="trainer-0", device_id=3) as c:

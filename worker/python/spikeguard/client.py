@@ -74,6 +74,9 @@ _log = logging.getLogger("spikeguard.client")
 _RECENT_CHECKPOINTS = 16
 # The daemon's limit on reports in one batch (daemon/ingest/limits.h).
 _MAX_BATCH_REPORTS = 4096
+# How long a thread waiting on a stream's state sleeps between checks when
+# no notification comes (see _wait_patiently).
+_STATE_WAIT_SLICE_S = 5.0
 
 
 class Rejected(Exception):
@@ -242,6 +245,32 @@ class _Security:
                            if self.mutual_tls else ""))
             return "if spikeguardd serves TLS, pass tls_ca= or set SPIKEGUARD_TLS_CA"
         return ""
+
+
+def _wait_patiently(call) -> None:
+    """Lets the threads that wait on a stream's state (this client's
+    connection thread for the next response, gRPC's request thread for a
+    write to finish) sleep until they are notified instead of waking every
+    0.1 s: grpcio's blocking calls wait in 0.1 s slices so that a signal
+    reaches a main thread blocked in them, which neither thread is. Every
+    change of the state is notified, so a longer slice delays nothing; on a
+    training node's busy cores each needless wakeup costs a rank's step
+    time. Left alone where grpcio's internals differ."""
+    cond = getattr(getattr(call, "_state", None), "condition", None)
+    slice_s = getattr(getattr(grpc, "_common", None), "MAXIMUM_WAIT_TIMEOUT", None)
+    if not isinstance(cond, threading.Condition) or not isinstance(slice_s, float):
+        return
+    wait = cond.wait
+
+    def patient_wait(timeout=None):
+        # Only the open-ended waits' slices: a wait towards a deadline
+        # (none of this client's) keeps its remaining time.
+        return wait(timeout=_STATE_WAIT_SLICE_S if timeout == slice_s else timeout)
+
+    try:
+        cond.wait = patient_wait
+    except AttributeError:  # pragma: no cover - a Condition without instance attributes
+        pass
 
 
 class _Batch:
@@ -904,6 +933,7 @@ class Client:
         try:
             call = stub.Attach(self._requests(conn, self._hello(conn.generation)),
                                metadata=self._metadata)
+            _wait_patiently(call)
             with self._cond:
                 conn.call = call
                 if conn.done:  # closed or regenerated meanwhile
