@@ -119,6 +119,30 @@ def test_an_idle_connection_thread_sleeps_and_still_answers_at_once(daemon):
         assert c.stats["heartbeats_sent"] >= 4  # the stream was alive meanwhile
 
 
+def _nice_of(native_id: int) -> int:
+    with open(f"/proc/self/task/{native_id}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[16])  # field 19: nice
+
+
+def test_nice_lowers_the_client_threads_and_only_them(daemon):
+    """Client(nice=) runs the connection thread and the Python threads gRPC
+    starts for its stream at that priority; the trainer's thread keeps its
+    own, and reports still flow."""
+    daemon.create_run("nice")
+    mine = _nice_of(threading.get_native_id())
+    before = set(os.listdir("/proc/self/task"))
+    with client(daemon, "nice", nice=19) as c:
+        c.report_many([step_report(s) for s in range(3)])
+        wait_until(lambda: c.stats["reports_acked"] == 3, timeout=10)
+        started = [int(t) for t in set(os.listdir("/proc/self/task")) - before]
+        lowered = [t for t in started if _nice_of(t) == 19]
+        assert _nice_of(c._thread.native_id) == 19
+        # The connection thread, gRPC's request thread and its channel's
+        # polling thread (C-core's own threads are started elsewhere).
+        assert len(lowered) >= 3, [(t, _nice_of(t)) for t in started]
+        assert _nice_of(threading.get_native_id()) == mine
+
+
 def test_reports_are_batched_acknowledged_and_stored(daemon):
     daemon.create_run("basic")
     with client(daemon, "basic", max_batch_reports=64, host="trainer-0", device_id=3) as c:

@@ -64,6 +64,7 @@ from typing import Deque, Dict, List, Optional
 
 import grpc
 
+from spikeguard._priority import lower_thread_priority
 from spikeguard.v1 import telemetry_pb2, worker_pb2, worker_pb2_grpc
 
 __all__ = ["Client", "Rejected", "Unauthorized"]
@@ -335,7 +336,11 @@ class Client:
     heartbeat_interval seconds without a batch or a heartbeat; report()
     blocks while max_queued_reports reports are unacknowledged; reconnects
     back off from initial_backoff to max_backoff seconds; close() waits up to
-    close_grace seconds for the daemon to read what was written.
+    close_grace seconds for the daemon to read what was written. nice: the
+    CPU priority of the client's own threads (its connection thread, and
+    the gRPC threads that thread starts for the stream), lowered so that
+    where training keeps every core busy their sending and heartbeats take
+    the time the training threads leave idle; None leaves it.
     """
 
     def __init__(self, address: str, run: str, rank: int = 0, world_size: int = 1,
@@ -363,7 +368,8 @@ class Client:
                  max_queued_reports: int = 10000,
                  initial_backoff: float = 0.1,
                  max_backoff: float = 2.0,
-                 close_grace: float = 2.0):
+                 close_grace: float = 2.0,
+                 nice: Optional[int] = None):
         if not run:
             raise ValueError("run: empty")
         if world_size <= 0 or not 0 <= rank < world_size:
@@ -390,6 +396,7 @@ class Client:
         self._initial_backoff = float(initial_backoff)
         self._max_backoff = max(float(max_backoff), self._initial_backoff)
         self._close_grace = float(close_grace)
+        self._nice = None if nice is None else int(nice)
 
         self._cond = threading.Condition(threading.Lock())
         # Everything below is guarded by _cond.
@@ -884,6 +891,11 @@ class Client:
     # ------------------------------------------------------- connection thread
 
     def _connection_loop(self) -> None:
+        if self._nice is not None:
+            # Before the first call: the threads gRPC starts for the stream
+            # (its request thread, the channel's polling thread) are started
+            # from this one and inherit its priority.
+            lower_thread_priority(self._nice)
         backoff = self._initial_backoff
         while True:
             try:

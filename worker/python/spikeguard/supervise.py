@@ -76,7 +76,9 @@ retained and registered on a thread (``background_checkpoints``) at the
 lowest CPU priority (``checkpoint_nice``, 19 by default; None keeps the
 trainer's), so where training keeps every core busy the writes take the
 time the ranks spend waiting on each other rather than theirs. The
-update statistics are measured every ``update_every`` steps.
+client's threads (sending, heartbeats, the daemon's answers) run at that
+priority too (``client_nice``). The update statistics are measured every
+``update_every`` steps.
 """
 from __future__ import annotations
 
@@ -91,6 +93,7 @@ import torch
 import torch.distributed as dist
 
 from spikeguard import checkpoint as sgckpt
+from spikeguard._priority import lower_thread_priority
 from spikeguard.control import Controller, HParamState
 from spikeguard.data import Plan, PlanSampler
 
@@ -121,17 +124,6 @@ def _no_rows(data):
     return data
 
 
-def _lower_thread_priority(nice: int) -> None:
-    """Sets the calling thread's nice value to `nice` unless it is already
-    at least that (Linux gives each thread its own; elsewhere, or where it
-    is refused, the priority stays)."""
-    try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, max(nice, os.getpriority(os.PRIO_PROCESS, tid)))
-    except (AttributeError, OSError):
-        pass
-
-
 class _BackgroundWriter:
     """Runs one job at a time on a thread (rank 0's checkpoint writes and
     registrations, in order); wait() finishes the running one and raises
@@ -153,7 +145,7 @@ class _BackgroundWriter:
             c0 = time.thread_time()
             try:
                 if self.nice is not None:
-                    _lower_thread_priority(self.nice)
+                    lower_thread_priority(self.nice)
                 job()
             except BaseException as e:  # noqa: BLE001 - raised again by wait()
                 log.error("spikeguard: checkpoint written in the background failed: %s", e)
@@ -194,7 +186,7 @@ class Supervisor:
                  document_domain: str = "data", exchange_every: int = 20,
                  exchange_interval_s: Optional[float] = 1.0,
                  update_every: int = 10, background_checkpoints: bool = True,
-                 checkpoint_nice: Optional[int] = 19,
+                 checkpoint_nice: Optional[int] = 19, client_nice: Optional[int] = 19,
                  linger_s: float = 0.0, config_fingerprint: str = "",
                  make_loader: Optional[Callable] = None, client=None):
         from spikeguard.torch import Telemetry, _unwrap
@@ -267,7 +259,7 @@ class Supervisor:
             self.client = Client(addr, run, rank=self.rank, world_size=self.world_size,
                                  generation=self.generation, device_id=self.local_rank,
                                  config_fingerprint=config_fingerprint, resume_step=self.step,
-                                 total_steps=self.total_steps)
+                                 total_steps=self.total_steps, nice=client_nice)
             self.client.start()
         self.controller = Controller(
             self.client, total_steps=self.total_steps, get_step=lambda: self.step,
