@@ -103,6 +103,27 @@ def test_save_load_restores_everything_bit_exact(tmp_path):
     assert train(model2, opt2, sched2, 4) == want_losses
 
 
+def test_loads_where_torch_load_defaults_to_weights_only(tmp_path, monkeypatch):
+    """PyTorch 2.6 and later default torch.load to weights_only=True, which
+    refuses the NumPy RNG state and the extra a checkpoint holds: loading
+    must not depend on that default."""
+    model, opt, sched = make()
+    train(model, opt, sched, 2)
+    info = save_checkpoint(tmp_path, 2, generation=0, model=model, optimizer=opt,
+                           scheduler=sched, data_position=2, extra={"note": (1, "two")})
+    want_np = np.random.rand()
+    real = torch.load
+
+    def load_weights_only_by_default(f, *args, weights_only=True, **kwargs):
+        return real(f, *args, weights_only=weights_only, **kwargs)
+
+    monkeypatch.setattr(torch, "load", load_weights_only_by_default)
+    np.random.seed(99)
+    state = load_checkpoint(info["path"], model=model, optimizer=opt, scheduler=sched)
+    assert state["step"] == 2 and state["extra"] == {"note": (1, "two")}
+    assert np.random.rand() == want_np
+
+
 def test_info_names_and_lists(tmp_path):
     model, opt, _ = make()
     info = save_checkpoint(tmp_path / "ck", 100, generation=3, model=model, optimizer=opt,

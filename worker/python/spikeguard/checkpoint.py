@@ -495,7 +495,11 @@ def load_checkpoint(path_or_uri, *, model, optimizer, scheduler=None, map_locati
     path = _path_of(path_or_uri)
     header, payload = _read_verified(path, checksum)
     try:
-        state = torch.load(io.BytesIO(payload), map_location=map_location)
+        # The full unpickler: the state holds RNG states (NumPy arrays) and
+        # the trainer's `extra`, which PyTorch 2.6's default
+        # (weights_only=True) refuses. The payload is the trainer's own,
+        # and its SHA-256 was checked above.
+        state = torch.load(io.BytesIO(payload), map_location=map_location, weights_only=False)
     except Exception as e:  # noqa: BLE001 - torch raises many types here
         raise CheckpointError(path, f"payload does not unpickle: {type(e).__name__}: {e}") from None
     if not isinstance(state, dict) or state.get("spikeguard_checkpoint") != FORMAT:
