@@ -198,6 +198,13 @@ if i:
           f"{i['overhead_pct_against_plain_without_checkpoints']:+.1f} %; "
           f"that neither checkpoints nor clips: "
           f"{i['overhead_pct_against_plain_without_checkpoints_or_clipping']:+.1f} %.")
+ex = r.get("checkpoint_excess_ms") or {}
+if ex.get("plain") is not None and ex.get("supervised") is not None:
+    print()
+    print(f"A checkpoint (every {ex['every']} steps) costs the loop {ex['supervised']:.1f} ms "
+          f"supervised and {ex['plain']:.1f} ms plain: rank 0's wall time beyond the median "
+          f"step over the steps {ex['window_steps'][0]} .. +{ex['window_steps'][1]} around it, "
+          f"median of {ex['checkpoints']} checkpoints per loop.")
 f = r.get("fixed_cost")
 if f:
     print()

@@ -41,6 +41,10 @@ from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "worker" / "examples" / "own_data"
+# The example's defaults: a checkpoint every 50 steps (--checkpoint-every),
+# its pace timed after the first 10 steps (common.Timer).
+CHECKPOINT_EVERY = 50
+WARMUP_STEPS = 10
 
 
 def free_port() -> int:
@@ -106,19 +110,44 @@ def launch_ranks(argv: list, threads: int, env_extra: dict, cpus: list) -> list:
 
 
 def run_pair_member(script: str, steps: int, threads: int, env_extra: dict,
-                    cpus: list, extra_args: tuple = ()) -> float:
-    rates, cpu = [], 0.0
+                    cpus: list, extra_args: tuple = ()):
+    """One run of a loop on 2 ranks: (steps/s of the slower rank, both
+    ranks' CPU ms per step, rank 0's wall ms of each step)."""
+    rates, cpu, step_ms = [], 0.0, []
+    env = dict(env_extra, EXAMPLE_STEP_TIMES="1")
     for code, out in launch_ranks([str(EXAMPLE / script), f"--steps={steps}", *extra_args],
-                                  threads, env_extra, cpus):
+                                  threads, env, cpus):
         m = re.search(r"([0-9.]+) steps/s", out)
         if code != 0 or not m:
             raise SystemExit(f"{script} failed ({code}):\n{out[-3000:]}")
         rates.append(float(m.group(1)))
         c = re.search(r"([0-9.]+) cpu ms/step", out)
         cpu += float(c.group(1)) if c else float("nan")
+        t = re.search(r"^step ms: (.*)$", out, re.MULTILINE)
+        if t and not step_ms:  # rank 0's (the ranks step together through DDP)
+            step_ms = [float(x) for x in t.group(1).split()]
     # The pair of ranks runs at the slower one's pace; CPU: both ranks'
     # processes (all their threads) over the training loop, per step.
-    return min(rates), cpu
+    return min(rates), cpu, step_ms
+
+
+def checkpoint_excess_ms(step_ms: list, every: int, warmup: int, before: int = 3,
+                         after: int = 7) -> list:
+    """For each checkpoint (saved at the end of step every*k - 1) whose
+    window of steps fits in the run after the warm-up: the wall time the
+    steps from `before` steps before it to `after` steps after took beyond
+    the run's median step. What a checkpoint costs the loop in wall time,
+    wherever it is paid (the training thread, the writer's thread, the other
+    rank waiting)."""
+    if len(step_ms) <= warmup:
+        return []
+    median = statistics.median(step_ms[warmup:])
+    out = []
+    for c in range(every, len(step_ms), every):
+        lo, hi = c - before, c + after
+        if lo >= warmup and hi <= len(step_ms):
+            out.append(sum(d - median for d in step_ms[lo:hi]))
+    return out
 
 
 def run_interleaved(build: Path, addr: Optional[str], tmp: Path, pairs: int, block_steps: int,
@@ -231,6 +260,7 @@ def main():
     daemon, addr = start_daemon(build, tmp)
     plain, supervised, components = [], [], []
     plain_cpu, supervised_cpu = [], []
+    excess = {"plain": [], "supervised": []}
     measured = False
     try:
         for i in range(args.pairs):
@@ -245,17 +275,19 @@ def main():
             order = ["plain", "supervised"] if i % 2 == 0 else ["supervised", "plain"]
             got, cpu = {}, {}
             for which in order:
+                step_ms = []
                 if which == "plain":
                     # Its checkpoints at the Supervisor's cadence (plain.py's
                     # default, every 50 steps), into a directory of its own.
                     saves = tmp / f"plain-checkpoints{i}"
-                    got[which], cpu[which] = run_pair_member(
+                    got[which], cpu[which], step_ms = run_pair_member(
                         "plain.py", args.steps, args.threads, {}, cpus,
                         (f"--checkpoint-dir={saves}",))
                     shutil.rmtree(saves, ignore_errors=True)
                 else:
-                    got[which], cpu[which] = run_pair_member("supervised.py", args.steps,
-                                                             args.threads, sup_env, cpus)
+                    got[which], cpu[which], step_ms = run_pair_member(
+                        "supervised.py", args.steps, args.threads, sup_env, cpus)
+                excess[which] += checkpoint_excess_ms(step_ms, CHECKPOINT_EVERY, WARMUP_STEPS)
             plain.append(got["plain"])
             supervised.append(got["supervised"])
             plain_cpu.append(cpu["plain"])
@@ -298,7 +330,7 @@ def main():
         "overhead_pct_per_pair": overheads,
         # Each run's pace is timed after its first steps (Timer in the
         # example's common.py), so start-up costs are not in the figures.
-        "warmup_steps": 10,
+        "warmup_steps": WARMUP_STEPS,
         "plain_steps_per_s_per_pair": plain, "supervised_steps_per_s_per_pair": supervised,
         "component_ms_per_step": {k: statistics.median(c[k] for c in components)
                                   for k in components[0]},
@@ -310,6 +342,18 @@ def main():
         "cpu_overhead_pct": statistics.median(
             100.0 * (s / p - 1.0) for p, s in zip(plain_cpu, supervised_cpu)),
         "load_average_1m_at_end": os.getloadavg()[0],
+        # What each checkpoint costs the loop in wall time (rank 0's steps
+        # from 3 before to 7 after it, beyond the run's median step;
+        # checkpoint_excess_ms), medians over every checkpoint of the pairs:
+        # the plain loop's torch.save on the training thread against the
+        # Supervisor's capture, flush and background write.
+        "checkpoint_excess_ms": {
+            "every": CHECKPOINT_EVERY, "window_steps": [-3, 7],
+            "checkpoints": len(excess["plain"]),
+            "plain": statistics.median(excess["plain"]) if excess["plain"] else None,
+            "supervised": (statistics.median(excess["supervised"])
+                           if excess["supervised"] else None),
+        },
         # The same two loops alternating in blocks inside one 2-rank job
         # (torch_overhead_interleaved.py): drift cancels within a pair.
         "interleaved": interleaved,
@@ -327,6 +371,11 @@ def main():
     print(f"overhead {result['overhead_pct']:.1f} % (median of {args.pairs} pairs of runs, 90 % "
           f"interval {ci[0]:.1f} .. {ci[1]:.1f} %; the time per step a trainer under "
           f"spikeguard takes more than the same plain loop, 2 gloo ranks)")
+    ex = result["checkpoint_excess_ms"]
+    if ex["plain"] is not None and ex["supervised"] is not None:
+        print(f"a checkpoint costs the loop {ex['supervised']:.1f} ms supervised, "
+              f"{ex['plain']:.1f} ms plain (median wall time beyond the median step, the 10 "
+              f"steps around each of {ex['checkpoints']} checkpoints per loop)")
     if interleaved is not None:
         q = interleaved["overhead_pct_quartiles"]
         print(f"overhead {interleaved['overhead_pct']:.1f} % interleaved (median of "

@@ -61,20 +61,29 @@ class TinyLM(nn.Module):
 class Timer:
     """The loop's pace after its first `warmup` steps (which pay one-time
     costs): call step() at the top of each step, done() after the loop; it
-    prints steps/s and CPU ms/step (all of the process's threads)."""
+    prints steps/s and CPU ms/step (all of the process's threads), and with
+    EXAMPLE_STEP_TIMES=1 in the environment each step's wall time (for
+    benchmarks that look at the steps around a checkpoint)."""
 
     def __init__(self, warmup: int = 10):
         self.warmup, self.n, self.t0, self.c0 = max(0, int(warmup)), 0, None, None
+        self.times = [] if os.environ.get("EXAMPLE_STEP_TIMES") == "1" else None
 
     def step(self) -> None:
         if self.n == self.warmup:
             self.t0, self.c0 = time.perf_counter(), time.process_time()
         self.n += 1
+        if self.times is not None:
+            self.times.append(time.perf_counter())
 
     def done(self, rank: int, step: int) -> None:
         timed = self.n - self.warmup
         rate = timed / (time.perf_counter() - self.t0) if self.t0 is not None else 0.0
         cpu = 1000 * (time.process_time() - self.c0) / timed if self.c0 is not None else 0.0
+        if self.times is not None:
+            t = self.times + [time.perf_counter()]
+            print("step ms: " + " ".join(f"{1000 * (b - a):.2f}" for a, b in zip(t, t[1:])),
+                  flush=True)
         print(f"done: rank {rank}, step {step}, {rate:.2f} steps/s, {cpu:.2f} cpu ms/step "
               f"(after the first {self.warmup} steps)", flush=True)
 
