@@ -76,9 +76,11 @@ retained and registered on a thread (``background_checkpoints``) at the
 lowest CPU priority (``checkpoint_nice``, 19 by default; None keeps the
 trainer's), so where training keeps every core busy the writes take the
 time the ranks spend waiting on each other rather than theirs. The
-client's threads (sending, heartbeats, the daemon's answers) run at that
-priority too (``client_nice``). The update statistics are measured every
-``update_every`` steps.
+client's threads keep the trainer's priority unless ``client_nice`` is
+given: unlike the writer, which hashes and writes without the interpreter
+lock, they hold it for nearly all their work, and a low-priority thread
+descheduled while holding it stalls the training thread. The update
+statistics are measured every ``update_every`` steps.
 """
 from __future__ import annotations
 
@@ -186,7 +188,7 @@ class Supervisor:
                  document_domain: str = "data", exchange_every: int = 20,
                  exchange_interval_s: Optional[float] = 1.0,
                  update_every: int = 10, background_checkpoints: bool = True,
-                 checkpoint_nice: Optional[int] = 19, client_nice: Optional[int] = 19,
+                 checkpoint_nice: Optional[int] = 19, client_nice: Optional[int] = None,
                  linger_s: float = 0.0, config_fingerprint: str = "",
                  make_loader: Optional[Callable] = None, client=None):
         from spikeguard.torch import Telemetry, _unwrap
