@@ -45,6 +45,9 @@ EXAMPLE = ROOT / "worker" / "examples" / "own_data"
 # its pace timed after the first 10 steps (common.Timer).
 CHECKPOINT_EVERY = 50
 WARMUP_STEPS = 10
+# The steps around a checkpoint whose wall time is its cost: this many
+# before it and after it (checkpoint_excess_ms).
+CHECKPOINT_WINDOW = (3, 7)
 
 
 def free_port() -> int:
@@ -131,16 +134,17 @@ def run_pair_member(script: str, steps: int, threads: int, env_extra: dict,
     return min(rates), cpu, step_ms
 
 
-def checkpoint_excess_ms(step_ms: list, every: int, warmup: int, before: int = 3,
-                         after: int = 7) -> list:
+def checkpoint_excess_ms(step_ms: list, every: int, warmup: int,
+                         window: tuple = CHECKPOINT_WINDOW) -> list:
     """For each checkpoint (saved at the end of step every*k - 1) whose
     window of steps fits in the run after the warm-up: the wall time the
-    steps from `before` steps before it to `after` steps after took beyond
+    steps from window[0] steps before it to window[1] after took beyond
     the run's median step. What a checkpoint costs the loop in wall time,
     wherever it is paid (the training thread, the writer's thread, the other
     rank waiting)."""
     if len(step_ms) <= warmup:
         return []
+    before, after = window
     median = statistics.median(step_ms[warmup:])
     out = []
     for c in range(every, len(step_ms), every):
@@ -275,7 +279,6 @@ def main():
             order = ["plain", "supervised"] if i % 2 == 0 else ["supervised", "plain"]
             got, cpu = {}, {}
             for which in order:
-                step_ms = []
                 if which == "plain":
                     # Its checkpoints at the Supervisor's cadence (plain.py's
                     # default, every 50 steps), into a directory of its own.
@@ -343,12 +346,13 @@ def main():
             100.0 * (s / p - 1.0) for p, s in zip(plain_cpu, supervised_cpu)),
         "load_average_1m_at_end": os.getloadavg()[0],
         # What each checkpoint costs the loop in wall time (rank 0's steps
-        # from 3 before to 7 after it, beyond the run's median step;
+        # around it, beyond the run's median step;
         # checkpoint_excess_ms), medians over every checkpoint of the pairs:
         # the plain loop's torch.save on the training thread against the
         # Supervisor's capture, flush and background write.
         "checkpoint_excess_ms": {
-            "every": CHECKPOINT_EVERY, "window_steps": [-3, 7],
+            "every": CHECKPOINT_EVERY,
+            "window_steps": [-CHECKPOINT_WINDOW[0], CHECKPOINT_WINDOW[1]],
             "checkpoints": len(excess["plain"]),
             "plain": statistics.median(excess["plain"]) if excess["plain"] else None,
             "supervised": (statistics.median(excess["supervised"])
@@ -374,8 +378,9 @@ def main():
     ex = result["checkpoint_excess_ms"]
     if ex["plain"] is not None and ex["supervised"] is not None:
         print(f"a checkpoint costs the loop {ex['supervised']:.1f} ms supervised, "
-              f"{ex['plain']:.1f} ms plain (median wall time beyond the median step, the 10 "
-              f"steps around each of {ex['checkpoints']} checkpoints per loop)")
+              f"{ex['plain']:.1f} ms plain (median wall time beyond the median step, the "
+              f"{sum(CHECKPOINT_WINDOW)} steps around each of {ex['checkpoints']} checkpoints "
+              f"per loop)")
     if interleaved is not None:
         q = interleaved["overhead_pct_quartiles"]
         print(f"overhead {interleaved['overhead_pct']:.1f} % interleaved (median of "

@@ -264,8 +264,10 @@ def _wait_patiently(call) -> None:
     wait = cond.wait
 
     def patient_wait(timeout=None):
-        # Only the open-ended waits' slices: a wait towards a deadline
-        # (none of this client's) keeps its remaining time.
+        # grpcio passes its slice for an open-ended wait, and the time left
+        # (at most a slice) towards a deadline: a deadline wait with more
+        # than a slice left would overshoot it by up to the long slice.
+        # This client makes none on its stream (it iterates and cancels).
         return wait(timeout=_STATE_WAIT_SLICE_S if timeout == slice_s else timeout)
 
     try:
